@@ -1,0 +1,139 @@
+"""Initial frames: where an episode starts, for every backend.
+
+An ``InitialFrame`` holds what a policy sees at the start (images, instruction) and, where the
+backend has one, the simulator state to restore (LIBERO: the flattened MuJoCo init state). A list of
+frames is a GRPO group's start, an evaluation set, or the same starts for a simulator and a world
+model.
+
+On disk a frame set uses the layout of the RLinf world-model bundles: a ``dataset/`` folder with one
+``.npy`` file per trajectory, each an object array of per-frame dicts with ``image`` (uint8 HWC),
+``instruction`` and ``task`` (str) and ``delta_action`` (float32 (7,)). We write one frame per file and
+add ``wrist_image`` and ``sim_state`` where present; loading takes frame 0 of each file, so real
+bundles (whole trajectories) load too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ACTION_DIM = 7  # LIBERO's action size; only stored so RLinf's loader can read ``action_dim``
+
+
+@dataclass
+class InitialFrame:
+    """Where one episode starts.
+
+    Attributes:
+        instruction: the language instruction.
+        task: a backend task key (LIBERO: ``"<suite>/<task name>"``); empty when unknown.
+        image: main camera image, uint8 (H, W, 3), upright; None if not rendered yet.
+        wrist_image: wrist camera image, uint8 (H, W, 3), or None.
+        sim_state: backend state to restore (LIBERO: flattened MuJoCo state), or None.
+        meta: free-form details (suite, task index, init-state index, ...).
+    """
+
+    instruction: str
+    task: str = ""
+    image: np.ndarray | None = None
+    wrist_image: np.ndarray | None = None
+    sim_state: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.instruction, str) or not self.instruction:
+            raise ValueError(f"InitialFrame: instruction must be a non-empty str, got {self.instruction!r}")
+        for name in ("image", "wrist_image"):
+            img = getattr(self, name)
+            if img is None:
+                continue
+            img = np.asarray(img)
+            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+                raise ValueError(
+                    f"InitialFrame: {name} must be uint8 (H, W, 3), got shape {img.shape} dtype {img.dtype}"
+                )
+            setattr(self, name, img)
+        if self.sim_state is not None:
+            self.sim_state = np.asarray(self.sim_state, dtype=np.float64)
+
+
+def save_initial_frames(frames: Sequence[InitialFrame], directory: str | os.PathLike) -> Path:
+    """Write ``frames`` as ``directory/dataset/frame_00000.npy, ...``; return the dataset folder.
+
+    Files are written to a temporary folder first and moved into place, so an interrupted save
+    leaves no half-written set. An existing ``dataset/`` folder is replaced.
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / "dataset"
+    staging = Path(tempfile.mkdtemp(prefix=".dataset-", dir=root))
+    for i, frame in enumerate(frames):
+        if frame.image is None:
+            raise ValueError(f"save_initial_frames: frame {i} has no image (RLinf's loader needs one)")
+        item: dict[str, Any] = {
+            "image": frame.image,
+            "instruction": frame.instruction,
+            "task": frame.task or frame.instruction,
+            "delta_action": np.zeros(ACTION_DIM, np.float32),
+        }
+        if frame.wrist_image is not None:
+            item["wrist_image"] = frame.wrist_image
+        if frame.sim_state is not None:
+            item["sim_state"] = frame.sim_state
+        if frame.meta:
+            item["meta"] = dict(frame.meta)
+        record = np.empty(1, dtype=object)
+        record[0] = item
+        np.save(staging / f"frame_{i:05d}.npy", record, allow_pickle=True)
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=".old-", dir=root))
+        target.rename(old / "dataset")
+        staging.rename(target)
+        shutil.rmtree(old)
+    else:
+        staging.rename(target)
+    return target
+
+
+def load_initial_frames(directory: str | os.PathLike) -> list[InitialFrame]:
+    """Read a frame set written by ``save_initial_frames`` or an RLinf bundle's ``dataset/``.
+
+    ``directory`` may be the ``dataset/`` folder or its parent. Files are read in sorted order; of
+    each trajectory only frame 0 is used.
+    """
+    root = Path(directory)
+    folder = root / "dataset" if (root / "dataset").is_dir() else root
+    files = sorted(folder.glob("*.npy"))
+    if not files:
+        raise FileNotFoundError(f"load_initial_frames: no *.npy files in {folder}")
+    return [_frame_from_record(np.load(f, allow_pickle=True), f) for f in files]
+
+
+def _frame_from_record(record: Any, path: Path) -> InitialFrame:
+    if len(record) == 0 or not isinstance(record[0], dict):
+        raise ValueError(f"{path}: expected a sequence of per-frame dicts, got {type(record)}")
+    item = record[0]
+    text = item.get("instruction", item.get("task"))
+    if isinstance(text, bytes):
+        text = text.decode()
+    if not isinstance(text, str):
+        raise ValueError(f"{path}: frame 0 has neither an 'instruction' nor a 'task' string")
+    image = item.get("image")
+    if image is None:  # RLinf's rule: the first 3-D array stands in for a missing "image"
+        image = next((v for v in item.values() if isinstance(v, np.ndarray) and v.ndim == 3), None)
+    task = item.get("task", "")
+    return InitialFrame(
+        instruction=text,
+        task=task.decode() if isinstance(task, bytes) else str(task),
+        image=None if image is None else np.ascontiguousarray(image, dtype=np.uint8),
+        wrist_image=item.get("wrist_image"),
+        sim_state=item.get("sim_state"),
+        meta=dict(item.get("meta", {})),
+    )

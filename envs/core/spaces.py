@@ -1,0 +1,61 @@
+"""Observation and action spaces shared by every backend."""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+from gymnasium import spaces
+
+# Printable ASCII: what LIBERO and BEHAVIOR instructions use, and what Text spaces can sample.
+INSTRUCTION_CHARSET = string.ascii_letters + string.digits + string.punctuation + " "
+MAX_INSTRUCTION_LENGTH = 512
+
+
+def image_space(height: int, width: int) -> spaces.Box:
+    """uint8 (H, W, 3) image."""
+    return spaces.Box(0, 255, (height, width, 3), np.uint8)
+
+
+def instruction_space() -> spaces.Text:
+    return spaces.Text(max_length=MAX_INSTRUCTION_LENGTH, min_length=1, charset=INSTRUCTION_CHARSET)
+
+
+def observation_space(
+    *,
+    image_size: tuple[int, int] | None,
+    wrist: bool,
+    proprio_dim: int,
+    instruction: bool,
+    proprio_bound: float = np.inf,
+) -> spaces.Dict:
+    """The Dict observation space: ``image``, ``wrist_image``, ``proprio``, ``instruction``.
+
+    ``proprio_bound`` is a loose symmetric bound on proprio values (a backend that knows its ranges
+    gives one, so checkers need not warn about infinite bounds).
+    """
+    parts: dict[str, spaces.Space] = {}
+    if image_size is not None:
+        parts["image"] = image_space(*image_size)
+        if wrist:
+            parts["wrist_image"] = image_space(*image_size)
+    if proprio_dim:
+        parts["proprio"] = spaces.Box(-proprio_bound, proprio_bound, (proprio_dim,), np.float32)
+    if instruction:
+        parts["instruction"] = instruction_space()
+    return spaces.Dict(parts)
+
+
+def chunk_action_space(low: np.ndarray, high: np.ndarray, chunk_size: int | None) -> spaces.Box:
+    """``(K, D)`` float32 Box for a chunk of K actions, or ``(D,)`` when ``chunk_size`` is None."""
+    low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+    if chunk_size is None:
+        return spaces.Box(low, high, low.shape, np.float32)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
+    return spaces.Box(
+        np.broadcast_to(low, (chunk_size, *low.shape)).copy(),
+        np.broadcast_to(high, (chunk_size, *high.shape)).copy(),
+        (chunk_size, *low.shape),
+        np.float32,
+    )

@@ -1,0 +1,275 @@
+"""LIBERO as a chunked gymnasium vector env, with simulators in worker processes."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from envs.core.frames import InitialFrame
+from envs.core.spaces import observation_space
+from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
+from envs.core.workers import WorkerPool
+from envs.libero.suites import LiberoTask, load_init_states, suite_tasks
+
+ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
+PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
+CAMERAS = ("agentview", "wrist")
+
+
+def task_key(task: LiberoTask) -> str:
+    return f"{task.suite}/{task.name}"
+
+
+@functools.cache
+def _all_tasks() -> dict[str, LiberoTask]:
+    return {task_key(t): t for t in suite_tasks("130")}
+
+
+class LiberoInitialFrames(Sequence[InitialFrame]):
+    """Every (task, init state) pair of a suite, as ``InitialFrame``s: id = task_pos * 50 + state.
+
+    Init states are read from disk on first use of each task.
+    """
+
+    def __init__(self, tasks: Sequence[LiberoTask]) -> None:
+        self.tasks = list(tasks)
+        self._offsets = np.cumsum([0] + [t.num_init_states for t in self.tasks])
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(position of the task in ``self.tasks``, init-state index) of frame ``index``."""
+        pos = int(np.searchsorted(self._offsets, index, side="right") - 1)
+        return pos, index - int(self._offsets[pos])
+
+    def __getitem__(self, index: int) -> InitialFrame:  # type: ignore[override]
+        if not isinstance(index, int | np.integer) or not 0 <= index < len(self):
+            raise IndexError(f"initial frame id {index} out of range [0, {len(self)})")
+        pos, state = self.locate(int(index))
+        task = self.tasks[pos]
+        return InitialFrame(
+            instruction=task.instruction,
+            task=task_key(task),
+            sim_state=load_init_states(task)[state],
+            meta={"suite": task.suite, "task_index": task.index, "init_state_index": state},
+        )
+
+
+class _Slot:
+    """Worker-side adapter: one ``LiberoSim`` and the one-message-per-chunk calls the env makes."""
+
+    def __init__(self, sim_kwargs: dict[str, Any]) -> None:
+        from envs.libero.sim import LiberoSim
+
+        self.sim = LiberoSim(**sim_kwargs)
+
+    def reset(self, task: LiberoTask, state: np.ndarray, scene_seed: int, with_objects: bool) -> dict:
+        obs = self.sim.reset(task, state, scene_seed)
+        return {"obs": obs, "objects": self.sim.object_state() if with_objects else None}
+
+    def run_chunk(self, actions: np.ndarray, max_steps: int, record: bool, with_objects: bool) -> dict:
+        out = self.sim.run_chunk(actions, max_steps, record_frames=record)
+        return {"out": out, "objects": self.sim.object_state() if with_objects else None}
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def _worker_environ(render_gpus: Sequence[int], rank: int, size: int) -> dict[str, str]:
+    env = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if "LP_NUM_THREADS" not in os.environ:  # llvmpipe threads: share the cores between workers
+        env["LP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // size))
+    if render_gpus:
+        env["MUJOCO_EGL_DEVICE_ID"] = str(render_gpus[rank % len(render_gpus)])
+    return env
+
+
+def _default_render_gpus() -> list[int]:
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+class LiberoVectorEnv(ChunkedVectorEnv):
+    """LIBERO suites (hf-libero 0.1.4 on robosuite 1.4 / MuJoCo) as a chunked vector env.
+
+    Each env can run a different task; ``initial_frames`` is every (task, init state) pair of the
+    suite (optionally only ``task_ids``). A reset applies the init state after the scene reset, with
+    fixture placement seeded by ``scene_seed`` (None: a random layout per reset, drawn from the env's
+    RNG), then ``settle_steps`` no-op steps. Episodes terminate on LIBERO's own success check and
+    are truncated at the suite's step limit (``max_episode_steps`` overrides it). Cameras are
+    rendered once per chunk, at its end; ``record_frames = True`` adds the agent-view frame after
+    every sub-step in ``info["frames"]`` (for videos). Images are upright (rotated 180 degrees from
+    robosuite's raw output, as OpenVLA, openpi and RLinf do) unless ``upright=False``.
+
+    Args:
+        suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
+        num_envs: number of parallel envs.
+        chunk_size: actions per step (K); None for a plain (7,) action space.
+        image_size: square camera size in pixels.
+        cameras: subset of ("agentview", "wrist"); () gives state-only envs that never render.
+        object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
+        envs_per_worker: simulators per worker process.
+        context: multiprocessing start method for the workers.
+        render_gpus: GPU ids to spread EGL rendering over (default: all visible CUDA GPUs; none on CPU).
+    """
+
+    def __init__(
+        self,
+        suite: str = "spatial",
+        num_envs: int = 1,
+        *,
+        chunk_size: int | None = 8,
+        image_size: int = 128,
+        cameras: Sequence[str] = CAMERAS,
+        upright: bool = True,
+        settle_steps: int = 10,
+        scene_seed: int | None = 0,
+        task_ids: Sequence[int] | None = None,
+        max_episode_steps: int | None = None,
+        include_instruction: bool = True,
+        object_state_in_info: bool = False,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        fast_reset: bool = True,
+        max_cached_scenes: int = 1,
+        envs_per_worker: int = 1,
+        context: str = "forkserver",
+        render_gpus: Sequence[int] | None = None,
+        render_mode: str | None = "rgb_array",
+        env_id: str | None = None,
+    ) -> None:
+        env_id = env_id or f"Libero-{suite.capitalize()}-v0"
+        cameras = tuple(cameras)
+        if not set(cameras) <= set(CAMERAS) or (cameras and cameras[0] != "agentview"):
+            raise ValueError(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
+        tasks = suite_tasks(suite)
+        if task_ids is not None:
+            bad = [i for i in task_ids if not 0 <= i < len(tasks)]
+            if bad:
+                raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
+            tasks = [tasks[i] for i in task_ids]
+        super().__init__(
+            env_id=env_id,
+            num_envs=num_envs,
+            single_observation_space=observation_space(
+                image_size=(image_size, image_size) if cameras else None,
+                wrist="wrist" in cameras,
+                proprio_dim=PROPRIO_DIM,
+                instruction=include_instruction,
+            ),
+            action_low=-np.ones(ACTION_DIM),
+            action_high=np.ones(ACTION_DIM),
+            chunk_size=chunk_size,
+            initial_frames=LiberoInitialFrames(tasks),
+            autoreset_mode=autoreset_mode,
+            render_mode=render_mode,
+        )
+        self.suite = suite
+        self.scene_seed = scene_seed
+        self.max_episode_steps_override = max_episode_steps
+        self.object_state_in_info = object_state_in_info
+        self.record_frames = False
+        self._objects: list[dict | None] = [None] * self.num_envs
+        sim_kwargs = dict(
+            image_size=image_size,
+            cameras=cameras,
+            upright=upright,
+            settle_steps=settle_steps,
+            fast_reset=fast_reset,
+            max_cached_scenes=max_cached_scenes,
+        )
+        gpus = list(render_gpus) if render_gpus is not None else _default_render_gpus()
+        self.pool = WorkerPool(
+            functools.partial(_Slot, sim_kwargs),
+            self.num_envs,
+            envs_per_worker=envs_per_worker,
+            context=context,
+            worker_environ=functools.partial(_worker_environ, gpus),
+            name=env_id,
+        )
+
+    # ---------------------------------------------------------------- backend hooks
+    def _check_frame(self, frame: InitialFrame) -> str | None:
+        task = _all_tasks().get(frame.task)
+        if task is None:
+            return "a frame whose task is a LIBERO task key '<suite>/<task name>'"
+        expected = load_init_states(task).shape[1]
+        if frame.sim_state is None or frame.sim_state.shape != (expected,):
+            got = None if frame.sim_state is None else frame.sim_state.shape
+            return f"a sim_state of shape ({expected},) for {frame.task} (got {got})"
+        return None
+
+    def _max_episode_steps(self, frame: InitialFrame) -> int:
+        return self.max_episode_steps_override or _all_tasks()[frame.task].max_episode_steps
+
+    def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
+        seeds = [self._scene_seed() for _ in frames]
+        args = [
+            (_all_tasks()[f.task], f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)
+        ]
+        results, crashed = self.pool.call("reset", env_ids, args)
+        if crashed.any():  # a fresh worker gets one more try
+            again, crashed = self.pool.call(
+                "reset", env_ids[crashed], [a for a, c in zip(args, crashed) if c]
+            )
+            for pos, res in zip(np.flatnonzero(crashed), again):
+                results[pos] = res
+            if crashed.any():
+                raise RuntimeError(
+                    f"{self.env_id}: workers of envs {env_ids[crashed].tolist()} died twice in reset"
+                )
+        self.pool.lost.difference_update(int(i) for i in env_ids)
+        for i, res in zip(env_ids, results):
+            self._objects[i] = res["objects"]
+        return self._stack([r["obs"] for r in results])
+
+    def _step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
+        n, k = actions.shape[:2]
+        lost = np.array([int(i) in self.pool.lost for i in env_ids])
+        live = np.flatnonzero(~lost)
+        args = [
+            (actions[p].astype(np.float64), int(max_steps[p]), self.record_frames, self.object_state_in_info)
+            for p in live
+        ]
+        results, crashed_live = self.pool.call("run_chunk", env_ids[live], args)
+        crashed = lost.copy()
+        crashed[live] = crashed_live
+        rewards = np.zeros((n, k), np.float32)
+        success = np.zeros((n, k), bool)
+        valid = np.zeros((n, k), bool)
+        obs = {key: self._obs[key][env_ids].copy() for key in self._array_keys}  # kept where crashed
+        frames = np.full(n, None, dtype=object)
+        for p, res in zip(live, results):
+            if res is None:
+                continue
+            out = res["out"]
+            rewards[p], success[p], valid[p, : out.executed] = out.rewards, out.success, True
+            for key in self._array_keys:
+                obs[key][p] = out.obs[key]
+            frames[p] = out.frames
+            self._objects[env_ids[p]] = res["objects"]
+        info: dict[str, np.ndarray] = {}
+        if self.record_frames:
+            info["frames"] = frames
+        if self.object_state_in_info:
+            info["object_state"] = np.empty(n, dtype=object)
+            info["object_state"][:] = [self._objects[i] for i in env_ids]
+        return ChunkResult(obs, rewards, valid, success, success.any(1), info, crashed)
+
+    # ---------------------------------------------------------------- helpers
+    def _scene_seed(self) -> int:
+        return int(self.np_random.integers(2**31)) if self.scene_seed is None else int(self.scene_seed)
+
+    def _stack(self, per_env: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        return {key: np.stack([o[key] for o in per_env]) for key in self._array_keys}
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if getattr(self, "pool", None) is not None:
+            self.pool.close()
+            self.pool = None

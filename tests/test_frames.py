@@ -1,0 +1,68 @@
+"""Initial-frame sets on disk, in the RLinf world-model bundle layout (dataset/*.npy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from envs.core import InitialFrame, load_initial_frames, save_initial_frames
+
+
+def _frame(i: int) -> InitialFrame:
+    rng = np.random.default_rng(i)
+    return InitialFrame(
+        instruction=f"put bowl {i} on the plate",
+        task=f"libero_spatial/task_{i}",
+        image=rng.integers(0, 256, (16, 16, 3), dtype=np.uint8),
+        wrist_image=rng.integers(0, 256, (16, 16, 3), dtype=np.uint8),
+        sim_state=rng.normal(size=9),
+        meta={"init_state_index": i},
+    )
+
+
+def test_round_trip_keeps_order_and_content(tmp_path):
+    frames = [_frame(i) for i in range(12)]  # 12 > 10: lexicographic order must still hold
+    folder = save_initial_frames(frames, tmp_path)
+    assert folder == tmp_path / "dataset" and len(list(folder.glob("*.npy"))) == 12
+    loaded = load_initial_frames(tmp_path)
+    for a, b in zip(frames, loaded, strict=True):
+        assert (a.instruction, a.task, a.meta) == (b.instruction, b.task, b.meta)
+        assert np.array_equal(a.image, b.image) and np.array_equal(a.wrist_image, b.wrist_image)
+        assert np.array_equal(a.sim_state, b.sim_state)
+
+
+def test_files_are_what_rlinf_reads(tmp_path):
+    save_initial_frames([_frame(0)], tmp_path)
+    record = np.load(next((tmp_path / "dataset").glob("*.npy")), allow_pickle=True)
+    item = record[0]
+    assert item["image"].dtype == np.uint8 and item["image"].shape == (16, 16, 3)
+    assert isinstance(item["instruction"], str) and item["delta_action"].shape == (7,)
+
+
+def test_loads_rlinf_trajectories_with_task_bytes_and_no_image_key(tmp_path):
+    img = np.full((8, 8, 3), 7, np.uint8)
+    traj = [
+        {"rgb": img, "task": b"open the drawer", "delta_action": np.zeros(7)},
+        {"rgb": img * 2, "task": b"x"},
+    ]
+    np.save(tmp_path / "traj0.npy", np.array(traj, dtype=object), allow_pickle=True)
+    (frame,) = load_initial_frames(tmp_path)
+    assert frame.instruction == "open the drawer" and np.array_equal(frame.image, img)
+
+
+def test_saving_again_replaces_the_set_whole(tmp_path):
+    save_initial_frames([_frame(i) for i in range(3)], tmp_path)
+    save_initial_frames([_frame(9)], tmp_path)
+    assert [f.meta["init_state_index"] for f in load_initial_frames(tmp_path)] == [9]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
+
+
+def test_bad_frames_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="uint8"):
+        InitialFrame(instruction="x", image=np.zeros((4, 4), np.float32))
+    with pytest.raises(ValueError, match="instruction"):
+        InitialFrame(instruction="")
+    with pytest.raises(FileNotFoundError, match="no \\*.npy"):
+        load_initial_frames(tmp_path)
+    with pytest.raises(ValueError, match="no image"):
+        save_initial_frames([InitialFrame(instruction="x")], tmp_path)
