@@ -161,6 +161,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 image_size=(image_size, image_size) if cameras else None,
                 wrist="wrist" in cameras,
                 proprio_dim=PROPRIO_DIM,
+                proprio_bound=10.0,  # metres and radians: eef position, axis-angle, finger positions
                 instruction=include_instruction,
             ),
             action_low=-np.ones(ACTION_DIM),

@@ -1,0 +1,339 @@
+"""One LIBERO scene living in the current process (a worker process; never pickled).
+
+Exactness of the fast reset. The reference reset of a scene is
+``np.random.seed(scene_seed); env.reset()`` (robosuite hard reset: new MJCF, MjModel, MjData) then
+``env.set_init_state(init_state)`` and ``settle_steps`` no-op steps. The fast path keeps the
+compiled model and calls robosuite's soft reset (``hard_reset=False``: ``mj_resetData`` plus the
+same re-sampling code). Two pieces of Python state survive a soft reset but not a hard one, and
+both change the scene:
+
+* the Panda gripper's ``current_action``: the gripper command is integrated over sub-steps
+  (``current_action += speed * sign(a)``), starting from 0 in a freshly built robot; after a soft
+  reset it started from the previous episode's value (this is the "first episode differs" effect);
+* LIBERO's ``object_property_initializers`` list (drawer/door/knob samplers): every model load
+  *appends* to it, so a hard reset draws more random numbers than the last one, shifting the
+  fixture placement (numpy's global RNG) by the number of earlier hard resets.
+
+Both are normalised before every reset, soft or hard, to the state of the first reset after
+construction (fresh gripper; the samplers of two model loads). Fixture placement is re-drawn from
+``np.random.seed(scene_seed)`` in both paths, so a cached scene serves any seed. The caller's
+global numpy RNG state is restored afterwards.
+
+Rendering. Scenes are built with robosuite's camera observations off, so ``env.step`` never
+renders. A hidden, inactive observable with robosuite's sampling clock copies ``mjData`` at the
+instant robosuite would have rendered its camera observations; images are rendered from that copy
+(same MuJoCo calls as robosuite's renderer) once per chunk, so they are bit-identical to the camera
+observations of a plain ``OffScreenRenderEnv.step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from envs.libero.suites import LiberoTask
+
+CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, observation key)
+    "agentview": ("agentview", "image"),
+    "wrist": ("robot0_eye_in_hand", "wrist_image"),
+}
+NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])  # no motion, gripper open
+_PROBE = "vla_gym_render_probe"
+
+
+@dataclass
+class ChunkOutcome:
+    obs: dict[str, np.ndarray]
+    rewards: np.ndarray  # float32 [k]: 1.0 at the success sub-step, else 0
+    success: np.ndarray  # bool [k]
+    executed: int  # sub-steps actually run (<= min(k, max_steps))
+    frames: list[np.ndarray] | None  # agentview after each executed sub-step (record_frames=True)
+
+
+def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    """Axis-angle (axis * angle, angle = 2 acos(w) in [0, 2pi]) of an xyzw quaternion.
+
+    Same convention as the LIBERO state used by OpenVLA/openpi (no shortest-arc wrapping)."""
+    q = np.asarray(quat, dtype=np.float64)
+    w = float(np.clip(q[3], -1.0, 1.0))
+    s = np.sqrt(1.0 - w * w)
+    if np.isclose(s, 0.0):
+        return np.zeros(3)
+    return q[:3] * (2.0 * np.arccos(w) / s)
+
+
+_robosuite_quieted = False
+
+
+def _import_libero() -> Any:
+    """Import LIBERO's env module once, with its config in place and robosuite's noise filtered."""
+    global _robosuite_quieted
+    if not _robosuite_quieted:
+        from envs.libero.install import ensure_config
+
+        ensure_config()
+        os.environ.setdefault("MUJOCO_GL", "egl")
+
+        class _NoMacroNag(logging.Filter):  # "No private macro file found!" and its two follow-ups
+            def filter(self, record: logging.LogRecord) -> bool:
+                return "macro" not in record.getMessage()
+
+        logging.getLogger("robosuite_logs").addFilter(_NoMacroNag())
+        _robosuite_quieted = True
+    from libero.libero.envs import env_wrapper
+
+    return env_wrapper
+
+
+class _Renderer:
+    """Offscreen MuJoCo renderer with exactly robosuite's settings (MjRenderContext)."""
+
+    def __init__(self, model: Any, size: int) -> None:
+        import mujoco
+        from robosuite.utils import binding_utils
+
+        self.model = model
+        if size > model.vis.global_.offwidth or size > model.vis.global_.offheight:
+            model.vis.global_.offwidth = max(size, model.vis.global_.offwidth)
+            model.vis.global_.offheight = max(size, model.vis.global_.offheight)
+        self.gl = binding_utils.GLContext(max_width=640, max_height=480, device_id=-1)
+        self.gl.make_current()
+        self.con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.con)
+        self.scn = mujoco.MjvScene(model, maxgeom=1000)
+        self.cam = mujoco.MjvCamera()
+        self.cam.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self.vopt = mujoco.MjvOption()
+        self.vopt.geomgroup[0] = 0  # collision meshes off (robosuite: render_collision_mesh=False)
+        self.vopt.geomgroup[1] = 1  # visual meshes on
+        self.pert = mujoco.MjvPerturb()
+        self.pert.active = 0
+        self.pert.select = 0
+        self.pert.skinselect = -1
+        self.size = size
+
+    def render(self, data: Any, camera: str) -> np.ndarray:
+        """Raw robosuite image (OpenGL convention: upside down), uint8 [size, size, 3]."""
+        import mujoco
+
+        self.gl.make_current()  # several cached scenes may each hold a context
+        self.cam.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        mujoco.mjv_updateScene(
+            self.model, data, self.vopt, self.pert, self.cam, mujoco.mjtCatBit.mjCAT_ALL, self.scn
+        )
+        viewport = mujoco.MjrRect(0, 0, self.size, self.size)
+        mujoco.mjr_render(viewport, self.scn, self.con)
+        rgb = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        mujoco.mjr_readPixels(rgb, None, viewport, self.con)
+        return rgb
+
+    def close(self) -> None:
+        self.con.free()
+        self.gl.free()
+
+
+class _Scene:
+    """A built LIBERO env plus what we keep next to it."""
+
+    def __init__(self, task: LiberoTask, render: bool) -> None:
+        env_wrapper = _import_libero()  # first: it quiets robosuite's import-time warnings
+        import mujoco
+        from robosuite.utils.observables import Observable, sensor
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.env = env_wrapper.ControlEnv(
+                bddl_file_name=task.bddl_file,
+                use_camera_obs=False,  # we render ourselves, once per chunk
+                has_renderer=False,
+                has_offscreen_renderer=False,
+                ignore_done=True,  # robosuite's 1000-step horizon never ends an episode
+            )
+        self.inner = self.env.env
+        self.base_inits = list(self.inner.object_property_initializers)  # one model load's worth
+        self.snap: Any = None  # copy of mjData at robosuite's observation instant
+        self._snap_model: Any = None
+        self.renderer: _Renderer | None = None
+        self.raw_obs: dict[str, Any] = {}
+
+        @sensor(modality="vla_gym")
+        def probe(obs_cache: dict) -> np.ndarray:
+            m, d = self.inner.sim.model._model, self.inner.sim.data._data
+            if self._snap_model is not m:  # first call, or a new model after a hard reset
+                self.snap, self._snap_model = mujoco.MjData(m), m
+            mujoco.mj_copyData(self.snap, m, d)
+            return np.zeros(1)
+
+        if render:
+            self.inner.add_observable(
+                Observable(name=_PROBE, sensor=probe, sampling_rate=self.inner.control_freq, active=False)
+            )
+
+    def reset(self, seed: int, hard: bool) -> None:
+        from robosuite.utils.errors import RandomizationError
+
+        inner = self.inner
+        np.random.seed(seed)
+        while True:
+            # Normalise the Python state that a soft reset would otherwise carry over (module doc).
+            # A hard reset appends one more model load's samplers itself.
+            inner.object_property_initializers[:] = self.base_inits * (1 if hard else 2)
+            for robot in inner.robots:
+                if robot.has_gripper:
+                    robot.gripper.current_action = np.zeros(robot.gripper.dof)
+            inner.hard_reset = hard
+            try:
+                inner.reset()
+                break
+            except RandomizationError:  # LIBERO's ControlEnv.reset retries the same way
+                continue
+        if hard and self.renderer is not None:  # the model was rebuilt
+            self.renderer.close()
+            self.renderer = None
+
+    def render(self, camera: str, size: int) -> np.ndarray:
+        if self.renderer is None:
+            self.renderer = _Renderer(self.inner.sim.model._model, size)
+        return self.renderer.render(self.snap, camera)
+
+    def close(self) -> None:
+        if self.renderer is not None:
+            self.renderer.close()
+            self.renderer = None
+        self.env.close()
+
+
+class LiberoSim:
+    """One LIBERO scene in this process; scenes are built lazily and kept in a small LRU cache."""
+
+    def __init__(
+        self,
+        *,
+        image_size: int = 128,
+        cameras: tuple[str, ...] = ("agentview", "wrist"),
+        upright: bool = True,
+        settle_steps: int = 10,
+        fast_reset: bool = True,
+        max_cached_scenes: int = 1,
+    ) -> None:
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown:
+            raise ValueError(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
+        if max_cached_scenes < 1:
+            raise ValueError("max_cached_scenes must be >= 1")
+        self.image_size = image_size
+        self.cameras = tuple(cameras)
+        self.upright = upright
+        self.settle_steps = settle_steps
+        self.fast_reset = fast_reset
+        self.max_cached_scenes = max_cached_scenes
+        self._scenes: OrderedDict[str, _Scene] = OrderedDict()  # bddl file -> scene, LRU order
+        self._scene: _Scene | None = None  # the scene of the current episode
+
+    def __getstate__(self) -> None:
+        raise TypeError("LiberoSim holds a simulator and a GL context; create it inside the worker")
+
+    # -- episode API ------------------------------------------------------------------------------
+
+    def reset(self, task: LiberoTask, init_state: np.ndarray, scene_seed: int) -> dict[str, np.ndarray]:
+        """Put ``task`` in ``init_state`` (fixture layout from ``scene_seed``), settle, observe."""
+        rng_state = np.random.get_state()  # construction and resets draw from numpy's global RNG
+        try:
+            scene = self._scenes.pop(task.bddl_file, None)
+            if scene is None:
+                while len(self._scenes) >= self.max_cached_scenes:
+                    self._scenes.popitem(last=False)[1].close()
+                scene = _Scene(task, render=True)
+            self._scenes[task.bddl_file] = scene
+            self._scene = scene
+            scene.reset(int(scene_seed), hard=not self.fast_reset)
+            scene.raw_obs = scene.env.set_init_state(np.asarray(init_state, dtype=np.float64))
+            for _ in range(self.settle_steps):
+                scene.raw_obs = scene.inner.step(NOOP_ACTION.copy())[0]
+        finally:
+            np.random.set_state(rng_state)
+        return self._observe(scene)
+
+    def run_chunk(self, actions: np.ndarray, max_steps: int, record_frames: bool = False) -> ChunkOutcome:
+        """Run up to min(len(actions), max_steps) sub-steps; stop right after a successful one."""
+        scene = self._require_scene()
+        acts = np.array(actions, dtype=np.float64)
+        k = acts.shape[0]
+        rewards = np.zeros(k, dtype=np.float32)
+        success = np.zeros(k, dtype=bool)
+        frames: list[np.ndarray] | None = [] if record_frames else None
+        executed = 0
+        for i in range(min(k, max(0, int(max_steps)))):
+            # LIBERO's step returns done = _check_success() (ignore_done=True: never the horizon).
+            scene.raw_obs, _, done, _ = scene.inner.step(acts[i])
+            executed += 1
+            if frames is not None:
+                frames.append(self._image(scene, "agentview"))
+            if done:
+                rewards[i] = 1.0
+                success[i] = True
+                break
+        reuse = frames[-1].copy() if frames else None
+        return ChunkOutcome(self._observe(scene, reuse), rewards, success, executed, frames)
+
+    def object_state(self) -> dict[str, np.ndarray]:
+        """Poses for scripted policies, at the instant of the last observation.
+
+        robosuite's low-dimensional observations (``robot0_*``; per movable object ``<obj>_pos``,
+        ``<obj>_quat`` (xyzw), ``<obj>_to_robot0_eef_pos/quat``), plus per fixture ``<fixture>_pos``
+        and ``<fixture>_quat`` (xyzw), plus ``<obj>_joint_qpos`` for articulated objects/fixtures.
+        """
+        scene = self._require_scene()
+        out = {k: np.array(v) for k, v in scene.raw_obs.items() if np.ndim(v) > 0 and k != "image-state"}
+        inner = scene.inner
+        data = scene.snap if scene.snap is not None else inner.sim.data._data
+        for name in inner.fixtures_dict:
+            body = inner.obj_body_id[name]
+            out[f"{name}_pos"] = np.array(data.xpos[body])
+            out[f"{name}_quat"] = np.array(data.xquat[body][[1, 2, 3, 0]])
+        model = inner.sim.model
+        for name, obj in {**inner.objects_dict, **inner.fixtures_dict}.items():
+            hinges = [j for j in obj.joints if model._model.jnt_type[model.joint_name2id(j)] >= 2]
+            if hinges:
+                out[f"{name}_joint_qpos"] = np.array(
+                    [data.qpos[model.get_joint_qpos_addr(j)] for j in hinges], dtype=np.float64
+                )
+        return out
+
+    def sim_state(self) -> np.ndarray:
+        """Flattened MuJoCo state [time, qpos, qvel], the format of LIBERO's init states."""
+        return np.asarray(self._require_scene().env.get_sim_state(), dtype=np.float64).copy()
+
+    def close(self) -> None:
+        while self._scenes:
+            self._scenes.popitem()[1].close()
+        self._scene = None
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _require_scene(self) -> _Scene:
+        if self._scene is None:
+            raise RuntimeError("LiberoSim.reset() must be called first")
+        return self._scene
+
+    def _image(self, scene: _Scene, camera: str) -> np.ndarray:
+        img = scene.render(CAMERAS[camera][0], self.image_size)
+        return np.ascontiguousarray(img[::-1, ::-1]) if self.upright else img
+
+    def _observe(self, scene: _Scene, agentview: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        obs: dict[str, np.ndarray] = {}
+        for cam in self.cameras:
+            reuse = cam == "agentview" and agentview is not None
+            obs[CAMERAS[cam][1]] = agentview if reuse else self._image(scene, cam)
+        raw = scene.raw_obs
+        axis_angle = quat_xyzw_to_axis_angle(raw["robot0_eef_quat"])
+        obs["proprio"] = np.concatenate(
+            [raw["robot0_eef_pos"], axis_angle, raw["robot0_gripper_qpos"]]
+        ).astype(np.float32)
+        return obs

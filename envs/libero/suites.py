@@ -1,0 +1,109 @@
+"""LIBERO suite metadata: task lists, instructions, BDDL files, init states and step caps.
+
+No simulator is built here. ``libero.libero.benchmark`` (and torch, for the init-state files) is
+imported lazily, after :func:`envs.libero.install.ensure_config` has written LIBERO's config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+# Our suite names -> hf-libero benchmark names. "130" is all five suites, in this order.
+_BASE_SUITES: dict[str, str] = {
+    "spatial": "libero_spatial",
+    "object": "libero_object",
+    "goal": "libero_goal",
+    "10": "libero_10",
+    "90": "libero_90",
+}
+SUITES: dict[str, tuple[str, ...]] = {k: (v,) for k, v in _BASE_SUITES.items()}
+SUITES["130"] = tuple(_BASE_SUITES.values())
+
+# Episode caps (policy steps, not counting the settle steps) used by the common LIBERO evaluation,
+# OpenVLA's experiments/robot/libero/run_libero_eval.py (each is ~1.1x the longest training demo).
+MAX_EPISODE_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+
+
+@dataclass(frozen=True)
+class LiberoTask:
+    suite: str  # hf-libero benchmark name, e.g. "libero_spatial"
+    index: int  # task index within that benchmark (task order 0, as in all common evaluations)
+    name: str
+    instruction: str
+    bddl_file: str  # absolute path
+    max_episode_steps: int
+    num_init_states: int
+
+
+def _benchmark_names(suite: str) -> tuple[str, ...]:
+    if suite not in SUITES:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(SUITES)}")
+    return SUITES[suite]
+
+
+def _init_states_path(suite: str, name: str) -> str:
+    from libero.libero import get_libero_path
+
+    return os.path.join(get_libero_path("init_states"), suite, f"{name}.pruned_init")
+
+
+@cache
+def _load_init_states_file(path: str) -> np.ndarray:
+    import torch
+
+    states = np.array(torch.load(path, weights_only=False), dtype=np.float64)
+    if states.ndim != 2:
+        raise ValueError(f"unexpected init-state array of shape {states.shape} in {path}")
+    states.setflags(write=False)
+    return states
+
+
+@cache
+def _benchmark_tasks(benchmark_name: str) -> tuple[LiberoTask, ...]:
+    from envs.libero.install import ensure_config
+
+    ensure_config()
+    # hf-libero prints "[info] using task orders ..." for every suite it instantiates.
+    with contextlib.redirect_stdout(io.StringIO()):
+        from libero.libero import benchmark, get_libero_path
+
+        bench = benchmark.get_benchmark_dict()[benchmark_name]()
+    bddl_dir = get_libero_path("bddl_files")
+    tasks = []
+    for i in range(bench.get_num_tasks()):
+        t = bench.get_task(i)
+        states = _load_init_states_file(_init_states_path(t.problem_folder, t.name))
+        tasks.append(
+            LiberoTask(
+                suite=benchmark_name,
+                index=i,
+                name=t.name,
+                instruction=t.language,
+                bddl_file=os.path.abspath(os.path.join(bddl_dir, t.problem_folder, t.bddl_file)),
+                max_episode_steps=MAX_EPISODE_STEPS[benchmark_name],
+                num_init_states=int(states.shape[0]),
+            )
+        )
+    return tuple(tasks)
+
+
+def suite_tasks(suite: str) -> list[LiberoTask]:
+    """All tasks of one of our suites ("spatial", "object", "goal", "10", "90", "130"), in order."""
+    return [task for name in _benchmark_names(suite) for task in _benchmark_tasks(name)]
+
+
+def load_init_states(task: LiberoTask) -> np.ndarray:
+    """The task's fixed initial states, float64 [num_init_states, state_dim] (read-only, cached)."""
+    return _load_init_states_file(_init_states_path(task.suite, task.name))

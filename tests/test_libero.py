@@ -1,0 +1,219 @@
+"""LIBERO through our vector env: the real simulator, software-rendered on the CPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import requires_libero
+
+import envs
+from envs.core import InitialFrame
+
+pytestmark = requires_libero
+
+SIZE = 64
+K = 4
+
+
+def make(**kwargs):
+    kw = dict(num_envs=2, chunk_size=K, image_size=SIZE, autoreset_mode="Disabled")
+    kw.update(kwargs)
+    return gym.make_vec("Libero-Spatial-v0", **kw)
+
+
+@pytest.fixture(scope="module")
+def vec():
+    env = make()
+    yield env
+    env.close()
+
+
+def zeros(env):
+    return np.zeros(env.action_space.shape, np.float32)
+
+
+def wiggle(env, seed=0):
+    return (np.random.default_rng(seed).uniform(-1, 1, env.action_space.shape) * 0.5).astype(np.float32)
+
+
+def test_spaces_and_observations(vec):
+    obs, info = vec.reset(seed=0, options={"initial_frames": [0, 60]})
+    assert vec.single_action_space.shape == (K, 7)
+    assert obs["image"].shape == (2, SIZE, SIZE, 3) and obs["image"].dtype == np.uint8
+    assert obs["wrist_image"].shape == (2, SIZE, SIZE, 3)
+    assert obs["proprio"].shape == (2, 8) and obs["proprio"].dtype == np.float32
+    assert obs["instruction"][0].startswith("pick up the black bowl")
+    assert obs["instruction"][1] == vec.initial_frames[60].instruction
+    assert info["initial_frame_id"].tolist() == [0, 60]
+    assert obs in vec.observation_space
+    assert len(vec.initial_frames) == 500 and vec.initial_frames[60].meta == {
+        "suite": "libero_spatial",
+        "task_index": 1,
+        "init_state_index": 10,
+    }
+
+
+def test_same_frame_gives_identical_images_and_different_frames_differ(vec):
+    obs, _ = vec.reset(options={"initial_frames": [3, 3]})
+    assert np.array_equal(obs["image"][0], obs["image"][1])
+    assert np.array_equal(obs["proprio"][0], obs["proprio"][1])
+    again, _ = vec.reset(options={"initial_frames": [5, 3]})  # env 1 reset twice to the same frame
+    assert np.array_equal(again["image"][1], obs["image"][1])
+    assert not np.array_equal(again["image"][0], obs["image"][0])  # another init state, another scene
+    obs, _, _, _, _ = vec.step(wiggle(vec))
+    obs2, _ = vec.reset(options={"initial_frames": [5, 3]})
+    obs2, _, _, _, _ = vec.step(wiggle(vec))
+    assert np.array_equal(obs["image"], obs2["image"]) and np.array_equal(obs["proprio"], obs2["proprio"])
+
+
+def test_fast_reset_matches_a_full_rebuild_pixel_for_pixel(vec):
+    full = make(fast_reset=False)
+    try:
+        frames = [7, 120]
+        for _ in range(2):  # the first reset after construction and a later one
+            a, _ = vec.reset(options={"initial_frames": frames})
+            b, _ = full.reset(options={"initial_frames": frames})
+            for key in ("image", "wrist_image", "proprio"):
+                assert np.array_equal(a[key], b[key]), key
+            a, *_ = vec.step(wiggle(vec, 1))
+            b, *_ = full.step(wiggle(full, 1))
+            for key in ("image", "wrist_image", "proprio"):
+                assert np.array_equal(a[key], b[key]), key
+            frames = [8, 7]
+    finally:
+        full.close()
+
+
+def test_chunk_step_reports_sub_steps_and_time_limit():
+    env = make(max_episode_steps=6)
+    try:
+        env.reset(options={"initial_frames": [0, 1]})
+        _, reward, term, trunc, info = env.step(zeros(env))
+        assert info["chunk_valid"].all() and not (term | trunc).any() and (reward == 0).all()
+        _, _, term, trunc, info = env.step(zeros(env))
+        assert info["chunk_valid"].tolist() == [[True, True, False, False]] * 2  # 4 + 2 = limit of 6
+        assert trunc.all() and not term.any()
+        assert info["episode"]["length"].tolist() == [6, 6]
+    finally:
+        env.close()
+
+
+def test_autoreset_modes():
+    for mode in ("NextStep", "SameStep"):
+        env = make(num_envs=1, max_episode_steps=K, autoreset_mode=mode)
+        try:
+            first, _ = env.reset(seed=0)
+            _, _, _, trunc, info = env.step(zeros(env))
+            assert trunc[0]
+            if mode == "SameStep":
+                assert info["_final_obs"][0] and info["final_info"]["episode"]["length"][0] == K
+                assert info["_initial_frame_id"][0]
+            else:
+                obs, reward, term, trunc, info = env.step(zeros(env))
+                assert info["_initial_frame_id"][0] and reward[0] == 0 and not (term[0] or trunc[0])
+                assert not info["chunk_valid"].any()
+        finally:
+            env.close()
+
+
+def test_partial_reset_with_mask(vec):
+    obs, _ = vec.reset(options={"initial_frames": [0, 50]})
+    moved, *_ = vec.step(wiggle(vec, 2))
+    obs2, info = vec.reset(options={"reset_mask": np.array([True, False]), "initial_frames": [0]})
+    assert np.array_equal(obs2["image"][0], obs["image"][0])  # env 0 back at its start
+    assert np.array_equal(obs2["image"][1], moved["image"][1])  # env 1 untouched
+    assert info["_initial_frame_id"].tolist() == [True, False]
+
+
+def test_reset_from_saved_and_reloaded_frames(vec, tmp_path):
+    obs, _ = vec.reset(options={"initial_frames": [11, 222]})
+    envs.save_initial_frames(vec.current_frames(), tmp_path)
+    loaded = envs.load_initial_frames(tmp_path)
+    assert [f.task for f in loaded] == [vec.initial_frames[i].task for i in (11, 222)]
+    vec.reset(options={"initial_frames": [0, 0]})
+    again, info = vec.reset(options={"initial_frames": loaded})
+    assert info["initial_frame_id"].tolist() == [-1, -1]
+    for key in ("image", "wrist_image", "proprio"):
+        assert np.array_equal(again[key], obs[key])
+    assert np.array_equal(loaded[0].image, obs["image"][0])
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda v: v.step(np.zeros((2, K + 1, 7), np.float32)), r"bad actions: expected shape \(2, 4, 7\)"),
+        (lambda v: v.step(np.full((2, K, 7), np.inf, np.float32)), "bad actions: expected finite values"),
+        (lambda v: v.reset(options={"initial_frames": [0, 500]}), r"expected an int in \[0, 500\)"),
+        (lambda v: v.reset(options={"ids": [0, 1]}), "bad reset option"),
+        (
+            lambda v: v.reset(options={"initial_frames": [InitialFrame("x", task="libero_spatial/nope"), 0]}),
+            "LIBERO task key",
+        ),
+        (
+            lambda v: v.reset(
+                options={
+                    "initial_frames": [
+                        0,
+                        InitialFrame("x", task=v.initial_frames[0].task, sim_state=np.zeros(5)),
+                    ]
+                }
+            ),
+            r"sim_state of shape \(\d+,\)",
+        ),
+    ],
+)
+def test_bad_input_raises_and_leaves_the_env_unchanged(vec, call, match):
+    obs, _ = vec.reset(options={"initial_frames": [2, 52]})
+    with pytest.raises(ValueError, match=f"Libero-Spatial-v0: .*{match}"):
+        call(vec)
+    after = vec.unwrapped._observations() if hasattr(vec, "unwrapped") else vec._observations()
+    assert all(np.array_equal(after[k], obs[k]) for k in ("image", "proprio"))
+    moved, *_ = vec.step(wiggle(vec, 3))  # still steps from where it was
+    vec.reset(options={"initial_frames": [2, 52]})
+    ref, *_ = vec.step(wiggle(vec, 3))
+    assert np.array_equal(moved["image"], ref["image"])
+
+
+def test_crashed_worker_is_restarted_and_its_env_reset():
+    env = make()
+    try:
+        env.reset(options={"initial_frames": [0, 50]})
+        os.kill(env.pool.pids()[1], signal.SIGKILL)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, _, term, trunc, info = env.step(zeros(env))
+        assert any("died" in str(w.message) for w in caught)
+        assert trunc.tolist() == [False, True] and info["worker_restarted"][1]
+        obs, _ = env.reset(options={"reset_mask": np.array([False, True]), "initial_frames": [50]})
+        _, _, _, trunc, info = env.step(zeros(env))
+        assert not trunc.any() and info["chunk_valid"].all()
+    finally:
+        env.close()
+
+
+def test_state_only_env_never_renders():
+    env = make(cameras=(), num_envs=1)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert set(obs) == {"proprio", "instruction"}
+        obs, *_ = env.step(zeros(env))
+        assert obs["proprio"].shape == (1, 8)
+    finally:
+        env.close()
+
+
+def test_one_env_view_passes_check_env():
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("Libero-Spatial-v0", image_size=SIZE, chunk_size=K)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+        obs, info = env.reset(options={"initial_frame": 0})
+        assert obs["image"].shape == (SIZE, SIZE, 3) and info["initial_frame_id"] == 0
+    finally:
+        env.close()
