@@ -28,7 +28,7 @@ def make(**kwargs):
 
 @pytest.fixture(scope="module")
 def vec():
-    env = make()
+    env = make(object_state_in_info=True)
     yield env
     env.close()
 
@@ -87,6 +87,29 @@ def test_fast_reset_matches_a_full_rebuild_pixel_for_pixel(vec):
             frames = [8, 7]
     finally:
         full.close()
+
+
+def test_success_mid_chunk_terminates_and_skips_the_rest_of_the_chunk(vec):
+    vec.reset(options={"initial_frames": [0, 0]})
+    _, _, _, _, info = vec.step(zeros(vec))
+    objects = info["object_state"][0]
+    start = vec.initial_frames[0]
+    # Put the black bowl of task 0 ("... place it on the plate") just above the plate.
+    state = start.sim_state.copy()
+    bowl_xy, plate_xy = objects["akita_black_bowl_1_pos"][:2], objects["plate_1_pos"][:2]
+    at = 1 + int(np.argmin([np.linalg.norm(state[i : i + 2] - bowl_xy) for i in range(1, 40)]))
+    assert np.linalg.norm(state[at : at + 2] - bowl_xy) < 1e-2  # the bowl's free joint: x, y, z, quat
+    state[at : at + 3] = [*plate_xy, state[at + 2] + 0.03]
+    done_frame = InitialFrame(start.instruction, task=start.task, sim_state=state)
+    vec.reset(options={"initial_frames": [done_frame, 0]})
+    _, reward, term, trunc, info = vec.step(zeros(vec))
+    assert term.tolist() == [True, False] and not trunc.any() and reward.tolist() == [1.0, 0.0]
+    assert info["chunk_valid"].tolist() == [[True, False, False, False], [True] * K]
+    assert info["chunk_rewards"][0].tolist() == [1.0, 0, 0, 0]
+    assert info["_episode"].tolist() == [True, False]
+    assert info["episode"]["success"][0] and info["episode"]["length"][0] == 1
+    _, reward, term, trunc, info = vec.step(zeros(vec))  # Disabled: env 0 is frozen now
+    assert not info["chunk_valid"][0].any() and reward[0] == 0 and info["chunk_valid"][1].all()
 
 
 def test_chunk_step_reports_sub_steps_and_time_limit():

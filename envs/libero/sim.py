@@ -4,18 +4,22 @@ Exactness of the fast reset. The reference reset of a scene is
 ``np.random.seed(scene_seed); env.reset()`` (robosuite hard reset: new MJCF, MjModel, MjData) then
 ``env.set_init_state(init_state)`` and ``settle_steps`` no-op steps. The fast path keeps the
 compiled model and calls robosuite's soft reset (``hard_reset=False``: ``mj_resetData`` plus the
-same re-sampling code). Two pieces of Python state survive a soft reset but not a hard one, and
-both change the scene:
+same re-sampling code). Three pieces of state survive a soft reset but not a hard one, and each
+changes the scene:
 
 * the Panda gripper's ``current_action``: the gripper command is integrated over sub-steps
   (``current_action += speed * sign(a)``), starting from 0 in a freshly built robot; after a soft
   reset it started from the previous episode's value (this is the "first episode differs" effect);
 * LIBERO's ``object_property_initializers`` list (drawer/door/knob samplers): every model load
   *appends* to it, so a hard reset draws more random numbers than the last one, shifting the
-  fixture placement (numpy's global RNG) by the number of earlier hard resets.
+  fixture placement (numpy's global RNG) by the number of earlier hard resets;
+* ``model.site_rgba``: site visibility is toggled in place (robosuite hides with ``-a``, LIBERO's
+  stove burner toggles with ``1 - a``), so alphas drift across episodes that turn a stove on.
 
-Both are normalised before every reset, soft or hard, to the state of the first reset after
-construction (fresh gripper; the samplers of two model loads). Fixture placement is re-drawn from
+They are normalised before every reset, soft or hard, to the state of the first reset after
+construction (fresh gripper; the samplers of two model loads; compiled site colours). After that,
+mjModel and mjData after a soft reset equal those after a hard one (checked field by field).
+Fixture placement is re-drawn from
 ``np.random.seed(scene_seed)`` in both paths, so a cached scene serves any seed. The caller's
 global numpy RNG state is restored afterwards.
 
@@ -28,10 +32,10 @@ observations of a plain ``OffScreenRenderEnv.step``.
 
 from __future__ import annotations
 
-import contextlib
-import io
+import atexit
 import logging
 import os
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +96,15 @@ def _import_libero() -> Any:
     return env_wrapper
 
 
+_live_renderers: weakref.WeakSet[_Renderer] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _close_live_renderers() -> None:
+    for renderer in list(_live_renderers):
+        renderer.close()
+
+
 class _Renderer:
     """Offscreen MuJoCo renderer with exactly robosuite's settings (MjRenderContext)."""
 
@@ -103,7 +116,14 @@ class _Renderer:
         if size > model.vis.global_.offwidth or size > model.vis.global_.offheight:
             model.vis.global_.offwidth = max(size, model.vis.global_.offwidth)
             model.vis.global_.offheight = max(size, model.vis.global_.offheight)
+        global _atexit_registered
         self.gl = binding_utils.GLContext(max_width=640, max_height=480, device_id=-1)
+        if not _atexit_registered:
+            # Registered after robosuite's atexit eglTerminate (first context), so it runs before
+            # it: no EGLError noise at exit when a LiberoSim was not closed.
+            atexit.register(_close_live_renderers)
+            _atexit_registered = True
+        _live_renderers.add(self)
         self.gl.make_current()
         self.con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.con)
@@ -135,45 +155,49 @@ class _Renderer:
         return rgb
 
     def close(self) -> None:
-        self.con.free()
-        self.gl.free()
+        if self in _live_renderers:
+            _live_renderers.discard(self)
+            self.gl.make_current()
+            self.con.free()
+            self.gl.free()
 
 
 class _Scene:
     """A built LIBERO env plus what we keep next to it."""
 
-    def __init__(self, task: LiberoTask, render: bool) -> None:
+    def __init__(self, task: LiberoTask) -> None:
         env_wrapper = _import_libero()  # first: it quiets robosuite's import-time warnings
         import mujoco
         from robosuite.utils.observables import Observable, sensor
 
-        with contextlib.redirect_stdout(io.StringIO()):
-            self.env = env_wrapper.ControlEnv(
-                bddl_file_name=task.bddl_file,
-                use_camera_obs=False,  # we render ourselves, once per chunk
-                has_renderer=False,
-                has_offscreen_renderer=False,
-                ignore_done=True,  # robosuite's 1000-step horizon never ends an episode
-            )
+        self.env = env_wrapper.ControlEnv(
+            bddl_file_name=task.bddl_file,
+            use_camera_obs=False,  # we render ourselves, once per chunk
+            has_renderer=False,
+            has_offscreen_renderer=False,  # no GL context unless we render (see _Renderer)
+            ignore_done=True,  # robosuite's 1000-step horizon never ends an episode
+        )
         self.inner = self.env.env
         self.base_inits = list(self.inner.object_property_initializers)  # one model load's worth
+        self.site_rgba = self.inner.sim.model._model.site_rgba.copy()  # as compiled from the MJCF
         self.snap: Any = None  # copy of mjData at robosuite's observation instant
         self._snap_model: Any = None
         self.renderer: _Renderer | None = None
         self.raw_obs: dict[str, Any] = {}
 
         @sensor(modality="vla_gym")
-        def probe(obs_cache: dict) -> np.ndarray:
+        def probe(obs_cache: dict) -> np.ndarray:  # ~20 us per step
             m, d = self.inner.sim.model._model, self.inner.sim.data._data
             if self._snap_model is not m:  # first call, or a new model after a hard reset
                 self.snap, self._snap_model = mujoco.MjData(m), m
             mujoco.mj_copyData(self.snap, m, d)
             return np.zeros(1)
 
-        if render:
-            self.inner.add_observable(
-                Observable(name=_PROBE, sensor=probe, sampling_rate=self.inner.control_freq, active=False)
-            )
+        # Inactive (not in the obs dict) but enabled: sampled on the same clock as robosuite's
+        # observables, i.e. where camera observations would be rendered within env.step().
+        self.inner.add_observable(
+            Observable(name=_PROBE, sensor=probe, sampling_rate=self.inner.control_freq, active=False)
+        )
 
     def reset(self, seed: int, hard: bool) -> None:
         from robosuite.utils.errors import RandomizationError
@@ -184,6 +208,8 @@ class _Scene:
             # Normalise the Python state that a soft reset would otherwise carry over (module doc).
             # A hard reset appends one more model load's samplers itself.
             inner.object_property_initializers[:] = self.base_inits * (1 if hard else 2)
+            if not hard:  # site alphas are toggled in place (robosuite: -a, LIBERO's burner: 1 - a)
+                inner.sim.model._model.site_rgba[:] = self.site_rgba
             for robot in inner.robots:
                 if robot.has_gripper:
                     robot.gripper.current_action = np.zeros(robot.gripper.dof)
@@ -249,7 +275,7 @@ class LiberoSim:
             if scene is None:
                 while len(self._scenes) >= self.max_cached_scenes:
                     self._scenes.popitem(last=False)[1].close()
-                scene = _Scene(task, render=True)
+                scene = _Scene(task)
             self._scenes[task.bddl_file] = scene
             self._scene = scene
             scene.reset(int(scene_seed), hard=not self.fast_reset)
@@ -329,8 +355,10 @@ class LiberoSim:
     def _observe(self, scene: _Scene, agentview: np.ndarray | None = None) -> dict[str, np.ndarray]:
         obs: dict[str, np.ndarray] = {}
         for cam in self.cameras:
-            reuse = cam == "agentview" and agentview is not None
-            obs[CAMERAS[cam][1]] = agentview if reuse else self._image(scene, cam)
+            if cam == "agentview" and agentview is not None:
+                obs[CAMERAS[cam][1]] = agentview
+            else:
+                obs[CAMERAS[cam][1]] = self._image(scene, cam)
         raw = scene.raw_obs
         axis_angle = quat_xyzw_to_axis_angle(raw["robot0_eef_quat"])
         obs["proprio"] = np.concatenate(
