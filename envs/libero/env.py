@@ -91,6 +91,10 @@ def _worker_environ(render_gpus: Sequence[int], rank: int, size: int) -> dict[st
 
 
 def _default_render_gpus() -> list[int]:
+    """The GPUs to render on: those in CUDA_VISIBLE_DEVICES (robosuite insists), else all CUDA GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return [int(d) for d in visible.split(",") if d.strip().isdigit()]
     import torch
 
     return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
