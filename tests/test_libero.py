@@ -240,3 +240,33 @@ def test_one_env_view_passes_check_env():
         assert obs["image"].shape == (SIZE, SIZE, 3) and info["initial_frame_id"] == 0
     finally:
         env.close()
+
+
+def test_libero_130_frames_cover_every_suite_without_a_simulator():
+    from envs.libero.env import LiberoInitialFrames, task_key
+    from envs.libero.suites import suite_tasks
+
+    tasks = suite_tasks("130")
+    frames = LiberoInitialFrames(tasks)
+    assert len(tasks) == 130 and len(frames) == 6500
+    assert len({task_key(t) for t in tasks}) == 130
+    assert {t.max_episode_steps for t in tasks} == {220, 280, 300, 520, 400}
+    assert frames[6499].meta == {"suite": "libero_90", "task_index": 89, "init_state_index": 49}
+    with pytest.raises(ValueError, match="valid suites"):
+        suite_tasks("100")
+
+
+def test_init_state_is_applied_after_the_scene_reset():
+    """With no settle steps the simulator holds exactly the init state: nothing ran after it."""
+    from envs.libero.sim import LiberoSim
+    from envs.libero.suites import load_init_states, suite_tasks
+
+    task = suite_tasks("spatial")[0]
+    sim = LiberoSim(cameras=(), settle_steps=0)
+    try:
+        for index in (0, 1):
+            state = load_init_states(task)[index]
+            sim.reset(task, state, scene_seed=0)
+            assert np.array_equal(sim.sim_state()[1:], state[1:])
+    finally:
+        sim.close()

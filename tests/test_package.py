@@ -1,0 +1,52 @@
+"""Package-level rules: cheap imports and the dependency direction of DESIGN.md."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {"envs": {"policies", "trainers"}, "policies": {"envs", "trainers"}, "trainers": {"envs"}}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_dependency_direction():
+    for package, forbidden in FORBIDDEN.items():
+        for path in (ROOT / package).rglob("*.py"):
+            bad = _imported_packages(path) & forbidden
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_import_envs_is_cheap_and_registers_every_id():
+    code = (
+        "import sys, envs, gymnasium as gym; "
+        "print(sorted(m for m in ('robosuite', 'libero', 'mujoco', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+    import envs  # noqa: F401
+
+    for env_id in (
+        "Libero-Spatial-v0",
+        "Libero-Object-v0",
+        "Libero-Goal-v0",
+        "Libero-10-v0",
+        "Libero-90-v0",
+        "Libero-130-v0",
+    ):
+        spec = gym.spec(env_id)
+        assert spec.vector_entry_point and spec.entry_point
