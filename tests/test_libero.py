@@ -205,7 +205,7 @@ def test_bad_input_raises_and_leaves_the_env_unchanged(vec, call, match):
 def test_crashed_worker_is_restarted_and_its_env_reset():
     env = make()
     try:
-        env.reset(options={"initial_frames": [0, 50]})
+        first, _ = env.reset(options={"initial_frames": [0, 50]})
         os.kill(env.pool.pids()[1], signal.SIGKILL)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -215,6 +215,10 @@ def test_crashed_worker_is_restarted_and_its_env_reset():
         obs, _ = env.reset(options={"reset_mask": np.array([False, True]), "initial_frames": [50]})
         _, _, _, trunc, info = env.step(zeros(env))
         assert not trunc.any() and info["chunk_valid"].all()
+        os.kill(env.pool.pids()[0], signal.SIGKILL)  # a death found during reset: retried there
+        with pytest.warns(RuntimeWarning, match="died"):
+            obs, _ = env.reset(options={"initial_frames": [0, 50]})
+        assert np.array_equal(obs["image"][0], first["image"][0])
     finally:
         env.close()
 

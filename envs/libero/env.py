@@ -219,16 +219,14 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             (_all_tasks()[f.task], f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)
         ]
         results, crashed = self.pool.call("reset", env_ids, args)
-        if crashed.any():  # a fresh worker gets one more try
-            again, crashed = self.pool.call(
-                "reset", env_ids[crashed], [a for a, c in zip(args, crashed) if c]
-            )
-            for pos, res in zip(np.flatnonzero(crashed), again):
-                results[pos] = res
-            if crashed.any():
-                raise RuntimeError(
-                    f"{self.env_id}: workers of envs {env_ids[crashed].tolist()} died twice in reset"
-                )
+        retry = np.flatnonzero(crashed)
+        if len(retry):  # the restarted workers get one more try
+            again, crashed_again = self.pool.call("reset", env_ids[retry], [args[p] for p in retry])
+            if crashed_again.any():
+                dead = env_ids[retry[crashed_again]].tolist()
+                raise RuntimeError(f"{self.env_id}: workers of envs {dead} died twice in reset")
+            for p, res in zip(retry, again):
+                results[p] = res
         self.pool.lost.difference_update(int(i) for i in env_ids)
         for i, res in zip(env_ids, results):
             self._objects[i] = res["objects"]
