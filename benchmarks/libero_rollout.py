@@ -71,7 +71,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rows = run(args.tasks, args.num_envs, args.chunk_size, args.image_size, args.video or None, args.seed)
-    print(f"\n{'task':>4}  {'steps':>5}  {'success':>7}  {'steps/s':>7}  instruction")
+    print("\nsteps/s counts the steps of all envs of a batch")
+    print(f"{'task':>4}  {'steps':>5}  {'success':>7}  {'steps/s':>7}  instruction")
     for task, text, steps, success, sps in rows:
         print(f"{task:>4}  {steps:>5}  {str(success):>7}  {sps:>7.1f}  {text}")
     print(f"success rate: {np.mean([r[3] for r in rows]):.2f} over {len(rows)} episodes (random policy)")
