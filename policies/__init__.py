@@ -1,0 +1,26 @@
+"""Action-chunk policies: the contract (``base``), observation torsos, and the small policies that
+share the exact sampling / log-prob math of the VLAs (Gaussian, categorical, OpenVLA-style binned,
+pi0-style flow matching)."""
+
+from .base import ActionChunk, ActionChunkPolicy, PolicyEval
+from .binned import BinnedPolicy
+from .categorical import CategoricalPolicy
+from .common import TorsoPolicy
+from .flow import FlowPolicy
+from .gaussian import GaussianPolicy
+from .torsos import ImageEncoder, InstructionEmbedding, Torso, make_torso
+
+__all__ = [
+    "ActionChunk",
+    "ActionChunkPolicy",
+    "BinnedPolicy",
+    "CategoricalPolicy",
+    "FlowPolicy",
+    "GaussianPolicy",
+    "ImageEncoder",
+    "InstructionEmbedding",
+    "PolicyEval",
+    "Torso",
+    "TorsoPolicy",
+    "make_torso",
+]

@@ -50,6 +50,31 @@ class ActionChunkPolicy(nn.Module):
     chunk_size: int  # K
     action_dim: int  # D
     log_prob_dim: int  # E
+    # Sampling draws from this generator when set (``seed``), else from torch's global RNG.
+    generator: torch.Generator | None = None
+
+    def seed(self, seed: int) -> None:
+        """Give this policy its own seeded ``torch.Generator`` for sampling (on the policy's device).
+
+        Checkpoint ``policy.generator.get_state()`` to resume sampling exactly.
+        """
+        self.generator = torch.Generator(device=self._param_device()).manual_seed(seed)
+
+    def _rng(self, device: torch.device) -> torch.Generator | None:
+        """The generator to sample on ``device`` with (None: global RNG). After a move to another
+        device, sampling continues on a generator for that device seeded from the old one."""
+        g = self.generator
+        if g is not None and g.device != torch.device(device):
+            seed = int(torch.randint(0, 2**62, (1,), generator=g, device=g.device))
+            g = self.generator = torch.Generator(device=device).manual_seed(seed)
+        return g
+
+    def _param_device(self) -> torch.device:
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu")
 
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         """Sample (or, if ``deterministic``, pick the mode of) one chunk for each observation."""

@@ -1,0 +1,304 @@
+"""pi0-like flow-matching policy with stochastic denoising steps (policies_trainers.md §2.1-2.2).
+
+Time runs from t = 1 (noise) to t = 0 (action) on the grid ``t_i = linspace(1, 1/N, N)``, then
+``t_N = 0``; ``Delta = 1/N``. A velocity MLP ``v(x_t, t, obs)`` gives
+``x0_hat = x - t v`` and ``x1_hat = x + (1 - t) v``, and step i is the Gaussian transition
+``x_{i+1} ~ N(mu_i, std_i^2)`` with ``t' = t_i - Delta`` and noise level ``a``:
+
+* ``flow_ode``: ``mu = (1-t') x0_hat + t' x1_hat`` (= ``x - Delta v``), ``std = 0``;
+* ``flow_sde``: ``mu = (1-t') x0_hat + (t' - s^2 Delta / (2t)) x1_hat``, ``std = sqrt(Delta) s`` with
+  ``s = a sqrt(t_i / (1 - t_i))`` (at ``t_0 = 1`` the denominator uses ``t_1``);
+* ``flow_cps``: ``mu = (1-t') x0_hat + t' cos(pi a / 2) x1_hat``, ``std = t' sin(pi a / 2)``;
+* ``flow_noise``: the ODE mean, ``std`` from a learned head whose log-variance is squashed into
+  ``[log s_min^2, log s_max^2]``.
+
+The chain ``x_0 ~ N(0, I), x_1, ..., x_N`` is the sampled decision: the replay stores it, and
+``evaluate`` recomputes ``mu, std`` of the stochastic step(s) under the current weights and scores
+the stored next element. Without ``joint_logprob`` one step index k (uniform over the N steps, or
+the first N-1 with ``ignore_last``) per ``act`` call, shared by the batch, uses the noise method
+and all others are ODE steps; with it every step is stochastic and the element log-prob is the
+mean of the N + 1 terms ``log N(x_0; 0, I), l_0, ..., l_{N-1}``. The Gaussian log-density is 0
+wherever ``std == 0`` (e.g. the last CPS step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from .base import ActionChunk, PolicyEval
+from .common import TorsoPolicy, box_bounds, box_chunk_shape
+from .torsos import mlp
+
+NOISE_METHODS = ("flow_ode", "flow_sde", "flow_cps", "flow_noise")
+
+
+def flow_timesteps(num_steps: int) -> torch.Tensor:
+    """``[1, ..., 1/N, 0]`` (N + 1 values)."""
+    return torch.cat([torch.linspace(1.0, 1.0 / num_steps, num_steps), torch.zeros(1)])
+
+
+def sde_sigma_ratios(num_steps: int) -> torch.Tensor:
+    """``sqrt(t_i / (1 - t_i))`` for i < N, using ``t_1`` instead of ``t_0 = 1`` in the denominator;
+    ``flow_sde``'s ``sigma_i`` is the noise level times this."""
+    t = flow_timesteps(num_steps)
+    denom = torch.where(t == 1, t[1], t)
+    return torch.sqrt(t / (1 - denom))[:-1]
+
+
+def flow_mean_std(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    t: torch.Tensor,
+    delta: torch.Tensor,
+    method: str,
+    noise_level: torch.Tensor | float = 0.5,
+    sigma: torch.Tensor | float | None = None,
+    learned_std: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std (both shaped like ``x``) of one denoising transition from time ``t`` to
+    ``t - delta``. ``t``, ``delta``, ``noise_level`` and ``sigma`` (flow_sde's ``sigma_i``) broadcast
+    against ``x``; ``learned_std`` is the flow_noise head's output."""
+    t, delta = torch.as_tensor(t).to(x), torch.as_tensor(delta).to(x)
+    x0_hat, x1_hat = x - t * v, x + (1 - t) * v
+    t_next = t - delta
+    w0, w1 = 1 - t_next, t_next
+    if method == "flow_ode":
+        std = torch.zeros_like(x)
+    elif method == "flow_sde":
+        sigma = torch.as_tensor(sigma).to(x)
+        w1 = t_next - sigma**2 * delta / (2 * t)
+        std = torch.sqrt(delta) * sigma
+    elif method == "flow_cps":
+        angle = math.pi * torch.as_tensor(noise_level).to(x) / 2
+        w1 = t_next * torch.cos(angle)
+        std = t_next * torch.sin(angle)
+    elif method == "flow_noise":
+        std = learned_std
+    else:
+        raise ValueError(f"unknown noise method {method!r}; expected one of {NOISE_METHODS}")
+    return x0_hat * w0 + x1_hat * w1, torch.broadcast_to(std, x.shape)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``log N(x; mean, std^2)``, 0 where ``std == 0``."""
+    zero = std == 0
+    safe = torch.where(zero, torch.ones_like(std), std)
+    log_prob = -torch.log(safe) - 0.5 * math.log(2 * math.pi) - 0.5 * ((x - mean) / safe) ** 2
+    return torch.where(zero, torch.zeros_like(log_prob), log_prob)
+
+
+def gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``0.5 log(2 pi e std^2)``, 0 where ``std == 0``."""
+    zero = std == 0
+    safe = torch.where(zero, torch.ones_like(std), std)
+    return torch.where(zero, torch.zeros_like(std), 0.5 * torch.log(2 * math.pi * math.e * safe**2))
+
+
+def time_embedding(
+    t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0
+) -> torch.Tensor:
+    """Sinusoidal embedding ``[B, dim]`` of times ``t`` ``[B]`` (periods geometric in
+    ``[min_period, max_period]``, as pi0)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t[:, None].float() * (2 * math.pi / period)
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+class FlowPolicy(TorsoPolicy):
+    """Flow-matching action-chunk policy; E = D.
+
+    Args:
+        observation_space: single-env observation space.
+        action_space: Box of shape ``(D,)`` (K = 1) or ``(K, D)``; the chain lives in the same units.
+        num_steps: denoising steps N.
+        noise_method: ``flow_ode`` (no exploration: log-probs are 0), ``flow_sde``, ``flow_cps`` or
+            ``flow_noise``.
+        noise_level: ``a`` of flow_sde / flow_cps. It may be changed (annealed) between calls: the
+            replay keeps each sample's value and ``evaluate`` uses that one.
+        joint_logprob: every step stochastic; log-prob averaged over the N + 1 chain terms
+            (meant for flow_noise).
+        ignore_last: draw the single stochastic step from the first N - 1 only (use with flow_cps,
+            whose last step has std 0); unused with ``joint_logprob``.
+        noise_std_range: ``(s_min, s_max)`` of the flow_noise head (RLinf: 0.08, 0.16).
+        clip_actions: clip returned actions to the Box bounds (the chain itself is never clipped).
+            Default False: the env clips, as for the Gaussian policy.
+        deterministic_init: with ``deterministic=True`` every step is an ODE step; the initial noise
+            is still sampled (``"sample"``, as RLinf: seed the policy for reproducible evaluation)
+            or is zero (``"zeros"``: the action is then a function of the observation alone).
+        velocity_hidden, velocity_activation, time_dim: the velocity MLP on
+            ``(x_t flattened, sinusoidal t embedding, obs features)``.
+        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+            ``TorsoPolicy``.
+
+    Replay: ``obs/<key>``, ``chains`` float32 ``[B, N+1, K, D]`` (the whole chain, starting with the
+    initial noise), ``denoise_inds`` int64 ``[B, N]`` (all k for single-step sampling,
+    ``0..N-1`` with ``joint_logprob``, -1 from a deterministic call) and ``noise_level`` ``[B]``.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        num_steps: int = 5,
+        noise_method: str = "flow_sde",
+        noise_level: float = 0.5,
+        joint_logprob: bool = False,
+        ignore_last: bool = False,
+        noise_std_range: tuple[float, float] = (0.08, 0.16),
+        clip_actions: bool = False,
+        deterministic_init: str = "sample",
+        velocity_hidden: Sequence[int] = (256, 256),
+        velocity_activation: str = "gelu",
+        time_dim: int = 32,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        share_torso: bool = False,
+        use_critic: bool = True,
+        ortho_init: bool = True,
+        torso_kwargs: Mapping[str, Any] | None = None,
+    ):
+        super().__init__(
+            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
+        )
+        if noise_method not in NOISE_METHODS:
+            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
+        if ignore_last and num_steps < 2 and not joint_logprob:
+            raise ValueError("ignore_last needs num_steps >= 2")
+        if deterministic_init not in ("sample", "zeros"):
+            raise ValueError(f"deterministic_init must be 'sample' or 'zeros', got {deterministic_init!r}")
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        self.num_steps, self.noise_method, self.noise_level = num_steps, noise_method, float(noise_level)
+        self.joint_logprob, self.ignore_last = joint_logprob, ignore_last
+        self.clip_actions, self.deterministic_init, self.time_dim = clip_actions, deterministic_init, time_dim
+        self.register_buffer("timesteps", flow_timesteps(num_steps))
+        self.register_buffer("sigma_ratios", sde_sigma_ratios(num_steps))
+        low, high = box_bounds(action_space)
+        self.register_buffer("action_low", low)
+        self.register_buffer("action_high", high)
+
+        n = self.chunk_size * self.action_dim
+        self.velocity_net = mlp([n + time_dim + self.torso.out_dim, *velocity_hidden], velocity_activation)
+        self.velocity_out = nn.Linear(velocity_hidden[-1], n)
+        self.noise_head = None
+        if noise_method == "flow_noise":  # RLinf's ExploreNoiseNet shape: hidden -> 128 -> 64 -> A, tanh
+            self.noise_head = mlp([velocity_hidden[-1], 128, 64, n], "tanh", last_activation=False)
+            s_min, s_max = noise_std_range
+            self.register_buffer("logvar_min", torch.tensor(math.log(s_min**2)))
+            self.register_buffer("logvar_max", torch.tensor(math.log(s_max**2)))
+
+    def velocity(
+        self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity ``[B, K, D]`` at chain element ``x`` ``[B, K, D]`` and times ``t`` ``[B]``, with
+        the last hidden features ``[B, H]`` (the flow_noise head's input)."""
+        inputs = torch.cat([x.flatten(1), time_embedding(t, self.time_dim), context], dim=-1)
+        hidden = self.velocity_net(inputs)
+        return self.velocity_out(hidden).reshape(x.shape), hidden
+
+    def learned_std(self, hidden: torch.Tensor) -> torch.Tensor:
+        """flow_noise std ``[B, K, D]``: ``exp(logvar / 2)``, logvar squashed into the range."""
+        o = torch.tanh(self.noise_head(hidden))
+        logvar = self.logvar_min + (self.logvar_max - self.logvar_min) * (o + 1) / 2
+        return torch.exp(0.5 * logvar).reshape(-1, self.chunk_size, self.action_dim)
+
+    def transition(
+        self,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        context: torch.Tensor,
+        method: str,
+        noise_level: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std of step ``idx`` (int64 ``[B]``) from chain element ``x``."""
+        t = self.timesteps[idx]
+        delta = t - self.timesteps[idx + 1]
+        v, hidden = self.velocity(x, t, context)
+        col = (slice(None), None, None)
+        return flow_mean_std(
+            x,
+            v,
+            t[col],
+            delta[col],
+            method,
+            noise_level[col],
+            sigma=noise_level[col] * self.sigma_ratios[idx][col],
+            learned_std=self.learned_std(hidden) if method == "flow_noise" else None,
+        )
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        prepared = self._prepare(obs)
+        context = self.torso(prepared)
+        b, n, device = context.shape[0], self.num_steps, context.device
+        rng = self._rng(device)
+        shape = (b, self.chunk_size, self.action_dim)
+        if deterministic and self.deterministic_init == "zeros":
+            x = torch.zeros(shape, device=device)
+        else:
+            x = torch.randn(shape, generator=rng, device=device)
+        if deterministic:
+            inds = torch.full((n,), -1, dtype=torch.long)
+        elif self.joint_logprob:
+            inds = torch.arange(n)
+        else:
+            k = int(torch.randint(0, n - 1 if self.ignore_last else n, (1,), generator=rng, device=device))
+            inds = torch.full((n,), k, dtype=torch.long)
+        noise_level = torch.full((b,), self.noise_level, device=device)
+        chains, terms = [x], []
+        if self.joint_logprob and not deterministic:
+            terms.append(gaussian_log_prob(x, torch.zeros_like(x), torch.ones_like(x)))
+        for i in range(n):
+            stochastic = int(inds[i]) == i
+            method = self.noise_method if stochastic else "flow_ode"
+            step = torch.full((b,), i, dtype=torch.long, device=device)
+            mean, std = self.transition(x, step, context, method, noise_level)
+            if stochastic:
+                x = mean + std * torch.randn(shape, generator=rng, device=device)
+                terms.append(gaussian_log_prob(x, mean, std))
+            else:
+                x = mean
+            chains.append(x)
+        log_probs = torch.stack(terms, dim=1).mean(dim=1) if terms else None
+        actions = torch.clamp(x, self.action_low, self.action_high) if self.clip_actions else x
+        replay = {
+            **self._obs_replay(prepared),
+            "chains": torch.stack(chains, dim=1),
+            "denoise_inds": inds.to(device).expand(b, n).clone(),
+            "noise_level": noise_level,
+        }
+        return ActionChunk(actions, log_probs, self._value(prepared, context), replay)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        """Log-probs of the stored chain transitions under the current weights. Entropy (mean over
+        the same terms) only for flow_noise, whose std is learned; None for the fixed-std methods."""
+        prepared = self._prepare(self._replay_obs(replay))
+        context = self.torso(prepared)
+        device = context.device
+        chains = replay["chains"].to(device)
+        inds = replay["denoise_inds"].to(device).long()
+        noise_level = replay["noise_level"].to(device)
+        if bool((inds < 0).any()):
+            raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
+        rows = torch.arange(chains.shape[0], device=device)
+        terms, entropies = [], []
+        if self.joint_logprob:
+            x0 = chains[:, 0]
+            terms.append(gaussian_log_prob(x0, torch.zeros_like(x0), torch.ones_like(x0)))
+            entropies.append(gaussian_entropy(torch.ones_like(x0)))
+        for j in range(self.num_steps if self.joint_logprob else 1):
+            idx = inds[:, j]
+            mean, std = self.transition(chains[rows, idx], idx, context, self.noise_method, noise_level)
+            terms.append(gaussian_log_prob(chains[rows, idx + 1], mean, std))
+            entropies.append(gaussian_entropy(std))
+        log_probs = torch.stack(terms, dim=1).mean(dim=1)
+        entropy = torch.stack(entropies, dim=1).mean(dim=1) if self.noise_method == "flow_noise" else None
+        return PolicyEval(log_probs, entropy, self._value(prepared, context))

@@ -1,0 +1,113 @@
+"""Diagonal Gaussian policy over a Box action space, with optional tanh squashing.
+
+Defaults reproduce Stable-Baselines3's ``MlpPolicy`` for K = 1 on vector observations: separate
+64-64 tanh actor and critic MLPs, orthogonal init (sqrt(2) hidden, 0.01 mean head, 1.0 value head),
+state-independent ``log_std`` initialised to 0, actions sampled and returned unclipped (the env
+or the trainer clips them to the Box).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from gymnasium import spaces
+from torch import nn
+from torch.distributions import Normal
+
+from .base import ActionChunk, PolicyEval
+from .common import TorsoPolicy, box_bounds, box_chunk_shape
+
+
+def tanh_log_abs_det(u: torch.Tensor) -> torch.Tensor:
+    """``log(1 - tanh(u)^2)`` computed stably as ``2 (log 2 - u - softplus(-2u))``."""
+    return 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))
+
+
+class GaussianPolicy(TorsoPolicy):
+    """``a ~ N(mean(obs), diag(exp(log_std)^2))`` per element of a ``[K, D]`` chunk; E = D.
+
+    Args:
+        observation_space: single-env observation space.
+        action_space: Box of shape ``(D,)`` (K = 1) or ``(K, D)``.
+        log_std_init: initial value of the state-independent ``log_std`` parameter ``[K*D]``.
+        squash: ``a = center + scale * tanh(u)`` maps the Gaussian sample ``u`` into the Box
+            (finite bounds needed); log-probs include the Jacobian. Without it actions are the
+            raw samples, not clipped.
+        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+            ``TorsoPolicy``.
+
+    Replay: ``obs/<key>`` (prepared observation) and ``raw_action`` ``[B, K, D]`` (the Gaussian
+    sample ``u``, before any squashing).
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        log_std_init: float = 0.0,
+        squash: bool = False,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        share_torso: bool = False,
+        use_critic: bool = True,
+        ortho_init: bool = True,
+        torso_kwargs: Mapping[str, Any] | None = None,
+    ):
+        super().__init__(
+            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
+        )
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        n = self.chunk_size * self.action_dim
+        self.mean_head = nn.Linear(self.torso.out_dim, n)
+        self._init_head(self.mean_head, 0.01)
+        self.log_std = nn.Parameter(torch.full((n,), float(log_std_init)))
+        self.squash = squash
+        low, high = box_bounds(action_space)
+        if squash and not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ValueError("squash=True needs finite action bounds")
+        self.register_buffer("action_center", (high + low) / 2 if squash else torch.zeros_like(low))
+        self.register_buffer("action_scale", (high - low) / 2 if squash else torch.ones_like(low))
+
+    def _dist(self, features: torch.Tensor) -> Normal:
+        shape = (features.shape[0], self.chunk_size, self.action_dim)
+        mean = self.mean_head(features).reshape(shape)
+        std = self.log_std.exp().reshape(shape[1:]).expand(shape)
+        return Normal(mean, std)
+
+    def _log_prob(self, dist: Normal, u: torch.Tensor) -> torch.Tensor:
+        log_prob = dist.log_prob(u)
+        if self.squash:  # density of a = center + scale * tanh(u)
+            log_prob = log_prob - tanh_log_abs_det(u) - self.action_scale.log()
+        return log_prob
+
+    def _to_action(self, u: torch.Tensor) -> torch.Tensor:
+        return self.action_center + self.action_scale * torch.tanh(u) if self.squash else u
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        prepared = self._prepare(obs)
+        features = self.torso(prepared)
+        dist = self._dist(features)
+        if deterministic:
+            u, log_probs = dist.mean, None
+        else:
+            noise = torch.randn(dist.mean.shape, generator=self._rng(features.device), device=features.device)
+            u = dist.mean + dist.stddev * noise
+            log_probs = self._log_prob(dist, u)
+        replay = {**self._obs_replay(prepared), "raw_action": u}
+        return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        """Entropy is the Gaussian's ``[B, K, D]``, or None when squashed (no closed form; SB3
+        then uses ``-log_prob`` as the estimate)."""
+        prepared = self._prepare(self._replay_obs(replay))
+        features = self.torso(prepared)
+        dist = self._dist(features)
+        u = replay["raw_action"].to(features.device)
+        entropy = None if self.squash else dist.entropy()
+        return PolicyEval(self._log_prob(dist, u), entropy, self._value(prepared, features))

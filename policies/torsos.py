@@ -1,0 +1,272 @@
+"""Observation encoders ("torsos"): batched gymnasium observations -> features ``[B, F]``.
+
+Observations come straight from a gymnasium vector env: an array ``[B, ...]`` (numpy or torch), or
+a dict with ``image`` / ``wrist_image`` (uint8 ``[B, H, W, 3]``), ``proprio`` (float32 ``[B, S]``)
+and ``instruction`` (B strings). A torso works in two stages:
+
+* ``prepare(obs)`` turns the raw batch into a ``dict[str, Tensor]`` on the torso's device (images
+  stay uint8, instructions become hashed token ids ``[B, max_tokens]``). It depends only on the
+  observation space, is idempotent, and its output is what policies keep in their replay record.
+* ``forward(obs)`` encodes (prepared or raw) observations into features ``[B, out_dim]``.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "elu": nn.ELU,
+}
+OBS_PREFIX = "obs/"  # replay keys of the prepared observation
+SQRT2 = math.sqrt(2.0)  # SB3 gain of hidden layers
+
+
+def mlp(sizes: Sequence[int], activation: str = "tanh", last_activation: bool = True) -> nn.Sequential:
+    """``Linear`` layers between consecutive ``sizes``, each followed by ``activation`` (the last one
+    only if ``last_activation``)."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(n_in, n_out))
+        if last_activation or i < len(sizes) - 2:
+            layers.append(ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+def orthogonal_init(module: nn.Module, gain: float) -> None:
+    """SB3-style init of every Linear / Conv2d in ``module``: orthogonal weights, zero biases."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(m.weight, gain=gain)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+# ---------------------------------------------------------------------------------- encoders
+class VectorEncoder(nn.Module):
+    """Flattens a float Box observation (no parameters)."""
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        self.out_dim = int(np.prod(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1).float()
+
+
+class OneHotEncoder(nn.Module):
+    """One-hot encoding of a Discrete observation (as SB3 does)."""
+
+    def __init__(self, n: int, start: int = 0):
+        super().__init__()
+        self.n, self.start, self.out_dim = n, start, n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.one_hot(x.reshape(-1).long() - self.start, self.n).float()
+
+
+class ImageEncoder(nn.Module):
+    """Small CNN for uint8 images: scale to [0, 1], ``len(channels)`` 5x5 stride-2 convs with ReLU,
+    adaptive average pooling to ``pool x pool``, then ``Linear -> ReLU`` to ``out_dim``. Any image of
+    at least 8x8 pixels works (64x64, 128x128, 224x224 ...)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        channels: Sequence[int] = (16, 32, 32),
+        out_dim: int = 128,
+        pool: int = 4,
+        channels_last: bool = True,
+    ):
+        super().__init__()
+        self.channels_last = channels_last
+        layers: list[nn.Module] = []
+        c_in = in_channels
+        for c in channels:
+            layers += [nn.Conv2d(c_in, c, kernel_size=5, stride=2, padding=2), nn.ReLU()]
+            c_in = c
+        self.convs = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(pool), nn.Flatten())
+        self.proj = nn.Sequential(nn.Linear(c_in * pool * pool, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.proj(self.convs(x))
+
+
+def instruction_tokens(text: str, num_buckets: int, max_tokens: int) -> list[int]:
+    """Hashed token ids of one instruction: lowercase, split on whitespace, strip surrounding
+    punctuation, ``1 + crc32(token) % (num_buckets - 1)`` (0 is padding); at most ``max_tokens``.
+    crc32 is stable across processes and machines, unlike Python's ``hash``."""
+    ids = []
+    for word in text.lower().split():
+        word = word.strip(string.punctuation)
+        if word:
+            ids.append(1 + zlib.crc32(word.encode("utf-8")) % (num_buckets - 1))
+    return ids[:max_tokens]
+
+
+class InstructionEmbedding(nn.Module):
+    """Bag of hashed words: mean of ``nn.EmbeddingBag(num_buckets, dim)`` vectors over the tokens of
+    the instruction (padding id 0 is excluded from the mean; an empty instruction gives zeros)."""
+
+    def __init__(self, num_buckets: int = 4096, dim: int = 32, max_tokens: int = 32):
+        super().__init__()
+        self.num_buckets, self.max_tokens, self.out_dim = num_buckets, max_tokens, dim
+        self.bag = nn.EmbeddingBag(num_buckets, dim, mode="mean", padding_idx=0)
+
+    def tokenize(self, texts: Any, device: torch.device | str = "cpu") -> torch.Tensor:
+        """B strings (tuple, list or numpy array; a lone string counts as B=1) -> int64 ids
+        ``[B, max_tokens]`` padded with 0."""
+        if isinstance(texts, str):
+            texts = [texts]
+        out = torch.zeros(len(texts), self.max_tokens, dtype=torch.long)
+        for i, text in enumerate(texts):
+            ids = instruction_tokens(str(text), self.num_buckets, self.max_tokens)
+            out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return out.to(device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bag(ids)
+
+
+# ---------------------------------------------------------------------------------- the torso
+def is_image_space(space: spaces.Space) -> bool:
+    """uint8 Box of rank 3 with 1, 3 or 4 channels first or last."""
+    return (
+        isinstance(space, spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+        and (space.shape[-1] in (1, 3, 4) or space.shape[0] in (1, 3, 4))
+    )
+
+
+class Torso(nn.Module):
+    """Encodes each part of the observation, concatenates, and runs a trunk MLP.
+
+    Args:
+        encoders: one encoder (with ``.out_dim``) per observation key; key ``"obs"`` for a
+            non-Dict observation space.
+        kinds: per key, ``"vector"``, ``"image"``, ``"discrete"`` or ``"text"`` (how to prepare it).
+        hidden_sizes: trunk MLP sizes after the concatenation (empty: no trunk).
+        activation: trunk activation name (``tanh``, ``relu``, ``gelu``, ``silu``, ``elu``).
+        is_dict: whether observations are dicts.
+    """
+
+    def __init__(
+        self,
+        encoders: Mapping[str, nn.Module],
+        kinds: Mapping[str, str],
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        is_dict: bool = True,
+    ):
+        super().__init__()
+        self.encoders = nn.ModuleDict(dict(encoders))
+        self.kinds = dict(kinds)
+        self.is_dict = is_dict
+        in_dim = sum(int(e.out_dim) for e in self.encoders.values())
+        self.trunk = mlp([in_dim, *hidden_sizes], activation) if hidden_sizes else nn.Identity()
+        self.out_dim = int(hidden_sizes[-1]) if hidden_sizes else in_dim
+        self.register_buffer("_device_probe", torch.empty(0), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device_probe.device
+
+    def prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        """Raw batch (numpy / torch / dict of those, instructions as strings) -> dict of tensors on
+        this torso's device. Idempotent: already prepared input passes through."""
+        if not self.is_dict and not isinstance(obs, Mapping):
+            obs = {"obs": obs}
+        out = {}
+        for key, kind in self.kinds.items():
+            x = obs[key]
+            if kind == "text":
+                if not isinstance(x, torch.Tensor):
+                    x = self.encoders[key].tokenize(x)
+                out[key] = x.to(self.device, torch.long)
+            elif kind == "image":
+                x = torch.as_tensor(x, device=self.device)
+                out[key] = x if x.dtype == torch.uint8 else x.float()
+            elif kind == "discrete":
+                out[key] = torch.as_tensor(x, device=self.device).long()
+            else:
+                out[key] = torch.as_tensor(x, device=self.device, dtype=torch.float32)
+        return out
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        prepared = self.prepare(obs)
+        parts = [self.encoders[k](prepared[k]) for k in self.kinds]
+        return self.trunk(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])
+
+
+def _encoder_for(
+    space: spaces.Space,
+    image_channels: Sequence[int],
+    image_features: int,
+    instruction_dim: int,
+    num_buckets: int,
+    max_tokens: int,
+) -> tuple[nn.Module, str]:
+    if isinstance(space, spaces.Text):
+        return InstructionEmbedding(num_buckets, instruction_dim, max_tokens), "text"
+    if is_image_space(space):
+        channels_last = space.shape[-1] in (1, 3, 4)
+        c = space.shape[-1] if channels_last else space.shape[0]
+        return ImageEncoder(c, image_channels, image_features, channels_last=channels_last), "image"
+    if isinstance(space, spaces.Discrete):
+        return OneHotEncoder(int(space.n), int(space.start)), "discrete"
+    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
+        return VectorEncoder(space.shape), "vector"
+    raise TypeError(f"no torso for observation space {space}")
+
+
+def make_torso(
+    observation_space: spaces.Space,
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+    image_channels: Sequence[int] = (16, 32, 32),
+    image_features: int = 128,
+    instruction_dim: int = 32,
+    num_buckets: int = 4096,
+    max_tokens: int = 32,
+) -> Torso:
+    """Build the torso for a single-env observation space: a Box vector (MLP), a uint8 Box image
+    (CNN + MLP), a Discrete (one-hot + MLP), a Text (hashed embedding + MLP), or a Dict of those
+    (each part encoded, concatenated, then the MLP). One CNN per image key (``image``,
+    ``wrist_image`` ...)."""
+    args = (image_channels, image_features, instruction_dim, num_buckets, max_tokens)
+    if isinstance(observation_space, spaces.Dict):
+        encoders, kinds = {}, {}
+        for key, sub in observation_space.spaces.items():
+            encoders[key], kinds[key] = _encoder_for(sub, *args)
+        return Torso(encoders, kinds, hidden_sizes, activation, is_dict=True)
+    encoder, kind = _encoder_for(observation_space, *args)
+    return Torso({"obs": encoder}, {"obs": kind}, hidden_sizes, activation, is_dict=False)
+
+
+# ---------------------------------------------------------------------------------- replay helpers
+def obs_to_replay(prepared: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Prepared observation -> replay entries ``obs/<key>``."""
+    return {OBS_PREFIX + k: v for k, v in prepared.items()}
+
+
+def obs_from_replay(replay: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of ``obs_to_replay`` (other replay keys are ignored)."""
+    n = len(OBS_PREFIX)
+    return {k[n:]: v for k, v in replay.items() if k.startswith(OBS_PREFIX)}
