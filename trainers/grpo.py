@@ -1,0 +1,263 @@
+"""GRPO with the DAPO options, for action-chunk policies.
+
+Envs ``[g * G, (g + 1) * G)`` form group g: G rollouts from the same initial frame (reset them
+with the same seed or frame id, e.g. ``group_seeds``). Each env contributes its first episode in
+the rollout (``Rollout.first_episode``); its score is the sum of that episode's rewards. The
+advantage of every element of trajectory i is ``(R_i - mean(R_group)) / (std(R_group) + eps)``.
+
+DAPO: asymmetric clip (``clip_low`` 0.2, ``clip_high`` 0.28), dynamic sampling (groups whose
+scores are all equal carry no signal: masked out, or reported by ``groups_to_resample`` so the
+caller can run them again), token-level loss averaging, no KL (``kl_beta`` 0; with > 0 a frozen
+reference policy adds the k3 estimate of KL(pi || pi_ref)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from policies.base import ActionChunkPolicy
+from trainers.common import (
+    LOG_PROB_LEVELS,
+    BadUpdateGuard,
+    LogProbLevel,
+    flatten_time,
+    loss_grid_mask,
+    masked_mean,
+    minibatches,
+    step_optimizer,
+    to_level,
+)
+from trainers.ppo import policy_loss
+from trainers.rollout import Rollout
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO/DAPO hyperparameters (defaults: RLinf / SimpleVLA-RL OpenVLA-OFT LIBERO settings)."""
+
+    group_size: int = 8
+    std: Literal["unbiased", "population", "none"] = "unbiased"  # "none": mean only (Dr. GRPO)
+    adv_eps: float = 1e-6
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    log_prob_level: LogProbLevel = "element"
+    loss_agg: Literal["token_mean", "traj_mean"] = "token_mean"
+    kl_beta: float = 0.0
+    dynamic_sampling: bool = True  # mask groups whose scores are all equal
+    score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
+    score_high: float | None = None
+    n_epochs: int = 1
+    batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    max_bad_updates: int = 10
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.std not in ("unbiased", "population", "none"):
+            raise ValueError(f"std must be 'unbiased', 'population' or 'none', got {self.std!r}")
+        if self.log_prob_level not in LOG_PROB_LEVELS:
+            raise ValueError(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {self.log_prob_level!r}")
+        if self.loss_agg not in ("token_mean", "traj_mean"):
+            raise ValueError(f"loss_agg must be 'token_mean' or 'traj_mean', got {self.loss_agg!r}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+
+
+def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (lr, weight decay from the config)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+def group_seeds(seed: int, num_envs: int, group_size: int) -> list[int]:
+    """Per-env reset seeds giving every env of a group the same start: ``[s, s, .., s+1, s+1, ..]``."""
+    _check_groups(num_envs, group_size)
+    return [seed + i // group_size for i in range(num_envs)]
+
+
+def _check_groups(num_envs: int, group_size: int) -> int:
+    if num_envs % group_size:
+        raise ValueError(f"num_envs={num_envs} is not a multiple of group_size={group_size}")
+    return num_envs // group_size
+
+
+# ---------------------------------------------------------------------- scores and advantages
+def episode_scores(rewards: torch.Tensor, first_episode: torch.Tensor) -> torch.Tensor:
+    """Score of each env's first episode: the sum of its rewards ``[T, N, K] -> [N]``."""
+    return (rewards * first_episode).sum((0, 2))
+
+
+def group_advantages(
+    scores: torch.Tensor,
+    group_size: int,
+    std: Literal["unbiased", "population", "none"] = "unbiased",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """``(R_i - mean) / (std + eps)`` within each group of ``group_size`` consecutive envs.
+
+    ``std``: "unbiased" (N - 1, RLinf and SimpleVLA-RL), "population" (N, cosmos-rl) or "none"
+    (subtract the mean only). A group of one keeps its score (mean 0, std 1, as SimpleVLA-RL).
+    """
+    groups = scores.reshape(_check_groups(scores.numel(), group_size), group_size).double()
+    if group_size == 1:
+        return scores.clone()
+    centred = groups - groups.mean(1, keepdim=True)
+    if std != "none":
+        centred = centred / (groups.std(1, unbiased=std == "unbiased", keepdim=True) + eps)
+    return centred.reshape(-1).to(scores.dtype)
+
+
+def keep_groups(
+    scores: torch.Tensor,
+    group_size: int,
+    low: float | None = None,
+    high: float | None = None,
+    tol: float = 1e-8,
+) -> torch.Tensor:
+    """DAPO dynamic sampling: True for the groups worth training on ``[N // G]``.
+
+    A group is dropped when its scores are all equal (its advantages are all 0), and, with
+    bounds, when its mean score is outside ``[low, high]`` (RLinf ``filter_rewards``).
+    """
+    groups = scores.reshape(_check_groups(scores.numel(), group_size), group_size)
+    keep = (groups.amax(1) - groups.amin(1)) > tol
+    mean = groups.mean(1)
+    if low is not None:
+        keep &= mean >= low
+    if high is not None:
+        keep &= mean <= high
+    return keep
+
+
+def groups_to_resample(
+    scores: torch.Tensor, group_size: int, low: float | None = None, high: float | None = None
+) -> list[int]:
+    """Indices of the groups dynamic sampling drops: run them again (new samples from the same
+    starts) and replace their envs' rollouts, until enough groups carry signal."""
+    return torch.nonzero(~keep_groups(scores, group_size, low, high)).flatten().tolist()
+
+
+# ---------------------------------------------------------------------- update
+def grpo_update(
+    policy: ActionChunkPolicy,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    config: GRPOConfig,
+    *,
+    ref_policy: ActionChunkPolicy | None = None,
+    generator: torch.Generator | None = None,
+    guard: BadUpdateGuard | None = None,
+) -> dict[str, float]:
+    """``n_epochs`` passes of minibatches of chunk-steps over a group rollout.
+
+    Every element of env i's first episode gets env i's group advantage; groups dropped by dynamic
+    sampling and everything after the first done are masked out.
+    """
+    if config.kl_beta > 0 and ref_policy is None:
+        raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
+    guard = guard or BadUpdateGuard(config.max_bad_updates)
+    if generator is None and config.seed is not None:
+        generator = torch.Generator().manual_seed(config.seed)
+    device = next(policy.parameters()).device
+    T, N, K = rollout.rewards.shape
+    G = config.group_size
+
+    # 1. scores, group-normalized advantages, dynamic sampling
+    scores = episode_scores(rollout.rewards, rollout.first_episode)
+    advantages = group_advantages(scores, G, config.std, config.adv_eps)
+    keep = torch.ones(N // G, dtype=torch.bool)
+    if config.dynamic_sampling:
+        keep = keep_groups(scores, G, config.score_low, config.score_high)
+    env_keep = keep.repeat_interleave(G)
+    valid = rollout.first_episode & env_keep[None, :, None]  # [T, N, K]
+
+    metrics: dict[str, float] = {
+        "score_mean": scores.mean().item(),
+        "groups_kept": keep.float().mean().item(),
+        "advantages_mean": advantages[env_keep].mean().item() if env_keep.any() else 0.0,
+        "advantages_abs_max": advantages.abs().max().item(),
+    }
+
+    # 2. one row per chunk-step that still has something to learn from
+    E = rollout.log_probs.shape[-1]
+    per_step = loss_grid_mask(flatten_time(valid), config.log_prob_level, 1).sum((1, 2))
+    per_step = per_step * (E if config.log_prob_level == "element" else 1)
+    traj_size = per_step.reshape(T, N).sum(0)  # loss entries of each env's trajectory
+    data = {
+        "log_probs": flatten_time(rollout.log_probs).detach(),
+        "valid": flatten_time(valid),
+        "advantages": advantages.float().repeat(T)[:, None],  # sample m = t * N + n -> env n
+        # traj_mean: each loss entry weighs 1 / (entries of its trajectory), so every trajectory
+        # counts once however long it is (exact on a full batch, self-normalized on a minibatch)
+        "weights": (1.0 / traj_size.clamp_min(1)).repeat(T),
+    }
+    replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
+    rows = torch.nonzero(data["valid"].any(-1)).squeeze(-1)
+    data = {k: v[rows] for k, v in data.items()}
+    replay = {k: v[rows] for k, v in replay.items()}
+    if rows.numel() == 0:
+        return {**metrics, "updates": 0.0, "skipped_updates": 0.0, "samples": 0.0}
+
+    if config.kl_beta > 0:  # reference log-probs, once
+        with torch.no_grad():
+            data["ref_log_probs"] = torch.cat(
+                [
+                    ref_policy.evaluate({k: v[i].to(device) for k, v in replay.items()}).log_probs.cpu()
+                    for i in torch.arange(rows.numel()).split(config.batch_size or rows.numel())
+                ]
+            )
+
+    # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
+    sums: dict[str, float] = {}
+    updates = skipped = 0
+    for _ in range(config.n_epochs):
+        for idx in minibatches(rows.numel(), config.batch_size, generator):
+            mb = {k: v[idx].to(device) for k, v in data.items()}
+            out = policy.evaluate({k: v[idx].to(device) for k, v in replay.items()})
+            weights = mb["weights"] if config.loss_agg == "traj_mean" else None
+            pg_loss, stats = policy_loss(
+                out.log_probs,
+                mb["log_probs"],
+                mb["advantages"],
+                mb["valid"],
+                config.log_prob_level,
+                config.clip_low,
+                config.clip_high,
+                config.dual_clip,
+                weights,
+            )
+            loss = pg_loss
+            kl = torch.zeros(())
+            if config.kl_beta > 0:
+                new, mask = to_level(out.log_probs, mb["valid"], config.log_prob_level)
+                ref, _ = to_level(mb["ref_log_probs"], mb["valid"], config.log_prob_level)
+                d = ref - new
+                kl = masked_mean(torch.exp(d) - d - 1.0, mask)  # k3 estimate of KL(pi || pi_ref)
+                loss = loss + config.kl_beta * kl
+            stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
+            updates += stepped
+            skipped += not stepped
+            if not stepped:
+                continue
+            for key, value in {
+                **stats,
+                "policy_loss": pg_loss.item(),
+                "kl_ref": kl.item(),
+                "loss": loss.item(),
+                "grad_norm": grad_norm,
+            }.items():
+                sums[key] = sums.get(key, 0.0) + value
+
+    metrics.update({key: value / max(updates, 1) for key, value in sums.items()})
+    metrics.update(
+        {"updates": float(updates), "skipped_updates": float(skipped), "samples": float(rows.numel())}
+    )
+    return metrics

@@ -1,0 +1,347 @@
+"""PPO for action-chunk policies: GAE over sub-steps or chunks, the clipped objective, the update.
+
+With K = 1 and the defaults of ``PPOConfig`` this is Stable-Baselines3's PPO: same GAE (with the
+timeout bootstrap ``r += gamma * V(final obs)`` on truncation), per-minibatch advantage
+normalization, clipped surrogate, MSE value loss with ``vf_coef``, entropy bonus, grad clipping.
+The VLA options follow RLinf: GAE per chunk, element/step/chunk log-prob ratios, asymmetric
+and dual clip, Huber value loss with value clipping, global advantage normalization.
+
+Time layout (Rollout): step t pairs the policy output on obs_t with the reward and done that the
+env returned for it; ``last_values`` = V(obs_T).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from policies.base import ActionChunkPolicy
+from trainers.common import (
+    LOG_PROB_LEVELS,
+    BadUpdateGuard,
+    LogProbLevel,
+    clipped_surrogate,
+    explained_variance,
+    flatten_time,
+    loss_grid_mask,
+    masked_mean,
+    minibatches,
+    normalize,
+    ratio_stats,
+    step_optimizer,
+    to_level,
+)
+from trainers.rollout import Bootstrap, Rollout
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters. Defaults = Stable-Baselines3 2.9 ``PPO`` when K = 1."""
+
+    # rollout and optimisation
+    n_steps: int = 2048  # policy steps per env per rollout
+    batch_size: int = 64  # chunk-steps per minibatch
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    adam_eps: float = 1e-5
+    max_grad_norm: float | None = 0.5
+    target_kl: float | None = None  # stop the epochs once approx_kl > 1.5 * target_kl (SB3)
+    # advantages
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    time_unit: Literal["step", "chunk"] = "step"  # discount per sub-step, or per chunk (SMDP)
+    bootstrap: Bootstrap = "truncated"  # which ended episodes add gamma * V(final obs)
+    adv_norm: Literal["minibatch", "global", "none"] = "minibatch"
+    adv_norm_eps: float = 1e-8
+    # policy loss
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None  # c > 1 caps the loss of A < 0 samples at c |A|
+    log_prob_level: LogProbLevel = "chunk"  # "chunk" = SB3's sum over action dims when K = 1
+    ent_coef: float = 0.0
+    # value loss
+    value_loss: Literal["mse", "huber"] = "mse"
+    huber_delta: float = 10.0
+    clip_value: float | None = None  # clip V around the rollout's V (max of both losses)
+    vf_coef: float = 0.5
+    # safety
+    max_bad_updates: int = 10  # raise after this many non-finite updates in a row
+    seed: int | None = None  # minibatch shuffling
+
+    def __post_init__(self) -> None:
+        _choice("time_unit", self.time_unit, ("step", "chunk"))
+        _choice("bootstrap", self.bootstrap, ("truncated", "done", "none"))
+        _choice("adv_norm", self.adv_norm, ("minibatch", "global", "none"))
+        _choice("log_prob_level", self.log_prob_level, LOG_PROB_LEVELS)
+        _choice("value_loss", self.value_loss, ("mse", "huber"))
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        for name in ("n_steps", "batch_size", "n_epochs", "max_bad_updates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
+            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def make_optimizer(policy: torch.nn.Module, config: PPOConfig) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters, as SB3 (eps 1e-5)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.Adam(params, lr=config.learning_rate, eps=config.adam_eps)
+
+
+# ---------------------------------------------------------------------- GAE
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    valid: torch.Tensor,
+    last_values: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> torch.Tensor:
+    """Generalized advantage estimation over a time axis ``[S, N]``.
+
+    ``dones[s]``: the episode ended with step s (cuts the recursion; add any truncation bootstrap
+    to ``rewards[s]`` beforehand). Invalid steps (not decisions: NEXT_STEP resets, frozen envs,
+    sub-steps after a done) are transparent: advantage 0, and the recursion passes over them.
+    """
+    advantages = torch.zeros_like(rewards)
+    next_value, next_adv = last_values, torch.zeros_like(last_values)
+    for s in reversed(range(rewards.shape[0])):
+        not_done = 1.0 - dones[s].to(rewards.dtype)
+        delta = rewards[s] + gamma * next_value * not_done - values[s]
+        adv = delta + gamma * gae_lambda * not_done * next_adv
+        ok = valid[s]
+        advantages[s] = torch.where(ok, adv, 0.0)
+        next_value = torch.where(ok, values[s], next_value)
+        next_adv = torch.where(ok, adv, next_adv)
+    return advantages
+
+
+def compute_advantages(
+    rollout: Rollout, gamma: float, gae_lambda: float, time_unit: Literal["step", "chunk"] = "step"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Advantages, returns (= advantages + values) and their mask, each ``[T, N, U]``.
+
+    ``time_unit="step"``: U = K, one entry per sub-step, gamma per sub-step; needs one value per
+    sub-step (Kv = K) when K > 1. ``time_unit="chunk"``: U = 1, rewards summed inside the chunk
+    (no discount within it), gamma per chunk, the value of the chunk's first obs (``values[..., 0]``).
+    ``rollout.bootstrap_values`` is added as ``gamma * V(final obs)`` to the last executed reward of
+    the step where the episode ended.
+    """
+    if rollout.values is None or rollout.last_values is None:
+        raise ValueError("PPO needs a policy with a value head (ActionChunk.value was None)")
+    T, N, K = rollout.rewards.shape
+    Kv = rollout.values.shape[-1]
+    dones, valid = rollout.dones, rollout.valid
+    boot = gamma * rollout.bootstrap_values
+
+    if time_unit == "chunk":
+        rewards = (rollout.rewards * valid).sum(-1) + boot
+        values = rollout.values[..., 0]
+        ok = valid.any(-1)
+        adv = gae(rewards, values, dones, ok, rollout.last_values[:, 0], gamma, gae_lambda)
+        return adv[..., None], (adv + values)[..., None] * ok[..., None], ok[..., None]
+
+    if time_unit != "step":
+        raise ValueError(f"time_unit must be 'step' or 'chunk', got {time_unit!r}")
+    if Kv != K:
+        raise ValueError(
+            f"time_unit='step' with K={K} sub-steps needs one value per sub-step (Kv=K), got Kv={Kv}; "
+            "use time_unit='chunk' or a per-sub-step value head"
+        )
+    # the done (and the bootstrap) belongs to the chunk's last executed sub-step
+    k = torch.arange(K)
+    last = torch.where(valid, k, -1).amax(-1, keepdim=True)  # [T, N, 1]
+    sub_done = dones[..., None] & (k == last)
+    rewards = rollout.rewards + torch.where(sub_done, boot[..., None], 0.0)
+
+    def flat(x: torch.Tensor) -> torch.Tensor:  # [T, N, K] -> [T * K, N] in time order
+        return x.permute(0, 2, 1).reshape(T * K, N)
+
+    def unflat(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(T, K, N).permute(0, 2, 1)
+
+    last_v = rollout.last_values[:, 0]
+    adv = unflat(
+        gae(flat(rewards), flat(rollout.values), flat(sub_done), flat(valid), last_v, gamma, gae_lambda)
+    )
+    return adv, (adv + rollout.values) * valid, valid
+
+
+# ---------------------------------------------------------------------- losses
+def policy_loss(
+    new_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    valid: torch.Tensor,
+    level: LogProbLevel,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate loss of a minibatch and its diagnostics.
+
+    ``new/old_log_probs`` ``[M, K, E]`` are reduced to ``level``; ``advantages`` ``[M, U]`` (U = 1 or K)
+    are broadcast over the ratio's grid; ``valid`` ``[M, K]``; the loss is the mean over valid grid
+    entries, each weighted by ``weights[m]`` if given (GRPO's per-trajectory averaging).
+    """
+    new, mask = to_level(new_log_probs, valid, level)
+    old, _ = to_level(old_log_probs, valid, level)
+    log_ratio = new - old
+    loss, active = clipped_surrogate(log_ratio, advantages[..., None], clip_low, clip_high, dual_clip)
+    grid = loss_grid_mask(valid, level, advantages.shape[-1]).to(loss.dtype)
+    if weights is not None:
+        grid = grid * weights[:, None, None]
+    stats = ratio_stats(log_ratio, mask, clip_low, clip_high)
+    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid).item()
+    return masked_mean(loss, grid), stats
+
+
+def value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    kind: Literal["mse", "huber"] = "mse",
+    clip: float | None = None,
+    huber_delta: float = 10.0,
+) -> torch.Tensor:
+    """Masked mean of ``(R - V)^2`` (SB3, no 1/2) or Huber(R - V); with ``clip`` the pessimistic
+    max of the unclipped and the clipped (``V_old + clamp(V - V_old, -clip, clip)``) losses."""
+
+    def err(v: torch.Tensor) -> torch.Tensor:
+        if kind == "mse":
+            return (returns - v) ** 2
+        return F.huber_loss(v, returns, reduction="none", delta=huber_delta)
+
+    loss = err(new_values)
+    if clip is not None:
+        clipped = old_values + (new_values - old_values).clamp(-clip, clip)
+        loss = torch.maximum(loss, err(clipped))
+    return masked_mean(loss, mask)
+
+
+# ---------------------------------------------------------------------- update
+def ppo_update(
+    policy: ActionChunkPolicy,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    config: PPOConfig,
+    *,
+    generator: torch.Generator | None = None,
+    guard: BadUpdateGuard | None = None,
+) -> dict[str, float]:
+    """``n_epochs`` passes of shuffled minibatches of chunk-steps over one rollout.
+
+    Returns the mean of each minibatch metric plus rollout-level ones (explained variance,
+    advantage and return statistics, updates done and skipped).
+    """
+    guard = guard or BadUpdateGuard(config.max_bad_updates)
+    if generator is None and config.seed is not None:
+        generator = torch.Generator().manual_seed(config.seed)
+    device = next(policy.parameters()).device
+
+    # advantages on the whole rollout, then one row per chunk-step with at least one valid entry
+    adv, ret, mask = compute_advantages(rollout, config.gamma, config.gae_lambda, config.time_unit)
+    if config.adv_norm == "global":
+        adv = normalize(adv, mask, config.adv_norm_eps)
+    width = adv.shape[-1]
+    data = {
+        "log_probs": flatten_time(rollout.log_probs).detach(),
+        "valid": flatten_time(rollout.valid),
+        "values": flatten_time(rollout.values[..., :width]),
+        "advantages": flatten_time(adv),
+        "returns": flatten_time(ret),
+        "mask": flatten_time(mask),
+    }
+    replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
+    keep = torch.nonzero(data["mask"].any(-1)).squeeze(-1)
+    data = {k: v[keep] for k, v in data.items()}
+    replay = {k: v[keep] for k, v in replay.items()}
+    num_samples = keep.numel()
+
+    sums: dict[str, float] = {}
+    updates = skipped = 0
+    stop = False
+    for _ in range(config.n_epochs):
+        for idx in minibatches(num_samples, config.batch_size, generator):
+            mb = {k: v[idx].to(device) for k, v in data.items()}
+            out = policy.evaluate({k: v[idx].to(device) for k, v in replay.items()})
+
+            a = mb["advantages"]
+            if config.adv_norm == "minibatch" and idx.numel() > 1:
+                a = normalize(a, mb["mask"], config.adv_norm_eps)
+            pg_loss, stats = policy_loss(
+                out.log_probs,
+                mb["log_probs"],
+                a,
+                mb["valid"],
+                config.log_prob_level,
+                config.clip_low,
+                config.clip_high,
+                config.dual_clip,
+            )
+
+            if out.value is None:
+                raise ValueError("PPO needs policy.evaluate to return a value")
+            v_loss = value_loss(
+                out.value[..., :width],
+                mb["values"],
+                mb["returns"],
+                mb["mask"],
+                config.value_loss,
+                config.clip_value,
+                config.huber_delta,
+            )
+
+            # entropy of the distribution at the ratio's level (or -log_prob when not available)
+            elem = out.entropy if out.entropy is not None else -out.log_probs
+            ent, ent_mask = to_level(elem, mb["valid"], config.log_prob_level)
+            entropy = masked_mean(ent, ent_mask)
+
+            loss = pg_loss - config.ent_coef * entropy + config.vf_coef * v_loss
+
+            if config.target_kl is not None and stats["approx_kl"] > 1.5 * config.target_kl:
+                stop = True
+                break
+            stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
+            updates += stepped
+            skipped += not stepped
+            if not stepped:
+                continue
+            metrics = {
+                **stats,
+                "policy_loss": pg_loss.item(),
+                "value_loss": v_loss.item(),
+                "entropy": entropy.item(),
+                "loss": loss.item(),
+                "grad_norm": grad_norm,
+            }
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+        if stop:
+            break
+
+    out_metrics = {key: value / max(updates, 1) for key, value in sums.items()}
+    out_metrics.update(
+        {
+            "updates": float(updates),
+            "skipped_updates": float(skipped),
+            "early_stop": float(stop),
+            "explained_variance": explained_variance(rollout.values[..., :width], ret, mask),
+            "advantages_mean": masked_mean(adv, mask).item(),
+            "returns_mean": masked_mean(ret, mask).item(),
+            "samples": float(num_samples),
+        }
+    )
+    return out_metrics

@@ -1,0 +1,374 @@
+"""Rollout collection: drive any ``gymnasium.vector.VectorEnv`` with an ``ActionChunkPolicy``.
+
+The env may be chunked (``single_action_space`` a ``Box`` of shape ``(K, D)``, as ours) or plain
+(``(D,)`` Box, ``Discrete``, ``MultiDiscrete``: the policy then has K = 1), in any autoreset mode
+(read from ``env.metadata["autoreset_mode"]``):
+
+* NEXT_STEP (gymnasium's default): the step after a done only resets that env and ignores its
+  action. That transition is not a decision: it is stored with ``valid = False`` and its
+  observation starts the new episode. A truncated episode's final obs is the obs the policy sees
+  on that reset step, so its value from that ``act`` call is the bootstrap value.
+* SAME_STEP: the env resets in the done step; ``info["final_obs"]`` holds the last obs, whose value
+  is computed to bootstrap a truncation.
+* DISABLED: finished envs stay finished. With ``reset_finished=True`` (the default, needed by
+  gymnasium's own vector envs, which refuse to step a finished env) the collector resets them with
+  ``reset(options={"reset_mask": done})`` after the step; with ``False`` they stay frozen (ours
+  allow stepping them: nothing runs) and are masked until ``Collector.reset`` (GRPO).
+
+Per step t the rollout stores what the policy did on obs_t and what the env gave back for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from policies.base import ActionChunk, ActionChunkPolicy
+
+Bootstrap = Literal["truncated", "done", "none"]
+
+
+@dataclass
+class Rollout:
+    """T steps of N envs. K sub-steps per chunk, E log-prob elements, Kv values per step.
+
+    Attributes:
+        replay: the policy's replay records stacked over time, each ``[T, N, ...]``.
+        actions: env-unit actions ``[T, N, K, D]`` as the policy returned them.
+        log_probs: element log-probs ``[T, N, K, E]`` at collection time (zeros if deterministic).
+        values: ``[T, N, Kv]`` or None (policy without a critic).
+        rewards: ``[T, N, K]`` per executed sub-step (0 elsewhere).
+        valid: ``[T, N, K]`` sub-step executed in an episode (False on NEXT_STEP reset steps, for
+            frozen envs, and after a done inside a chunk).
+        terminated, truncated: ``[T, N]`` the episode ended in this step.
+        first_episode: ``[T, N, K]`` valid and no done in an earlier step of this rollout (GRPO:
+            one episode per env; the step that ends the episode is included).
+        bootstrap_values: ``[T, N]`` V(final obs) of the episodes that ended in this step and are
+            bootstrapped (truncated ones by default), 0 elsewhere.
+        last_values: ``[N, Kv]`` V(obs after the last step), or None without a critic.
+        episodes: one dict per episode that ended (``return``, ``length`` and whatever the env
+            reports: ``success``, ``success_once``...), with ``env`` (index) and ``step`` (t).
+    """
+
+    replay: dict[str, torch.Tensor]
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor | None
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    first_episode: torch.Tensor
+    bootstrap_values: torch.Tensor
+    last_values: torch.Tensor | None
+    episodes: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def num_steps(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def num_envs(self) -> int:
+        return self.rewards.shape[1]
+
+    @property
+    def chunk_size(self) -> int:
+        return self.rewards.shape[2]
+
+    @property
+    def dones(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+
+def episode_summary(episodes: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Mean of every statistic over ``episodes`` (``env``/``step`` left out), plus their count."""
+    out: dict[str, float] = {"episodes": float(len(episodes))}
+    keys = sorted({k for ep in episodes for k in ep} - {"env", "step"})
+    for key in keys:
+        vals = [ep[key] for ep in episodes if key in ep]
+        out[key] = float(np.mean(vals))
+    return out
+
+
+class Collector:
+    """Keeps a vector env's current observation and per-env state across ``collect`` calls.
+
+    Args:
+        env: any ``gymnasium.vector.VectorEnv``.
+        policy: an ``ActionChunkPolicy``; ``act`` gets the env's batched observation as is.
+        bootstrap: which ended episodes get ``V(final obs)`` stored for the trainer to bootstrap:
+            ``"truncated"`` (SB3, RLinf "standard"), ``"done"`` (RLinf "always") or ``"none"``.
+        reset_finished: DISABLED mode only: reset finished envs after each step (True) or leave
+            them frozen until ``reset`` (False).
+        clip_actions: clip ``Box`` actions to the bounds before ``env.step`` (as SB3 does).
+        storage_device: where the rollout's tensors live.
+    """
+
+    def __init__(
+        self,
+        env: gym.vector.VectorEnv,
+        policy: ActionChunkPolicy,
+        *,
+        bootstrap: Bootstrap = "truncated",
+        reset_finished: bool = True,
+        clip_actions: bool = True,
+        storage_device: str | torch.device = "cpu",
+    ) -> None:
+        if bootstrap not in ("truncated", "done", "none"):
+            raise ValueError(f"bootstrap must be 'truncated', 'done' or 'none', got {bootstrap!r}")
+        self.env, self.policy = env, policy
+        self.num_envs = int(env.num_envs)
+        mode = env.metadata.get("autoreset_mode", getattr(env, "autoreset_mode", AutoresetMode.NEXT_STEP))
+        self.autoreset_mode = AutoresetMode(mode)
+        self.bootstrap = bootstrap
+        self.reset_finished = reset_finished
+        self.clip_actions = clip_actions
+        self.device = torch.device(storage_device)
+
+        space = env.single_action_space
+        self.chunked = isinstance(space, gym.spaces.Box) and len(space.shape) == 2
+        self.env_chunk_size = space.shape[0] if self.chunked else 1
+
+        n = self.num_envs
+        self.obs: Any = None
+        self._pending_reset = np.zeros(n, bool)  # NEXT_STEP: env resets on the next step
+        self._frozen = np.zeros(n, bool)  # DISABLED, not reset: finished and waiting
+        self._ep_return = np.zeros(n, np.float64)
+        self._ep_length = np.zeros(n, np.int64)
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, seed: int | list[int] | None = None, options: dict[str, Any] | None = None) -> Any:
+        """Reset all envs (or the ones in ``options["reset_mask"]``) and the collector's per-env state."""
+        options = dict(options) if options else None
+        mask = np.ones(self.num_envs, bool)
+        if options and options.get("reset_mask") is not None:
+            mask = np.asarray(options["reset_mask"], bool)
+        self.obs, _ = self.env.reset(seed=seed, options=options)
+        self._pending_reset[mask] = False
+        self._frozen[mask] = False
+        self._ep_return[mask] = 0.0
+        self._ep_length[mask] = 0
+        return self.obs
+
+    # ------------------------------------------------------------------ collect
+    def collect(
+        self, num_steps: int, *, deterministic: bool = False, until_all_done: bool = False
+    ) -> Rollout:
+        """Run ``num_steps`` policy steps (fewer with ``until_all_done``, which stops once every env
+        finished an episode in this call) and return what was collected."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if self.obs is None:
+            self.reset()
+        n, policy = self.num_envs, self.policy
+        steps: list[dict[str, Any]] = []
+        episodes: list[dict[str, float]] = []
+        ever_done = np.zeros(n, bool)
+        pending_boot: list[tuple[int, int]] = []  # NEXT_STEP: (t, env) waiting for V(final obs)
+
+        for t in range(num_steps):
+            with torch.no_grad():
+                out = policy.act(self.obs, deterministic=deterministic)
+            actions = self._check_actions(out)
+            values = None if out.value is None else out.value.detach().float().to(self.device)
+            boot = torch.zeros(n, device=self.device)
+            if pending_boot and values is not None:  # NEXT_STEP: this obs was the final obs
+                for t_done, i in pending_boot:
+                    steps[t_done]["boot"][i] = values[i, 0]
+            pending_boot = []
+
+            skipped = self._pending_reset | self._frozen  # action ignored by the env
+            next_obs, reward, term, trunc, info = self.env.step(self._to_env(actions))
+            rewards, valid = self._sub_steps(reward, info, actions.shape[1])
+            term, trunc = np.asarray(term, bool).copy(), np.asarray(trunc, bool).copy()
+            rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
+            done = term | trunc
+
+            # episode statistics: our own, overridden by what the env reports
+            self._ep_return += rewards.sum(1)
+            self._ep_length += valid.sum(1)
+            reported = _reported_episode_stats(info)
+            for i in np.flatnonzero(done):
+                ep = {"return": float(self._ep_return[i]), "length": float(self._ep_length[i])}
+                ep.update(reported.get(i, {}))
+                episodes.append({**ep, "env": float(i), "step": float(t)})
+            self._ep_return[done], self._ep_length[done] = 0.0, 0
+
+            # bootstrap values of the episodes that ended here
+            wanted = {"truncated": trunc, "done": done, "none": np.zeros(n, bool)}[self.bootstrap]
+            if wanted.any() and values is not None:
+                idx = np.flatnonzero(wanted)
+                if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+                    pending_boot = [(t, int(i)) for i in idx]
+                elif self.autoreset_mode == AutoresetMode.SAME_STEP:
+                    final = _stack_obs([info["final_obs"][i] for i in idx])
+                    boot[torch.as_tensor(idx)] = self._value(final)
+                else:
+                    boot[torch.as_tensor(idx)] = self._value(_take_obs(next_obs, idx))
+
+            # autoreset bookkeeping
+            if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+                self._pending_reset = done
+            elif self.autoreset_mode == AutoresetMode.DISABLED:
+                if self.reset_finished and done.any():
+                    next_obs, _ = self.env.reset(options={"reset_mask": done.copy()})
+                else:
+                    self._frozen |= done
+            self.obs = next_obs
+
+            steps.append(
+                {
+                    "replay": {k: v.detach().to(self.device) for k, v in out.replay.items()},
+                    "actions": actions,
+                    "log_probs": self._log_probs(out, actions.shape[1]),
+                    "values": values,
+                    "rewards": rewards,
+                    "valid": valid,
+                    "terminated": term,
+                    "truncated": trunc,
+                    "boot": boot,
+                }
+            )
+            ever_done |= done
+            if until_all_done and ever_done.all():
+                break
+
+        last_values = None
+        if steps[0]["values"] is not None:
+            last_values = self._value(self.obs, full=True)
+            for t_done, i in pending_boot:
+                steps[t_done]["boot"][i] = last_values[i, 0]
+        return self._assemble(steps, last_values, episodes)
+
+    # ------------------------------------------------------------------ helpers
+    def _check_actions(self, out: ActionChunk) -> np.ndarray:
+        a = out.actions.detach().float().cpu().numpy()
+        if a.ndim != 3 or a.shape[0] != self.num_envs:
+            raise ValueError(
+                f"policy.act returned actions of shape {a.shape}, expected [N={self.num_envs}, K, D]"
+            )
+        space = self.env.single_action_space
+        if self.chunked and a.shape[1:] != space.shape:
+            raise ValueError(
+                f"policy chunk {a.shape[1:]} does not match the env's chunked action space {space.shape}"
+            )
+        if not self.chunked and (a.shape[1] != 1 or a.shape[2] != max(int(np.prod(space.shape)), 1)):
+            raise ValueError(
+                f"the env takes one action of shape {space.shape} per step, so the policy must return "
+                f"[N, 1, {max(int(np.prod(space.shape)), 1)}]; got {list(a.shape)}"
+            )
+        return a
+
+    def _to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Policy actions ``[N, K, D]`` -> the env's batched action (chunk, vector or integer)."""
+        space = self.env.single_action_space
+        a = actions if self.chunked else actions[:, 0].reshape(self.num_envs, *space.shape)
+        if isinstance(space, gym.spaces.Box):
+            a = a.astype(space.dtype)
+            return np.clip(a, space.low, space.high) if self.clip_actions else a
+        return np.rint(a).astype(space.dtype)  # Discrete, MultiDiscrete, MultiBinary
+
+    def _sub_steps(self, reward: Any, info: dict[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-sub-step rewards and validity ``[N, K]`` (from the chunk info keys when present)."""
+        n = self.num_envs
+        if "chunk_rewards" in info:
+            rewards = np.asarray(info["chunk_rewards"], np.float32).copy()
+        else:
+            rewards = np.zeros((n, k), np.float32)
+            rewards[:, 0] = np.asarray(reward, np.float32)
+        if "chunk_valid" in info:
+            valid = np.asarray(info["chunk_valid"], bool).copy()
+        else:
+            valid = np.zeros((n, k), bool)
+            valid[:, 0] = True
+        if rewards.shape != (n, k) or valid.shape != (n, k):
+            raise ValueError(f"env chunk info has shapes {rewards.shape}/{valid.shape}, expected {(n, k)}")
+        return np.where(valid, rewards, 0.0).astype(np.float32), valid
+
+    def _log_probs(self, out: ActionChunk, k: int) -> torch.Tensor:
+        if out.log_probs is not None:
+            return out.log_probs.detach().float().to(self.device)
+        return torch.zeros(self.num_envs, k, getattr(self.policy, "log_prob_dim", 1), device=self.device)
+
+    def _value(self, obs: Any, full: bool = False) -> torch.Tensor:
+        """``policy.value(obs)`` on the storage device: ``[B, Kv]`` if ``full``, else its first column."""
+        with torch.no_grad():
+            v = self.policy.value(obs).detach().float().to(self.device)
+        return v if full else v[:, 0]
+
+    def _assemble(
+        self, steps: list[dict[str, Any]], last_values: torch.Tensor | None, episodes: list[dict[str, float]]
+    ) -> Rollout:
+        def stack_np(key: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.as_tensor(np.stack([s[key] for s in steps]), dtype=dtype, device=self.device)
+
+        valid = stack_np("valid", torch.bool)
+        terminated, truncated = stack_np("terminated", torch.bool), stack_np("truncated", torch.bool)
+        done = (terminated | truncated).long()
+        done_before = done.cumsum(0) - done
+        keys = steps[0]["replay"].keys()
+        return Rollout(
+            replay={k: torch.stack([s["replay"][k] for s in steps]) for k in keys},
+            actions=stack_np("actions", torch.float32),
+            log_probs=torch.stack([s["log_probs"] for s in steps]),
+            values=None if last_values is None else torch.stack([s["values"] for s in steps]),
+            rewards=stack_np("rewards", torch.float32),
+            valid=valid,
+            terminated=terminated,
+            truncated=truncated,
+            first_episode=valid & (done_before == 0)[..., None],
+            bootstrap_values=torch.stack([s["boot"] for s in steps]).to(self.device),
+            last_values=last_values,
+            episodes=episodes,
+        )
+
+
+# ---------------------------------------------------------------------- observation and info utilities
+def _stack_obs(items: list[Any]) -> Any:
+    """Batch single observations (arrays, dicts of them, strings) the way vector envs do."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: _stack_obs([it[k] for it in items]) for k in first}
+    if isinstance(first, str):
+        return tuple(items)
+    if isinstance(first, tuple):
+        return tuple(_stack_obs([it[j] for it in items]) for j in range(len(first)))
+    return np.stack([np.asarray(it) for it in items])
+
+
+def _take_obs(obs: Any, idx: np.ndarray) -> Any:
+    """The entries ``idx`` of a batched observation."""
+    if isinstance(obs, dict):
+        return {k: _take_obs(v, idx) for k, v in obs.items()}
+    if isinstance(obs, tuple | list) and (not obs or isinstance(obs[0], str)):
+        return tuple(obs[i] for i in idx)
+    if isinstance(obs, tuple):
+        return tuple(_take_obs(v, idx) for v in obs)
+    return obs[torch.as_tensor(idx) if isinstance(obs, torch.Tensor) else idx]
+
+
+_RENAME = {"r": "return", "l": "length", "t": None}  # RecordEpisodeStatistics keys
+
+
+def _reported_episode_stats(info: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Per-env episode statistics from ``info["episode"]`` (top level or in ``final_info``)."""
+    for source in (info, info.get("final_info") or {}):
+        episode, mask = source.get("episode"), source.get("_episode")
+        if not isinstance(episode, dict) or mask is None:
+            continue
+        out: dict[int, dict[str, float]] = {}
+        for i in np.flatnonzero(np.asarray(mask, bool)):
+            stats = {}
+            for key, values in episode.items():
+                name = _RENAME.get(key, key)
+                if name is not None and not key.startswith("_"):
+                    stats[name] = float(np.asarray(values)[i])
+            out[int(i)] = stats
+        return out
+    return {}
