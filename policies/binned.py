@@ -13,7 +13,7 @@ OpenVLA's (policies_trainers.md §1.2, §1.5)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -86,7 +86,7 @@ class BinnedPolicy(TorsoPolicy):
         temperature: sampling temperature (RLinf / SimpleVLA LIBERO GRPO: 1.6). Stored per sample
             in the replay; ``evaluate`` scores each sample at the temperature it was drawn at.
         top_k: keep only the k most likely tokens (0: all); stored in the replay like temperature.
-        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+        **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
     Replay: ``obs/<key>``, ``tokens`` int64 ``[B, K, D]`` (0..n_bins-1), ``temperature`` float32
@@ -104,16 +104,9 @@ class BinnedPolicy(TorsoPolicy):
         n_bins: int = 256,
         temperature: float = 1.0,
         top_k: int = 0,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        share_torso: bool = False,
-        use_critic: bool = True,
-        ortho_init: bool = True,
-        torso_kwargs: Mapping[str, Any] | None = None,
+        **torso_options: Any,
     ):
-        super().__init__(
-            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
-        )
+        super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
         self.n_bins, self.temperature, self.top_k = n_bins, float(temperature), int(top_k)

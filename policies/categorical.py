@@ -10,7 +10,6 @@ int (and, for a Discrete space, drops the trailing ``[1, 1]``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ class CategoricalPolicy(TorsoPolicy):
         observation_space: single-env observation space.
         action_space: ``Discrete(n)`` (K = D = E = 1), ``MultiDiscrete`` of shape ``(D,)`` (K = 1)
             or ``(K, D)`` (a chunk). Dimensions with fewer choices than the largest are masked.
-        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+        **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
     Replay: ``obs/<key>`` and ``tokens`` int64 ``[B, K, D]`` (chosen index, without ``start``).
@@ -39,17 +38,9 @@ class CategoricalPolicy(TorsoPolicy):
         self,
         observation_space: spaces.Space,
         action_space: spaces.Discrete | spaces.MultiDiscrete,
-        *,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        share_torso: bool = False,
-        use_critic: bool = True,
-        ortho_init: bool = True,
-        torso_kwargs: Mapping[str, Any] | None = None,
+        **torso_options: Any,
     ):
-        super().__init__(
-            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
-        )
+        super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
         if isinstance(action_space, spaces.Discrete):
             nvec = np.array([[int(action_space.n)]])
             start = np.array([[int(action_space.start)]])

@@ -24,7 +24,7 @@ wherever ``std == 0`` (e.g. the last CPS step).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -134,7 +134,7 @@ class FlowPolicy(TorsoPolicy):
             or is zero (``"zeros"``: the action is then a function of the observation alone).
         velocity_hidden, velocity_activation, time_dim: the velocity MLP on
             ``(x_t flattened, sinusoidal t embedding, obs features)``.
-        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+        **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
     Replay: ``obs/<key>``, ``chains`` float32 ``[B, N+1, K, D]`` (the whole chain, starting with the
@@ -158,16 +158,9 @@ class FlowPolicy(TorsoPolicy):
         velocity_hidden: Sequence[int] = (256, 256),
         velocity_activation: str = "gelu",
         time_dim: int = 32,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        share_torso: bool = False,
-        use_critic: bool = True,
-        ortho_init: bool = True,
-        torso_kwargs: Mapping[str, Any] | None = None,
+        **torso_options: Any,
     ):
-        super().__init__(
-            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
-        )
+        super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
         if noise_method not in NOISE_METHODS:
             raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
         if ignore_last and num_steps < 2 and not joint_logprob:

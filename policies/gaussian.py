@@ -9,7 +9,6 @@ or the trainer clips them to the Box).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ class GaussianPolicy(TorsoPolicy):
         squash: ``a = center + scale * tanh(u)`` maps the Gaussian sample ``u`` into the Box
             (finite bounds needed); log-probs include the Jacobian. Without it actions are the
             raw samples, not clipped.
-        hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs: see
+        **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
     Replay: ``obs/<key>`` (prepared observation) and ``raw_action`` ``[B, K, D]`` (the Gaussian
@@ -50,16 +49,9 @@ class GaussianPolicy(TorsoPolicy):
         *,
         log_std_init: float = 0.0,
         squash: bool = False,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        share_torso: bool = False,
-        use_critic: bool = True,
-        ortho_init: bool = True,
-        torso_kwargs: Mapping[str, Any] | None = None,
+        **torso_options: Any,
     ):
-        super().__init__(
-            observation_space, hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs
-        )
+        super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
         n = self.chunk_size * self.action_dim

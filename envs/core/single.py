@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envs.core.errors import bad_input
-from envs.core.vector_env import RESET_OPTIONS, ChunkedVectorEnv
+from envs.core.vector_env import ChunkedVectorEnv
 
 
 class SingleEnvView(gym.Env):
@@ -40,7 +40,7 @@ class SingleEnvView(gym.Env):
             raise bad_input(self.vector_env.env_id, "reset option", "only 'initial_frame'", unknown)
         vec_options = {}
         if "initial_frame" in options:
-            vec_options[RESET_OPTIONS[0]] = [options["initial_frame"]]
+            vec_options["initial_frames"] = [options["initial_frame"]]
         obs, info = self.vector_env.reset(seed=seed, options=vec_options)
         self._done = False
         return _unbatch_obs(obs), _unbatch_info(info)
