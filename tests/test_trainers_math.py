@@ -345,14 +345,12 @@ def test_grpo_update_learns_masks_filtered_groups_and_kl():
     n, policy = 8, TableBandit(8)
     ref = TableBandit(8)
     ref.load_state_dict(policy.state_dict())
-    config = GRPOConfig(
-        group_size=4, learning_rate=0.1, weight_decay=0.0, kl_beta=0.01, loss_agg="traj_mean", seed=0
-    )
+    config = GRPOConfig(group_size=4, learning_rate=0.1, weight_decay=0.0, kl_beta=0.01, loss_agg="traj_mean")
     opt = grpo_optimizer(policy, config)
     ro = _bandit_rollout(policy, n, seed=1)
     ro.rewards[0, 4:] = 1.0  # group 1: all succeed -> filtered
     before = policy.logits.detach().clone()
-    m = grpo_update(policy, opt, ro, config, ref_policy=ref)
+    m = grpo_update(policy, opt, ro, config, ref_policy=ref, generator=torch.Generator().manual_seed(0))
     assert m["groups_kept"] == 0.5 and m["updates"] == 1
     assert m["kl_ref"] == pytest.approx(0.0, abs=1e-7)  # policy == ref before the step
     assert torch.equal(policy.logits[4:], before[4:])  # no gradient reaches filtered groups' envs
@@ -516,11 +514,12 @@ def test_collector_on_chunked_env_freezes_finished_envs_for_grpo():
     successes = {int(ep["env"]): ep["success"] for ep in ro.episodes}
     assert successes == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
     # PPO on chunks: one value per chunk -> chunk time unit, element-level ratios
-    config = PPOConfig(batch_size=4, n_epochs=2, time_unit="chunk", log_prob_level="element", seed=0)
-    m = ppo_update(policy, make_optimizer(policy, config), ro, config)
+    config = PPOConfig(batch_size=4, n_epochs=2, time_unit="chunk", log_prob_level="element")
+    shuffle = torch.Generator().manual_seed(0)
+    m = ppo_update(policy, make_optimizer(policy, config), ro, config, generator=shuffle)
     assert m["updates"] > 0 and math.isfinite(m["loss"])
     # GRPO on groups of 2
-    grpo_cfg = GRPOConfig(group_size=2, seed=0)
+    grpo_cfg = GRPOConfig(group_size=2)
     m = grpo_update(policy, grpo_optimizer(policy, grpo_cfg), ro, grpo_cfg)
     assert m["groups_kept"] == 0.5 and m["updates"] == 1 and math.isfinite(m["loss"])
 
@@ -569,14 +568,15 @@ def test_collector_rejects_mismatched_actions():
 def test_ppo_learns_cartpole():
     env = gym.make_vec("CartPole-v1", 4)
     policy = _cartpole_policy(env, seed=0)
-    config = PPOConfig(n_steps=128, seed=0)
+    config = PPOConfig(n_steps=128)
     optimizer = make_optimizer(policy, config)
     col = Collector(env, policy)
     col.reset(seed=0)
+    shuffle = torch.Generator().manual_seed(0)
     lengths = []
     for _ in range(8):  # 4096 env steps
         ro = col.collect(config.n_steps)
-        metrics = ppo_update(policy, optimizer, ro, config)
+        metrics = ppo_update(policy, optimizer, ro, config, generator=shuffle)
         assert math.isfinite(metrics["loss"]) and metrics["skipped_updates"] == 0
         assert metrics["updates"] == config.n_epochs * math.ceil(metrics["samples"] / config.batch_size)
         lengths.append(episode_summary(ro.episodes)["length"])

@@ -20,7 +20,7 @@ Per step t the rollout stores what the policy did on obs_t and what the env gave
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -84,6 +84,12 @@ class Rollout:
     @property
     def dones(self) -> torch.Tensor:
         return self.terminated | self.truncated
+
+
+def env_name(env: gym.vector.VectorEnv) -> str:
+    """The env's registered id if it has one, else its class name (for error messages)."""
+    spec = getattr(env, "spec", None)
+    return getattr(spec, "id", None) or type(env).__name__
 
 
 def episode_summary(episodes: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -158,10 +164,16 @@ class Collector:
 
     # ------------------------------------------------------------------ collect
     def collect(
-        self, num_steps: int, *, deterministic: bool = False, until_all_done: bool = False
+        self,
+        num_steps: int,
+        *,
+        deterministic: bool = False,
+        until_all_done: bool = False,
+        on_step: Callable[[], None] | None = None,
     ) -> Rollout:
         """Run ``num_steps`` policy steps (fewer with ``until_all_done``, which stops once every env
-        finished an episode in this call) and return what was collected."""
+        finished an episode in this call) and return what was collected. ``on_step`` is called
+        after every ``env.step`` (e.g. to grab ``env.render()`` for a video)."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if self.obs is None:
@@ -185,6 +197,9 @@ class Collector:
 
             skipped = self._pending_reset | self._frozen  # action ignored by the env
             next_obs, reward, term, trunc, info = self.env.step(self._to_env(actions))
+            if on_step is not None:
+                on_step()
+            self._check_step(reward, term, trunc)
             rewards, valid = self._sub_steps(reward, info, actions.shape[1])
             term, trunc = np.asarray(term, bool).copy(), np.asarray(trunc, bool).copy()
             rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
@@ -256,14 +271,30 @@ class Collector:
         space = self.env.single_action_space
         if self.chunked and a.shape[1:] != space.shape:
             raise ValueError(
-                f"policy chunk {a.shape[1:]} does not match the env's chunked action space {space.shape}"
+                f"policy chunk {a.shape[1:]} does not match the chunked action space {space.shape} "
+                f"of env {env_name(self.env)}"
             )
         if not self.chunked and (a.shape[1] != 1 or a.shape[2] != max(int(np.prod(space.shape)), 1)):
             raise ValueError(
-                f"the env takes one action of shape {space.shape} per step, so the policy must return "
+                f"env {env_name(self.env)} takes one action of shape {space.shape} per step, so the policy "
+                f"must return "
                 f"[N, 1, {max(int(np.prod(space.shape)), 1)}]; got {list(a.shape)}"
             )
         return a
+
+    def _check_step(self, reward: Any, term: Any, trunc: Any) -> None:
+        """The env must return one reward / terminated / truncated per env, finite rewards."""
+        n = self.num_envs
+        for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
+            shape = np.shape(value)
+            if shape != (n,):
+                raise ValueError(
+                    f"env {env_name(self.env)}: step returned {name} of shape {shape}, expected ({n},)"
+                )
+        if not np.isfinite(np.asarray(reward, np.float64)).all():
+            raise ValueError(
+                f"env {env_name(self.env)}: step returned non-finite rewards {np.asarray(reward)}"
+            )
 
     def _to_env(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions ``[N, K, D]`` -> the env's batched action (chunk, vector or integer)."""
@@ -288,7 +319,10 @@ class Collector:
             valid = np.zeros((n, k), bool)
             valid[:, 0] = True
         if rewards.shape != (n, k) or valid.shape != (n, k):
-            raise ValueError(f"env chunk info has shapes {rewards.shape}/{valid.shape}, expected {(n, k)}")
+            raise ValueError(
+                f"env {env_name(self.env)}: info chunk_rewards / chunk_valid have shapes "
+                f"{rewards.shape} / {valid.shape}, expected {(n, k)}"
+            )
         return np.where(valid, rewards, 0.0).astype(np.float32), valid
 
     def _log_probs(self, out: ActionChunk, k: int) -> torch.Tensor:
@@ -372,3 +406,56 @@ def _reported_episode_stats(info: dict[str, Any]) -> dict[int, dict[str, float]]
             out[int(i)] = stats
         return out
     return {}
+
+
+def select_envs(parts: Sequence[tuple[Rollout, Sequence[int]]]) -> Rollout:
+    """One rollout made of the envs ``idx`` of each ``(rollout, idx)`` part, side by side.
+
+    Parts may have different lengths: shorter ones are padded at the end with steps that are not
+    valid (zero rewards, no done), which every trainer ignores. Used by GRPO's dynamic sampling to
+    assemble a batch from the groups kept over several collection rounds.
+    """
+    T = max(ro.num_steps for ro, _ in parts)
+
+    def gather(get: Callable[[Rollout], torch.Tensor | None], time_axis: bool = True) -> torch.Tensor | None:
+        pieces = []
+        for ro, idx in parts:
+            x = get(ro)
+            if x is None:
+                return None
+            index = torch.as_tensor(list(idx), dtype=torch.long, device=x.device)
+            if not time_axis:
+                pieces.append(x[index])
+                continue
+            x = x[:, index]
+            if x.shape[0] < T:
+                pad = torch.zeros((T - x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+                x = torch.cat([x, pad])
+            pieces.append(x)
+        return torch.cat(pieces, dim=1 if time_axis else 0)
+
+    episodes = []
+    offset = 0
+    for ro, idx in parts:
+        where = {int(i): j for j, i in enumerate(idx)}
+        episodes += [
+            {**ep, "env": float(offset + where[int(ep["env"])])}
+            for ep in ro.episodes
+            if int(ep["env"]) in where
+        ]
+        offset += len(idx)
+    first = parts[0][0]
+    return Rollout(
+        replay={k: gather(lambda ro, k=k: ro.replay[k]) for k in first.replay},
+        actions=gather(lambda ro: ro.actions),
+        log_probs=gather(lambda ro: ro.log_probs),
+        values=gather(lambda ro: ro.values),
+        rewards=gather(lambda ro: ro.rewards),
+        valid=gather(lambda ro: ro.valid),
+        terminated=gather(lambda ro: ro.terminated),
+        truncated=gather(lambda ro: ro.truncated),
+        first_episode=gather(lambda ro: ro.first_episode),
+        bootstrap_values=gather(lambda ro: ro.bootstrap_values),
+        last_values=gather(lambda ro: ro.last_values, time_axis=False),
+        episodes=episodes,
+    )

@@ -49,6 +49,9 @@ class PPOConfig:
     adam_eps: float = 1e-5
     max_grad_norm: float | None = 0.5
     target_kl: float | None = None  # stop the epochs once approx_kl > 1.5 * target_kl (SB3)
+    # linear: value * (fraction of the step budget left after this rollout), as SB3's "lin_" schedules
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    clip_schedule: Literal["constant", "linear"] = "constant"
     # advantages
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -69,7 +72,6 @@ class PPOConfig:
     vf_coef: float = 0.5
     # safety
     max_bad_updates: int = 10  # raise after this many non-finite updates in a row
-    seed: int | None = None  # minibatch shuffling
 
     def __post_init__(self) -> None:
         _choice("time_unit", self.time_unit, ("step", "chunk"))
@@ -77,6 +79,8 @@ class PPOConfig:
         _choice("adv_norm", self.adv_norm, ("minibatch", "global", "none"))
         _choice("log_prob_level", self.log_prob_level, LOG_PROB_LEVELS)
         _choice("value_loss", self.value_loss, ("mse", "huber"))
+        _choice("lr_schedule", self.lr_schedule, ("constant", "linear"))
+        _choice("clip_schedule", self.clip_schedule, ("constant", "linear"))
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         for name in ("n_steps", "batch_size", "n_epochs", "max_bad_updates"):
@@ -247,8 +251,6 @@ def ppo_update(
     advantage and return statistics, updates done and skipped).
     """
     guard = guard or BadUpdateGuard(config.max_bad_updates)
-    if generator is None and config.seed is not None:
-        generator = torch.Generator().manual_seed(config.seed)
     device = next(policy.parameters()).device
 
     # advantages on the whole rollout, then one row per chunk-step with at least one valid entry

@@ -30,7 +30,7 @@ from trainers.common import (
     step_optimizer,
     to_level,
 )
-from trainers.ppo import policy_loss
+from trainers.ppo.algorithm import policy_loss
 from trainers.rollout import Rollout
 
 
@@ -50,13 +50,14 @@ class GRPOConfig:
     dynamic_sampling: bool = True  # mask groups whose scores are all equal
     score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
     score_high: float | None = None
+    resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
+    rollout_steps: int = 0  # policy steps per round; 0: until every env finished its episode
     n_epochs: int = 1
     batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
     max_bad_updates: int = 10
-    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -69,6 +70,9 @@ class GRPOConfig:
             raise ValueError(f"loss_agg must be 'token_mean' or 'traj_mean', got {self.loss_agg!r}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        for name in ("resample_rounds", "rollout_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
@@ -164,8 +168,6 @@ def grpo_update(
     if config.kl_beta > 0 and ref_policy is None:
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
     guard = guard or BadUpdateGuard(config.max_bad_updates)
-    if generator is None and config.seed is not None:
-        generator = torch.Generator().manual_seed(config.seed)
     device = next(policy.parameters()).device
     T, N, K = rollout.rewards.shape
     G = config.group_size

@@ -1,0 +1,45 @@
+"""Build a policy by name, so command lines and checkpoints can name one.
+
+Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``auto`` (categorical for Discrete /
+MultiDiscrete action spaces, Gaussian for Box), or ``"package.module:ClassName"`` for any
+``ActionChunkPolicy`` subclass whose constructor takes ``(observation_space, action_space, **kwargs)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gymnasium import spaces
+
+from .base import ActionChunkPolicy
+
+POLICIES = {
+    "gaussian": "policies.gaussian:GaussianPolicy",
+    "categorical": "policies.categorical:CategoricalPolicy",
+    "binned": "policies.binned:BinnedPolicy",
+    "flow": "policies.flow:FlowPolicy",
+}
+
+
+def resolve_policy(name: str, action_space: spaces.Space) -> str:
+    """The ``module:Class`` path for ``name`` (``auto`` picks by the action space)."""
+    if name == "auto":
+        discrete = isinstance(action_space, spaces.Discrete | spaces.MultiDiscrete)
+        name = "categorical" if discrete else "gaussian"
+    if name in POLICIES:
+        return POLICIES[name]
+    if ":" not in name:
+        raise ValueError(f"unknown policy {name!r}: expected one of {['auto', *POLICIES]} or 'module:Class'")
+    return name
+
+
+def make_policy(
+    name: str, observation_space: spaces.Space, action_space: spaces.Space, **kwargs: Any
+) -> ActionChunkPolicy:
+    """Build the policy ``name`` for single-env ``observation_space`` / ``action_space``."""
+    module_name, _, class_name = resolve_policy(name, action_space).partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ActionChunkPolicy)):
+        raise ValueError(f"{module_name}:{class_name} is not an ActionChunkPolicy subclass")
+    return cls(observation_space, action_space, **kwargs)

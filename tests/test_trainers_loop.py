@@ -1,0 +1,296 @@
+"""The training loops end to end: command line, logging, evaluation, checkpoints, exact resume,
+bad input. Short runs on CartPole (seconds); learning-curve figures live in benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from trainers import checkpoint as ckpt
+from trainers.config import parse
+from trainers.grpo import train as grpo_train
+from trainers.metrics import read_metrics
+from trainers.ppo import PPOConfig
+from trainers.ppo import train as ppo_train
+from trainers.rollout import Collector
+from trainers.run import RunConfig
+
+FAST = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------- config and command line
+def test_flags_config_file_and_types(tmp_path):
+    classes = {"run": RunConfig, "ppo": PPOConfig}
+    cfg = parse(
+        classes,
+        [
+            "--env",
+            "Pendulum-v1",
+            "--num-envs",
+            "3",
+            "--no-tensorboard",
+            "--clip-value",
+            "0.2",
+            "--target-kl",
+            "none",
+            "--env-kwargs",
+            '{"g": 9.0}',
+            "--time-unit",
+            "chunk",
+        ],
+    )
+    run, ppo = cfg["run"], cfg["ppo"]
+    assert (run.env, run.num_envs, run.tensorboard, run.env_kwargs) == ("Pendulum-v1", 3, False, {"g": 9.0})
+    assert (ppo.clip_value, ppo.target_kl, ppo.time_unit, ppo.n_steps) == (0.2, None, "chunk", 2048)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"run": {"num_envs": 5, "seed": 3}, "ppo": {"n_epochs": 2}}))
+    cfg = parse(classes, ["--config", str(path), "--seed", "4"])
+    assert (cfg["run"].num_envs, cfg["run"].seed, cfg["ppo"].n_epochs) == (5, 4, 2)  # flags win
+    path.write_text(json.dumps({"ppo": {"n_epoch": 2}}))
+    with pytest.raises(ValueError, match="unknown ppo settings \\['n_epoch'\\]"):
+        parse(classes, ["--config", str(path)])
+    with pytest.raises(SystemExit):  # argparse rejects a value outside a Literal's choices
+        parse(classes, ["--time-unit", "episode"])
+    with pytest.raises(ValueError, match="time_unit"):
+        PPOConfig(time_unit="episode")
+
+
+# ---------------------------------------------------------------------- PPO
+def _ppo_args(tmp_path, *extra):
+    return [
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        "4",
+        "--n-steps",
+        "128",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *FAST,
+        *extra,
+    ]
+
+
+def test_ppo_command_line_learns_logs_and_checkpoints(tmp_path):
+    final = ppo_train.main(
+        _ppo_args(
+            tmp_path,
+            "--total-steps",
+            "12000",
+            "--eval-every",
+            "10",
+            "--checkpoint-every",
+            "5",
+            "--keep-checkpoints",
+            "2",
+            "--seed",
+            "1",
+        )
+    )
+    run_dir = tmp_path / "run"
+    rows = read_metrics(run_dir)
+    iterations = [r["iteration"] for r in rows if "train/loss" in r]
+    assert iterations == list(range(1, 25))  # 24 x 512 steps >= 12000
+    assert rows[-1]["step"] == 24 * 512 and "eval/return" in rows[-1]
+    for key in (
+        "env/return",
+        "env/episode_len",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/entropy",
+        "train/grad_norm",
+        "train/explained_variance",
+        "time/sps",
+    ):
+        assert key in rows[5], key
+    assert any("eval/return" in r for r in rows[:-1])  # periodic evaluation (iteration 10 and 20)
+    assert [p.name for p in ckpt.checkpoint_paths(run_dir)] == ["iter_000020.pt", "iter_000024.pt"]
+    assert json.loads((run_dir / "config.json").read_text())["ppo"]["n_steps"] == 128
+    # it learned: the first episodes of random play last ~20 steps
+    first = next(r["env/return"] for r in rows if "env/return" in r)
+    assert final["eval/return"] > max(100.0, 3 * first), (first, final["eval/return"])
+
+
+def test_ppo_resume_restores_weights_optimizer_rng_and_counters(tmp_path):
+    args = _ppo_args(tmp_path, "--total-steps", "2048", "--checkpoint-every", "2", "--eval-every", "-1")
+    ppo_train.main(args)
+    path, data = ckpt.latest_checkpoint(tmp_path / "run")
+    assert path.name == "iter_000004.pt" and data["counters"]["env_steps"] == 2048
+    # continue the same run to a larger budget: only the changed flag is given again
+    ppo_train.main(["--resume", str(tmp_path / "run"), "--total-steps", "4096", *FAST])
+    rows = read_metrics(tmp_path / "run")
+    assert [r["iteration"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["step"] == 4096
+    _, data2 = ckpt.latest_checkpoint(tmp_path / "run")
+    assert data2["counters"]["iteration"] == 8 and data2["config"]["run"]["total_steps"] == 4096
+    assert data2["optimizer"]["state"][0]["step"] > data["optimizer"]["state"][0]["step"]
+
+
+# ---------------------------------------------------------------------- GRPO
+def _grpo_args(tmp_path, name, *extra):
+    return [
+        "--env",
+        "CartPole-v1",
+        "--num-envs",
+        "8",
+        "--group-size",
+        "4",
+        "--learning-rate",
+        "3e-3",
+        "--log-prob-level",
+        "chunk",
+        "--run-dir",
+        str(tmp_path / name),
+        "--eval-every",
+        "-1",
+        *FAST,
+        *extra,
+    ]
+
+
+def test_grpo_killed_run_resumes_exactly(tmp_path, monkeypatch):
+    budget = ["--total-steps", "2500", "--checkpoint-every", "2", "--resample-rounds", "2"]
+    ppo_free = grpo_train.main(_grpo_args(tmp_path, "straight", *budget))
+    straight = ckpt.latest_checkpoint(tmp_path / "straight")[1]
+    n_iter = straight["counters"]["iteration"]
+    assert n_iter >= 4 and math.isfinite(ppo_free["env/return"])
+
+    # the same run, killed during iteration 4 (after the checkpoint of iteration 2)
+    real_update, calls = grpo_train.grpo_update, []
+
+    def dying_update(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_train, "grpo_update", dying_update)
+    with pytest.raises(KeyboardInterrupt):
+        grpo_train.main(_grpo_args(tmp_path, "killed", *budget))
+    assert ckpt.latest_checkpoint(tmp_path / "killed")[0].name == "iter_000002.pt"
+    monkeypatch.setattr(grpo_train, "grpo_update", real_update)
+    grpo_train.main(["--resume", str(tmp_path / "killed"), *FAST])
+    resumed = ckpt.latest_checkpoint(tmp_path / "killed")[1]
+
+    assert resumed["counters"]["env_steps"] == straight["counters"]["env_steps"]
+    for key, value in straight["policy"]["state_dict"].items():
+        assert torch.equal(value, resumed["policy"]["state_dict"][key]), key
+    rows = read_metrics(tmp_path / "killed")
+    assert [r["iteration"] for r in rows if "train/loss" in r] == list(range(1, n_iter + 1))
+
+
+def test_grpo_lifts_cartpole(tmp_path):
+    final = grpo_train.main(
+        _grpo_args(
+            tmp_path,
+            "run",
+            "--total-steps",
+            "40000",
+            "--num-envs",
+            "16",
+            "--group-size",
+            "8",
+            "--weight-decay",
+            "0",
+            "--eval-episodes",
+            "4",
+            "--eval-every",
+            "0",
+        )
+    )
+    rows = read_metrics(tmp_path / "run")
+    first = rows[0]["env/return"]
+    assert first < 40 and final["env/return"] > 2.5 * first, (first, final["env/return"])
+    assert rows[0]["train/groups_kept"] == 1.0  # random CartPole lengths differ within a group
+
+
+def test_group_reset_gives_each_group_one_start():
+    env = gym.make_vec("CartPole-v1", 6, vectorization_mode="sync")
+    kwargs = grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=0)
+    obs, _ = env.reset(**kwargs)
+    assert (
+        np.array_equal(obs[0], obs[2])
+        and np.array_equal(obs[3], obs[5])
+        and not np.array_equal(obs[0], obs[3])
+    )
+    assert kwargs == grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=0)  # a function of its inputs
+    assert kwargs != grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=1)
+
+    class WithFrames:
+        num_envs, initial_frames = 4, list(range(50))
+
+    ids = grpo_train.group_reset(WithFrames(), 2, 0, 0, 0)["options"]["initial_frames"]
+    assert ids[0] == ids[1] and ids[2] == ids[3] and all(0 <= i < 50 for i in ids)
+
+
+def test_grpo_rejects_groups_that_do_not_divide_the_envs(tmp_path):
+    with pytest.raises(ValueError, match="num_envs=6 must be a multiple of group_size=4"):
+        grpo_train.main(_grpo_args(tmp_path, "run", "--num-envs", "6"))
+
+
+# ---------------------------------------------------------------------- robustness
+def test_checkpoints_are_atomic_and_a_corrupt_one_is_skipped(tmp_path):
+    run_dir = tmp_path / "run"
+    ckpt.save_checkpoint(run_dir / "checkpoints" / "iter_000001.pt", {"counters": {"iteration": 1}})
+    ckpt.save_checkpoint(run_dir / "checkpoints" / "iter_000002.pt", {"counters": {"iteration": 2}})
+    (run_dir / "checkpoints" / ".iter_000003.pt.partial").write_bytes(b"half a file")  # killed mid-write
+    assert ckpt.latest_checkpoint(run_dir)[1]["counters"]["iteration"] == 2
+    (run_dir / "checkpoints" / "iter_000002.pt").write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning, match="skipping unreadable checkpoint"):
+        assert ckpt.latest_checkpoint(run_dir)[1]["counters"]["iteration"] == 1
+    with pytest.raises(FileNotFoundError, match="no checkpoints under"):
+        ckpt.latest_checkpoint(tmp_path / "elsewhere")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a vla-gym checkpoint"):
+        ckpt.load_checkpoint(tmp_path / "other.pt")
+
+
+class WrongRewardShape(gym.vector.VectorWrapper):
+    def step(self, actions):
+        obs, reward, term, trunc, info = self.env.step(actions)
+        return obs, reward[:, None], term, trunc, info
+
+
+def test_env_with_wrong_shapes_is_named():
+    from policies import CategoricalPolicy
+
+    env = WrongRewardShape(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
+    policy = CategoricalPolicy(env.single_observation_space, env.single_action_space)
+    with pytest.raises(
+        ValueError, match=r"env CartPole-v1: step returned reward of shape \(2, 1\), expected \(2,\)"
+    ):
+        Collector(env, policy).collect(2)
+
+
+def test_nan_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
+    from trainers.ppo import algorithm
+
+    real = algorithm.value_loss
+    monkeypatch.setattr(algorithm, "value_loss", lambda *a, **k: real(*a, **k) * float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(RuntimeError, match="3 updates in a row had a non-finite loss"):
+            ppo_train.main(_ppo_args(tmp_path, "--total-steps", "2048", "--max-bad-updates", "3"))
+
+
+def test_module_entry_points_print_help():
+    for module in ("trainers.ppo", "trainers.grpo"):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
+        )
+        assert "--total-steps" in out.stdout and "--resume" in out.stdout

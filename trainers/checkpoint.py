@@ -1,0 +1,121 @@
+"""Checkpoints that are written atomically and resume a run exactly.
+
+A checkpoint is one ``torch.save`` file ``<run>/checkpoints/iter_<NNNNNN>.pt`` holding the policy
+(class, constructor arguments, weights), the optimizer, every random-number generator the run
+draws from (torch, numpy, python, the policy's sampling generator, the minibatch shuffler), the
+step counters and the run's config. It is written to a temporary name, flushed to disk and then
+renamed, so a killed run leaves either the previous checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "vla-gym-checkpoint"
+VERSION = 1
+
+
+def rng_state(generators: dict[str, torch.Generator | None]) -> dict[str, Any]:
+    """The state of torch's, numpy's and python's global RNGs and of the named ``generators``."""
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "generators": {k: None if g is None else g.get_state() for k, g in generators.items()},
+    }
+
+
+def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator | None]) -> None:
+    """Inverse of ``rng_state``: the named generators must exist exactly where they did."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    for name, saved in state["generators"].items():
+        g = generators.get(name)
+        if (saved is None) != (g is None):
+            raise ValueError(
+                f"checkpoint generator {name!r}: saved {'none' if saved is None else 'a state'}, "
+                f"but the run has {'none' if g is None else 'one'}"
+            )
+        if g is not None:
+            g.set_state(saved)
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (plus format tags) to ``path`` atomically: temp file, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by ``save_checkpoint`` (clear error for anything else)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path}: checkpoint version {data.get('version')}, this code reads {VERSION}")
+    return data
+
+
+def checkpoint_paths(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoints, oldest first."""
+    return sorted((Path(run_dir) / "checkpoints").glob("iter_*.pt"))
+
+
+def latest_checkpoint(source: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The newest readable checkpoint of a run directory (or ``source`` itself if it is a file).
+
+    A newest file that cannot be read (a disk fault, not a killed run: writes are atomic) is
+    skipped with a warning in favour of the one before it.
+    """
+    source = Path(source)
+    if source.is_file():
+        return source, load_checkpoint(source)
+    paths = checkpoint_paths(source)
+    if not paths:
+        raise FileNotFoundError(f"no checkpoints under {source / 'checkpoints'} (expected iter_*.pt files)")
+    for path in reversed(paths):
+        try:
+            return path, load_checkpoint(path)
+        except ValueError as e:
+            warnings.warn(f"skipping unreadable checkpoint: {e}", RuntimeWarning, stacklevel=2)
+    raise ValueError(f"none of the checkpoints under {source / 'checkpoints'} can be read")
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints (``keep`` <= 0 keeps all)."""
+    if keep > 0:
+        for path in checkpoint_paths(run_dir)[:-keep]:
+            path.unlink(missing_ok=True)
+
+
+def load_policy(source: str | Path, observation_space: Any, action_space: Any) -> Any:
+    """The trained policy of a checkpoint (or of a run directory's newest one), rebuilt for the
+    given single-env spaces with the class and arguments it was trained with."""
+    from policies.registry import make_policy
+
+    _, data = latest_checkpoint(source)
+    spec = data["policy"]
+    policy = make_policy(spec["name"], observation_space, action_space, **spec["kwargs"])
+    policy.load_state_dict(spec["state_dict"])
+    return policy

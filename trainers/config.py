@@ -1,0 +1,149 @@
+"""Typed config dataclasses <-> command-line flags and JSON.
+
+Every field of the given dataclasses becomes a flag (``n_steps`` -> ``--n-steps``) typed from its
+annotation: ``int``, ``float``, ``str``, ``bool`` (``--flag`` / ``--no-flag``), ``X | None`` (the
+word ``none`` gives None), ``Literal[...]`` (choices), ``dict`` (a JSON object) and
+``tuple[...]``/``list[...]`` (a JSON list). ``--config FILE.json`` sets defaults from a file
+written by ``save_config``; flags given on the command line override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
+    """``(convert, extra argparse kwargs)`` for one field annotation."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        convert, extra = _parser_for(inner[0] if len(inner) == 1 else Union[tuple(inner)])  # noqa: UP007
+        extra.pop("choices", None)
+
+        def optional(text: str) -> Any:
+            return None if text.lower() == "none" else convert(text)
+
+        optional.__name__ = getattr(convert, "__name__", "value") + " or none"
+        return optional, extra
+    if origin is Literal:
+        kind = type(args[0])
+        return kind, {"choices": list(args)}
+    if annotation in (int, float, str):
+        return annotation, {}
+    if origin in (dict, list, tuple) or annotation in (dict, list, tuple):
+
+        def from_json(text: str) -> Any:
+            value = json.loads(text)
+            return tuple(value) if (origin or annotation) is tuple else value
+
+        from_json.__name__ = "JSON"
+        return from_json, {}
+    raise TypeError(f"no command-line parser for the annotation {annotation!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
+    """Add one flag per field of the dataclass ``cls`` (flag names must be unique in the parser)."""
+    group = parser.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if hints[f.name] is bool:
+            group.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"(default: {default})",
+            )
+            continue
+        convert, extra = _parser_for(hints[f.name])
+        group.add_argument(
+            flag, dest=f.name, type=convert, default=None, help=f"(default: {default})", **extra
+        )
+
+
+def build(cls: type[T], values: dict[str, Any]) -> T:
+    """``cls(**values)`` keeping only ``cls``'s fields; unknown keys are an error elsewhere."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def parse(
+    classes: dict[str, type], argv: list[str] | None = None, description: str | None = None
+) -> dict[str, Any]:
+    """Parse ``argv`` into one instance per dataclass in ``classes`` (key -> class).
+
+    Values come, by priority, from the flags, the ``--config`` JSON file (keys: the same as in
+    ``classes``, each an object of field values), and the dataclass defaults.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, help="JSON file of settings (flags override it)")
+    for key, cls in classes.items():
+        add_arguments(parser, cls, key)
+    args = vars(parser.parse_args(argv))
+    base: dict[str, dict[str, Any]] = {key: {} for key in classes}
+    config_file = args.pop("config")
+    if config_file is not None:
+        base.update(load_config(config_file, classes))
+    given = {k: v for k, v in args.items() if v is not None}
+    out = {}
+    for key, cls in classes.items():
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {**base.get(key, {}), **{k: v for k, v in given.items() if k in names}}
+        out[key] = build(cls, values)
+    return out
+
+
+def to_dict(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The JSON-ready form of a ``{key: dataclass instance}`` mapping."""
+    return {key: dataclasses.asdict(cfg) for key, cfg in configs.items()}
+
+
+def save_config(path: str | Path, configs: dict[str, Any]) -> None:
+    """Write ``{key: dataclass}`` as JSON (readable back by ``load_config`` / ``--config``)."""
+    Path(path).write_text(json.dumps(to_dict(configs), indent=2, sort_keys=True) + "\n")
+
+
+def load_config(path: str | Path, classes: dict[str, type]) -> dict[str, dict[str, Any]]:
+    """Read a JSON config, checking that every key names a field of the matching dataclass."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or set(data) - set(classes):
+        raise ValueError(
+            f"{path}: expected a JSON object with keys among {sorted(classes)}, got {data!r:.200}"
+        )
+    for key, values in data.items():
+        names = {f.name for f in dataclasses.fields(classes[key])}
+        unknown = set(values) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown {key} settings {sorted(unknown)}; known: {sorted(names)}")
+    return data
+
+
+def parse_cli(
+    classes: dict[str, type], argv: list[str] | None = None, description: str | None = None
+) -> dict[str, Any]:
+    """``parse`` for a trainer's command line: with ``--resume RUN`` (a run directory or a
+    checkpoint in ``RUN/checkpoints``) and no ``--config``, the run's saved ``config.json`` is
+    the base, so only the flags given again change anything."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    resume = None
+    for i, arg in enumerate(argv):
+        if arg == "--resume" and i + 1 < len(argv):
+            resume = Path(argv[i + 1])
+        elif arg.startswith("--resume="):
+            resume = Path(arg.split("=", 1)[1])
+    if resume is not None and not any(a == "--config" or a.startswith("--config=") for a in argv):
+        run_dir = resume.parent.parent if resume.is_file() else resume
+        if (run_dir / "config.json").is_file():
+            argv = ["--config", str(run_dir / "config.json"), *argv]
+    return parse(classes, argv, description)

@@ -1,0 +1,3 @@
+from trainers.grpo.train import main
+
+main()

@@ -1,0 +1,3 @@
+from trainers.ppo.train import main
+
+main()

@@ -1,0 +1,78 @@
+"""The PPO training loop and its command line.
+
+    python -m trainers.ppo --env CartPole-v1 --total-steps 100000
+    python -m trainers.ppo --env envs:Libero-Spatial-v0 --num-envs 4 --time-unit chunk
+    python -m trainers.ppo --resume runs/ppo-CartPole-v1-s0-...   # continue a run
+
+Each iteration collects ``n_steps`` policy steps from every env (episodes continue across
+iterations), then runs ``ppo_update``. On resume the model, optimizer, RNGs and counters are
+restored exactly; the envs start new episodes (an env's internal state is not checkpointed), seeded
+from the iteration so that a resumed run is itself reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from trainers.common import BadUpdateGuard
+from trainers.config import parse_cli
+from trainers.ppo.algorithm import PPOConfig, make_optimizer, ppo_update
+from trainers.rollout import Collector
+from trainers.run import Run, RunConfig
+
+RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
+
+
+def train(run_config: RunConfig, config: PPOConfig) -> dict[str, float]:
+    """Train with PPO until ``run_config.total_steps`` env steps; returns the final metrics."""
+    run = Run("ppo", run_config, config)
+    env = run.make_env(autoreset="same_step")  # SB3's DummyVecEnv behaviour: no lost steps
+    try:
+        policy = run.make_policy(env)
+        optimizer = make_optimizer(policy, config)
+        shuffle = torch.Generator().manual_seed(run_config.seed)
+        generators = {"shuffle": shuffle}
+        run.restore(policy, optimizer, generators)
+        guard = BadUpdateGuard(config.max_bad_updates)
+        collector = Collector(env, policy, bootstrap=config.bootstrap)
+        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
+
+        while not run.finished:
+            rollout = collector.collect(config.n_steps)
+            env_steps = int(rollout.valid.sum())
+            left = max(0.0, 1.0 - (run.counters["env_steps"] + env_steps) / run_config.total_steps)
+            step_config = scheduled(config, left)
+            for group in optimizer.param_groups:
+                group["lr"] = step_config.learning_rate
+            metrics = ppo_update(policy, optimizer, rollout, step_config, generator=shuffle, guard=guard)
+            metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
+            run.end_iteration(
+                env_steps,
+                rollout.episodes,
+                {f"train/{k}": v for k, v in metrics.items()},
+                policy,
+                optimizer,
+                generators,
+            )
+        return run.finish(policy, optimizer, generators)
+    finally:
+        env.close()
+
+
+def scheduled(config: PPOConfig, progress_left: float) -> PPOConfig:
+    """The config with learning rate and clip range at ``progress_left`` (1 at the start, 0 at the end)."""
+    changes: dict[str, Any] = {}
+    if config.lr_schedule == "linear":
+        changes["learning_rate"] = config.learning_rate * progress_left
+    if config.clip_schedule == "linear":
+        changes["clip_low"] = config.clip_low * progress_left
+        changes["clip_high"] = config.clip_high * progress_left
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    configs = parse_cli({"run": RunConfig, "ppo": PPOConfig}, argv, description=__doc__)
+    return train(configs["run"], configs["ppo"])

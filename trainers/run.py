@@ -1,0 +1,370 @@
+"""What every training run needs besides its algorithm: the env and policy built from names, the
+run directory, seeding, metrics, periodic evaluation, checkpoints, resume and the final summary.
+
+A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads top to bottom::
+
+    run = Run("ppo", run_config, ppo_config)
+    env, policy = run.make_env(...), run.make_policy(env)
+    optimizer = ...; run.restore(policy, optimizer, generators)
+    while not run.finished:
+        ... collect, update ...
+        run.end_iteration(env_steps, metrics, policy, optimizer, generators)
+    run.finish(policy, optimizer, generators)
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector import AutoresetMode
+
+from policies.base import ActionChunkPolicy
+from policies.registry import make_policy, resolve_policy
+from trainers import checkpoint as ckpt
+from trainers.config import save_config, to_dict
+from trainers.evaluation import evaluate
+from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics
+from trainers.rollout import episode_summary
+
+AUTORESET = {
+    "next_step": AutoresetMode.NEXT_STEP,
+    "same_step": AutoresetMode.SAME_STEP,
+    "disabled": AutoresetMode.DISABLED,
+}
+
+
+@dataclass
+class RunConfig:
+    """Settings every trainer shares.
+
+    ``env`` is a gymnasium id; ``"module:Env-v0"`` imports ``module`` first (``envs:Libero-Spatial-v0``
+    registers this project's envs; the trainers never import them themselves).
+    """
+
+    env: str = "CartPole-v1"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gym.make_vec
+    num_envs: int = 8
+    # auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync
+    vectorization: Literal["auto", "native", "sync", "async"] = "auto"
+    autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"  # auto: the trainer picks
+    policy: str = "auto"  # gaussian, categorical, binned, flow, auto, or module:Class
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)
+    seed: int = 0
+    device: str = "cpu"
+    torch_threads: int = 0  # 0: torch's default
+    run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
+    resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
+    eval_every: int = 0  # iterations between evaluations; 0: only at the end; -1: never
+    eval_episodes: int = 10
+    eval_num_envs: int = 0  # 0: min(eval_episodes, num_envs)
+    video: bool = True  # an mp4 of the first eval round (needs an env that renders rgb_array)
+    video_fps: int = 20
+    checkpoint_every: int = 10  # iterations between checkpoints; 0: only at the end
+    keep_checkpoints: int = 3  # newest checkpoints kept; 0: all
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "total_steps", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.autoreset_mode not in ("auto", *AUTORESET):
+            raise ValueError(
+                f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
+            )
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (explicitly or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+class Run:
+    """A training run: directory, seeding, logging, evaluation, checkpoints and resume.
+
+    Args:
+        algo: the trainer's name (``"ppo"``, ``"grpo"``), stored in the run and the checkpoints.
+        run_config: the shared settings.
+        algo_config: the algorithm's dataclass (saved with the run and in every checkpoint).
+    """
+
+    def __init__(self, algo: str, run_config: RunConfig, algo_config: Any) -> None:
+        self.algo, self.config, self.algo_config = algo, run_config, algo_config
+        cfg = run_config
+        if cfg.resume:
+            source = Path(cfg.resume)
+            self.dir = source.parent.parent if source.is_file() else source
+        elif cfg.run_dir:
+            self.dir = Path(cfg.run_dir)
+        else:
+            name = f"{algo}-{cfg.env.split(':')[-1]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.dir = Path("runs") / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.dir / "config.json", self.configs)
+        if cfg.torch_threads > 0:
+            torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        random.seed(cfg.seed)
+        self.counters = {"iteration": 0, "env_steps": 0, "episodes": 0, "elapsed": 0.0}
+        self.last_metrics: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+        self._eval_env: gym.vector.VectorEnv | None = None
+        self._logger: MetricsLogger | None = None
+        self._progress: Progress | None = None
+        self._clock = time.perf_counter()
+
+    @property
+    def configs(self) -> dict[str, Any]:
+        return {"run": self.config, self.algo: self.algo_config}
+
+    @property
+    def finished(self) -> bool:
+        return self.counters["env_steps"] >= self.config.total_steps
+
+    # ------------------------------------------------------------------ env and policy
+    def make_env(
+        self, num_envs: int | None = None, *, autoreset: str = "same_step", render_mode: str | None = None
+    ) -> gym.vector.VectorEnv:
+        """``gym.make_vec`` of the configured env. ``autoreset`` is the mode used when the config
+        says ``auto``; ``"disabled_native"`` means DISABLED for the env's own vector env (it keeps
+        finished envs frozen) and SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to
+        step a finished env)."""
+        cfg = self.config
+        env_id = cfg.env
+        if ":" in env_id:
+            module, _, env_id = env_id.partition(":")
+            importlib.import_module(module)
+        spec = gym.spec(env_id)
+        creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
+        full_native = creator is not None and _accepts(creator, "autoreset_mode")
+        if cfg.vectorization == "native" and creator is None:
+            raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
+        native = cfg.vectorization == "native" or (cfg.vectorization == "auto" and full_native)
+        mode_name = cfg.autoreset_mode if cfg.autoreset_mode != "auto" else autoreset
+        if mode_name == "disabled_native":
+            mode_name = "disabled" if native else "same_step"
+        mode = AUTORESET[mode_name]
+        kwargs = dict(cfg.env_kwargs)
+        if render_mode is not None:
+            kwargs["render_mode"] = render_mode
+        n = num_envs or cfg.num_envs
+        if native:
+            if full_native:
+                kwargs["autoreset_mode"] = mode
+            elif cfg.autoreset_mode != "auto":
+                raise ValueError(
+                    f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
+                    f"autoreset_mode={cfg.autoreset_mode!r} needs vectorization 'sync' or 'async'"
+                )
+            return gym.make_vec(env_id, n, vectorization_mode="vector_entry_point", **kwargs)
+        vectorization = "async" if cfg.vectorization == "async" else "sync"
+        return gym.make_vec(
+            env_id, n, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
+        )
+
+    def make_policy(self, env: gym.vector.VectorEnv, **defaults: Any) -> ActionChunkPolicy:
+        """The configured policy for ``env``'s single spaces (``defaults`` under the config's
+        ``policy_kwargs``), on the configured device, with its own seeded sampling generator."""
+        kwargs = {**defaults, **self.config.policy_kwargs}
+        policy = make_policy(
+            self.config.policy, env.single_observation_space, env.single_action_space, **kwargs
+        )
+        policy = policy.to(self.config.device)
+        policy.seed(self.config.seed)
+        self._policy_spec = {
+            "name": resolve_policy(self.config.policy, env.single_action_space),
+            "kwargs": kwargs,
+        }
+        return policy
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(
+        self,
+        policy: ActionChunkPolicy,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator | None],
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write a checkpoint of everything needed to continue exactly from here."""
+        generators = {"policy": policy.generator, **generators}
+        payload = {
+            "algo": self.algo,
+            "config": to_dict(self.configs),
+            "policy": {**self._policy_spec, "state_dict": policy.state_dict()},
+            "optimizer": optimizer.state_dict(),
+            "rng": ckpt.rng_state(generators),
+            "counters": {**self.counters, "elapsed": self._elapsed()},
+            "extra": extra or {},
+        }
+        path = ckpt.save_checkpoint(
+            self.dir / "checkpoints" / f"iter_{self.counters['iteration']:06d}.pt", payload
+        )
+        ckpt.prune_checkpoints(self.dir, self.config.keep_checkpoints)
+        return path
+
+    def restore(
+        self,
+        policy: ActionChunkPolicy,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator | None],
+    ) -> dict[str, Any]:
+        """Load the newest checkpoint when resuming (else nothing), then open the logs.
+
+        Returns the checkpoint's ``extra`` dict (empty when not resuming).
+        """
+        extra: dict[str, Any] = {}
+        resume_iteration = resume_step = None
+        if self.config.resume:
+            path, data = ckpt.latest_checkpoint(self.config.resume)
+            if data["algo"] != self.algo:
+                raise ValueError(f"{path} is a {data['algo']} checkpoint, not {self.algo}")
+            policy.load_state_dict(data["policy"]["state_dict"])
+            optimizer.load_state_dict(data["optimizer"])
+            ckpt.restore_rng_state(data["rng"], {"policy": policy.generator, **generators})
+            self.counters.update(data["counters"])
+            extra = data["extra"]
+            resume_iteration, resume_step = self.counters["iteration"], self.counters["env_steps"]
+            print(f"resumed from {path} (iteration {resume_iteration}, {resume_step} env steps)")
+        self._clock = time.perf_counter()
+        self._logger = MetricsLogger(
+            self.dir,
+            tensorboard=self.config.tensorboard,
+            wandb_project=self.config.wandb_project,
+            config=to_dict(self.configs),
+            resume_iteration=resume_iteration,
+            resume_step=resume_step,
+        )
+        self._progress = Progress(
+            self.config.total_steps,
+            self.counters["env_steps"],
+            self.config.progress,
+            desc=f"{self.algo} {self.config.env}",
+        )
+        return extra
+
+    # ------------------------------------------------------------------ per iteration
+    def end_iteration(
+        self,
+        env_steps: int,
+        episodes: list[dict[str, float]],
+        metrics: dict[str, float],
+        policy: ActionChunkPolicy,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator | None],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Count, log, evaluate and checkpoint (when due) after one collect + update iteration."""
+        c = self.counters
+        c["iteration"] += 1
+        c["env_steps"] += int(env_steps)
+        c["episodes"] += len(episodes)
+        row = {**metrics, **(named_metrics("env", episode_summary(episodes)) if episodes else {})}
+        elapsed = self._elapsed()
+        row.update(
+            {
+                "iteration": c["iteration"],
+                "time/elapsed": elapsed,
+                "time/sps": c["env_steps"] / max(elapsed, 1e-9),
+            }
+        )
+        every = self.config.eval_every
+        if every > 0 and c["iteration"] % every == 0 and not self.finished:
+            row.update(self.evaluate(policy))
+        self.last_metrics = row
+        assert self._logger is not None and self._progress is not None, "call restore() before the loop"
+        self._logger.log(c["env_steps"], row)
+        self._progress.update(int(env_steps), row)
+        every = self.config.checkpoint_every
+        if every > 0 and c["iteration"] % every == 0 and not self.finished:
+            self.save(policy, optimizer, generators, extra)
+
+    def evaluate(self, policy: ActionChunkPolicy) -> dict[str, float]:
+        """Deterministic episodes on a separate eval env, with an mp4 under ``videos/``."""
+        cfg = self.config
+        if self._eval_env is None:
+            n = cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)
+            self._eval_env = self.make_env(
+                n, autoreset="disabled_native", render_mode="rgb_array" if cfg.video else None
+            )
+        video = self.dir / "videos" / f"eval_{self.counters['env_steps']:09d}.mp4" if cfg.video else None
+        stats = evaluate(
+            policy,
+            self._eval_env,
+            cfg.eval_episodes,
+            seed=cfg.seed + 10**6,
+            video_path=video,
+            video_fps=cfg.video_fps,
+        )
+        self.last_eval = named_metrics("eval", stats)
+        return self.last_eval
+
+    def finish(
+        self,
+        policy: ActionChunkPolicy,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator | None],
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Final evaluation and checkpoint, close the logs, print the summary table; returns the
+        last metrics (with ``eval/*``)."""
+        final = dict(self.last_metrics)
+        if self.config.eval_every >= 0:
+            final.update(self.evaluate(policy))
+            assert self._logger is not None
+            self._logger.log(
+                self.counters["env_steps"], {"iteration": self.counters["iteration"], **self.last_eval}
+            )
+        path = self.save(policy, optimizer, generators, extra)
+        for closable in (self._logger, self._progress, self._eval_env):
+            if closable is not None:
+                closable.close()
+        self._eval_env = None
+        print(self.summary(final, path))
+        return final
+
+    def summary(self, final: dict[str, float], checkpoint: Path) -> str:
+        c = self.counters
+        rows: list[tuple[str, Any]] = [
+            ("env", self.config.env),
+            ("policy", self.config.policy),
+            ("env steps", c["env_steps"]),
+            ("iterations", c["iteration"]),
+            ("episodes", c["episodes"]),
+            ("wall time (s)", float(self._elapsed())),
+            ("env steps / s", c["env_steps"] / max(self._elapsed(), 1e-9)),
+        ]
+        for key in (
+            "env/return",
+            "env/success_once",
+            "eval/return",
+            "eval/success_once",
+            "eval/success",
+            "eval/episode_len",
+            "train/approx_kl",
+            "train/clip_fraction",
+            "train/entropy",
+        ):
+            if key in final:
+                rows.append((key, float(final[key])))
+        rows += [("run directory", str(self.dir)), ("checkpoint", checkpoint.name)]
+        return format_table(rows, title=f"{self.algo} summary")
+
+    def _elapsed(self) -> float:
+        return float(self.counters["elapsed"]) + time.perf_counter() - self._clock
