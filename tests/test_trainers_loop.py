@@ -57,10 +57,17 @@ def test_flags_config_file_and_types(tmp_path):
     run, ppo = cfg["run"], cfg["ppo"]
     assert (run.env, run.num_envs, run.tensorboard, run.env_kwargs) == ("Pendulum-v1", 3, False, {"g": 9.0})
     assert (ppo.clip_value, ppo.target_kl, ppo.time_unit, ppo.n_steps) == (0.2, None, "chunk", 2048)
+    assert run.video is True and run.seed == 0  # flags not given keep the defaults
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"run": {"num_envs": 5, "seed": 3}, "ppo": {"n_epochs": 2}}))
     cfg = parse(classes, ["--config", str(path), "--seed", "4"])
     assert (cfg["run"].num_envs, cfg["run"].seed, cfg["ppo"].n_epochs) == (5, 4, 2)  # flags win
+    path.write_text(json.dumps({"ppo": {"target_kl": 0.01, "normalize": 1}}))
+    with pytest.raises(ValueError, match="unknown ppo settings"):
+        parse(classes, ["--config", str(path)])
+    path.write_text(json.dumps({"ppo": {"target_kl": 0.01}, "run": {"tensorboard": False}}))
+    cfg = parse(classes, ["--config", str(path), "--target-kl", "none", "--tensorboard"])
+    assert cfg["ppo"].target_kl is None and cfg["run"].tensorboard  # "none" and --flag override the file
     path.write_text(json.dumps({"ppo": {"n_epoch": 2}}))
     with pytest.raises(ValueError, match="unknown ppo settings \\['n_epoch'\\]"):
         parse(classes, ["--config", str(path)])
@@ -164,7 +171,16 @@ def _grpo_args(tmp_path, name, *extra):
 
 
 def test_grpo_killed_run_resumes_exactly(tmp_path, monkeypatch):
-    budget = ["--total-steps", "2500", "--checkpoint-every", "2", "--resample-rounds", "2"]
+    budget = [
+        "--total-steps",
+        "2500",
+        "--checkpoint-every",
+        "2",
+        "--resample-rounds",
+        "2",
+        "--kl-beta",
+        "0.05",
+    ]
     ppo_free = grpo_train.main(_grpo_args(tmp_path, "straight", *budget))
     straight = ckpt.latest_checkpoint(tmp_path / "straight")[1]
     n_iter = straight["counters"]["iteration"]

@@ -83,18 +83,18 @@ def clipped_surrogate(
 
 def ratio_stats(
     log_ratio: torch.Tensor, mask: torch.Tensor, clip_low: float, clip_high: float
-) -> dict[str, float]:
-    """Diagnostics of a batch of log-ratios at their level: mean ratio, approx KL (k3 as SB3 and
-    CleanRL, k1 as RLinf) and clip fraction (ratio outside the clip range, as SB3)."""
+) -> dict[str, torch.Tensor]:
+    """Diagnostics of a batch of log-ratios at their level (0-dim tensors): mean ratio, approx KL
+    (k3 as SB3 and CleanRL, k1 as RLinf) and clip fraction (ratio outside the clip range, as SB3)."""
     with torch.no_grad():
         lr = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         r = torch.exp(lr)
         outside = ((r < 1.0 - clip_low) | (r > 1.0 + clip_high)).to(r.dtype)
         return {
-            "ratio": masked_mean(r, mask).item(),
-            "approx_kl": masked_mean((r - 1.0) - lr, mask).item(),
-            "approx_kl_k1": masked_mean(-lr, mask).item(),
-            "clip_fraction": masked_mean(outside, mask).item(),
+            "ratio": masked_mean(r, mask),
+            "approx_kl": masked_mean((r - 1.0) - lr, mask),
+            "approx_kl_k1": masked_mean(-lr, mask),
+            "clip_fraction": masked_mean(outside, mask),
         }
 
 
@@ -134,6 +134,21 @@ def minibatches(
         yield perm[start : start + size]
 
 
+def fused_ok(params: list[torch.Tensor]) -> bool | None:
+    """Whether torch's fused Adam/AdamW kernel takes these parameters (float, CPU or CUDA);
+    None lets torch choose."""
+    if not params:
+        return None
+    return (
+        all(
+            p.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            and p.device.type in ("cpu", "cuda")
+            for p in params
+        )
+        or None
+    )
+
+
 def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -151,14 +166,15 @@ class BadUpdateGuard:
         self.total = 0
 
     def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
-        """True if the update may go ahead; counts (and maybe raises) otherwise."""
-        bad = not torch.isfinite(loss).item()
-        what = f"loss {loss.item()}"
-        if not bad and grad_norm is not None and not torch.isfinite(grad_norm).item():
-            bad, what = True, f"gradient norm {grad_norm.item()}"
-        if not bad:
+        """True if the update may go ahead; counts (and maybe raises) otherwise. One host sync."""
+        values = loss.detach().reshape(1)
+        if grad_norm is not None:
+            values = torch.cat([values, grad_norm.detach().reshape(1).to(values.dtype)])
+        if bool(torch.isfinite(values).all()):
             self.in_a_row = 0
             return True
+        bad_loss = not bool(torch.isfinite(loss.detach()))
+        what = f"loss {loss.item()}" if bad_loss else f"gradient norm {float(grad_norm)}"
         self.in_a_row += 1
         self.total += 1
         if self.in_a_row >= self.max_in_a_row:
@@ -179,19 +195,18 @@ def step_optimizer(
     optimizer: torch.optim.Optimizer,
     max_grad_norm: float | None,
     guard: BadUpdateGuard,
-) -> tuple[bool, float]:
-    """Backward, clip gradients, step; skip (and zero the gradients) if the loss or grad norm is
-    not finite. Returns ``(stepped, grad_norm)``."""
+) -> tuple[bool, torch.Tensor]:
+    """Backward, clip gradients, step; skip (and zero the gradients) if the loss or the gradient
+    norm is not finite. Returns ``(stepped, grad_norm)`` (the norm as a 0-dim tensor, so that
+    callers can average it without a host sync per minibatch)."""
     optimizer.zero_grad(set_to_none=True)
-    if not guard.ok(loss):
-        return False, math.nan
     loss.backward()
     params = [p for p in optimizer_params(optimizer) if p.grad is not None]
     if not params:
-        return False, 0.0
+        return False, torch.zeros(())
     norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
-    if not guard.ok(loss.detach(), norm):
+    if not guard.ok(loss, norm):
         optimizer.zero_grad(set_to_none=True)
-        return False, float(norm)
+        return False, norm.detach()
     optimizer.step()
-    return True, float(norm)
+    return True, norm.detach()

@@ -62,13 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
-                default=None,
+                default=argparse.SUPPRESS,
                 help=f"(default: {default})",
             )
             continue
         convert, extra = _parser_for(hints[f.name])
         group.add_argument(
-            flag, dest=f.name, type=convert, default=None, help=f"(default: {default})", **extra
+            flag, dest=f.name, type=convert, default=argparse.SUPPRESS, help=f"(default: {default})", **extra
         )
 
 
@@ -87,7 +87,7 @@ def parse(
     ``classes``, each an object of field values), and the dataclass defaults.
     """
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", type=Path, help="JSON file of settings (flags override it)")
+    parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
     for key, cls in classes.items():
         add_arguments(parser, cls, key)
     args = vars(parser.parse_args(argv))
@@ -95,7 +95,7 @@ def parse(
     config_file = args.pop("config")
     if config_file is not None:
         base.update(load_config(config_file, classes))
-    given = {k: v for k, v in args.items() if v is not None}
+    given = args  # only the flags on the command line (absent ones are suppressed)
     out = {}
     for key, cls in classes.items():
         names = {f.name for f in dataclasses.fields(cls)}

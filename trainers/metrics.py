@@ -57,7 +57,8 @@ class MetricsLogger:
                     "tensorboard is not installed: no TensorBoard logs", RuntimeWarning, stacklevel=2
                 )
             else:
-                self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step)
+                purge = None if resume_step is None else resume_step + 1  # drop events after the checkpoint
+                self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=purge)
         self._wandb = None
         if wandb_project:
             try:

@@ -4,12 +4,12 @@ run directory, seeding, metrics, periodic evaluation, checkpoints, resume and th
 A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads top to bottom::
 
     run = Run("ppo", run_config, ppo_config)
-    env, policy = run.make_env(...), run.make_policy(env)
-    optimizer = ...; run.restore(policy, optimizer, generators)
+    env = run.make_env(...); policy = run.make_policy(env); optimizer = ...
+    run.restore(policy, optimizer, generators)   # attach what is checkpointed; load it on resume
     while not run.finished:
         ... collect, update ...
-        run.end_iteration(env_steps, metrics, policy, optimizer, generators)
-    run.finish(policy, optimizer, generators)
+        run.end_iteration(env_steps, episodes, metrics)   # log, evaluate, checkpoint when due
+    run.finish()   # final evaluation, checkpoint and summary table
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ class Run:
         self.counters = {"iteration": 0, "env_steps": 0, "episodes": 0, "elapsed": 0.0}
         self.last_metrics: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
+        self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
         self._eval_env: gym.vector.VectorEnv | None = None
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
@@ -195,15 +196,10 @@ class Run:
         return policy
 
     # ------------------------------------------------------------------ checkpoints
-    def save(
-        self,
-        policy: ActionChunkPolicy,
-        optimizer: torch.optim.Optimizer,
-        generators: dict[str, torch.Generator | None],
-        extra: dict[str, Any] | None = None,
-    ) -> Path:
+    def save(self) -> Path:
         """Write a checkpoint of everything needed to continue exactly from here."""
-        generators = {"policy": policy.generator, **generators}
+        policy, optimizer = self.policy, self.optimizer
+        generators = {"policy": policy.generator, **self.generators}
         payload = {
             "algo": self.algo,
             "config": to_dict(self.configs),
@@ -211,7 +207,7 @@ class Run:
             "optimizer": optimizer.state_dict(),
             "rng": ckpt.rng_state(generators),
             "counters": {**self.counters, "elapsed": self._elapsed()},
-            "extra": extra or {},
+            "extra": self.extra,
         }
         path = ckpt.save_checkpoint(
             self.dir / "checkpoints" / f"iter_{self.counters['iteration']:06d}.pt", payload
@@ -225,10 +221,13 @@ class Run:
         optimizer: torch.optim.Optimizer,
         generators: dict[str, torch.Generator | None],
     ) -> dict[str, Any]:
-        """Load the newest checkpoint when resuming (else nothing), then open the logs.
+        """Attach the run's trained state (checkpointed from now on), load the newest checkpoint
+        into it when resuming, then open the logs.
 
-        Returns the checkpoint's ``extra`` dict (empty when not resuming).
+        Returns the checkpoint's ``extra`` dict (empty when not resuming): what a loop put in
+        ``run.extra`` besides the policy, optimizer and generators (GRPO: the reference policy).
         """
+        self.policy, self.optimizer, self.generators = policy, optimizer, generators
         extra: dict[str, Any] = {}
         resume_iteration = resume_step = None
         if self.config.resume:
@@ -261,14 +260,7 @@ class Run:
 
     # ------------------------------------------------------------------ per iteration
     def end_iteration(
-        self,
-        env_steps: int,
-        episodes: list[dict[str, float]],
-        metrics: dict[str, float],
-        policy: ActionChunkPolicy,
-        optimizer: torch.optim.Optimizer,
-        generators: dict[str, torch.Generator | None],
-        extra: dict[str, Any] | None = None,
+        self, env_steps: int, episodes: list[dict[str, float]], metrics: dict[str, float]
     ) -> None:
         """Count, log, evaluate and checkpoint (when due) after one collect + update iteration."""
         c = self.counters
@@ -286,16 +278,16 @@ class Run:
         )
         every = self.config.eval_every
         if every > 0 and c["iteration"] % every == 0 and not self.finished:
-            row.update(self.evaluate(policy))
+            row.update(self.evaluate())
         self.last_metrics = row
         assert self._logger is not None and self._progress is not None, "call restore() before the loop"
         self._logger.log(c["env_steps"], row)
         self._progress.update(int(env_steps), row)
         every = self.config.checkpoint_every
         if every > 0 and c["iteration"] % every == 0 and not self.finished:
-            self.save(policy, optimizer, generators, extra)
+            self.save()
 
-    def evaluate(self, policy: ActionChunkPolicy) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """Deterministic episodes on a separate eval env, with an mp4 under ``videos/``."""
         cfg = self.config
         if self._eval_env is None:
@@ -305,7 +297,7 @@ class Run:
             )
         video = self.dir / "videos" / f"eval_{self.counters['env_steps']:09d}.mp4" if cfg.video else None
         stats = evaluate(
-            policy,
+            self.policy,
             self._eval_env,
             cfg.eval_episodes,
             seed=cfg.seed + 10**6,
@@ -315,23 +307,17 @@ class Run:
         self.last_eval = named_metrics("eval", stats)
         return self.last_eval
 
-    def finish(
-        self,
-        policy: ActionChunkPolicy,
-        optimizer: torch.optim.Optimizer,
-        generators: dict[str, torch.Generator | None],
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, float]:
+    def finish(self) -> dict[str, float]:
         """Final evaluation and checkpoint, close the logs, print the summary table; returns the
         last metrics (with ``eval/*``)."""
         final = dict(self.last_metrics)
         if self.config.eval_every >= 0:
-            final.update(self.evaluate(policy))
+            final.update(self.evaluate())
             assert self._logger is not None
             self._logger.log(
                 self.counters["env_steps"], {"iteration": self.counters["iteration"], **self.last_eval}
             )
-        path = self.save(policy, optimizer, generators, extra)
+        path = self.save()
         for closable in (self._logger, self._progress, self._eval_env):
             if closable is not None:
                 closable.close()

@@ -24,6 +24,7 @@ from trainers.common import (
     BadUpdateGuard,
     LogProbLevel,
     flatten_time,
+    fused_ok,
     loss_grid_mask,
     masked_mean,
     minibatches,
@@ -78,7 +79,9 @@ class GRPOConfig:
 def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters (lr, weight decay from the config)."""
     params = [p for p in policy.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused_ok(params)
+    )
 
 
 def group_seeds(seed: int, num_envs: int, group_size: int) -> list[int]:
@@ -218,7 +221,7 @@ def grpo_update(
             )
 
     # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
-    sums: dict[str, float] = {}
+    sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     for _ in range(config.n_epochs):
         for idx in minibatches(rows.numel(), config.batch_size, generator):
@@ -245,20 +248,25 @@ def grpo_update(
                 kl = masked_mean(torch.exp(d) - d - 1.0, mask)  # k3 estimate of KL(pi || pi_ref)
                 loss = loss + config.kl_beta * kl
             stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
+            with torch.no_grad():  # logged only: GRPO has no entropy bonus
+                elem = out.entropy if out.entropy is not None else -out.log_probs
+                ent, ent_mask = to_level(elem.detach(), mb["valid"], config.log_prob_level)
+                entropy = masked_mean(ent, ent_mask)
             updates += stepped
             skipped += not stepped
             if not stepped:
                 continue
             for key, value in {
                 **stats,
-                "policy_loss": pg_loss.item(),
-                "kl_ref": kl.item(),
-                "loss": loss.item(),
+                "policy_loss": pg_loss,
+                "kl_ref": kl,
+                "entropy": entropy,
+                "loss": loss,
                 "grad_norm": grad_norm,
             }.items():
-                sums[key] = sums.get(key, 0.0) + value
+                sums[key] = sums.get(key, 0.0) + value.detach()
 
-    metrics.update({key: value / max(updates, 1) for key, value in sums.items()})
+    metrics.update({key: float(value) / max(updates, 1) for key, value in sums.items()})
     metrics.update(
         {"updates": float(updates), "skipped_updates": float(skipped), "samples": float(rows.numel())}
     )

@@ -111,9 +111,9 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
         if config.kl_beta > 0:  # frozen copy of the initial policy (restored as such on resume)
             ref_policy = copy.deepcopy(policy).requires_grad_(False)
         extra = run.restore(policy, optimizer, generators)
-        if ref_policy is not None and "ref_policy" in extra:
-            ref_policy.load_state_dict(extra["ref_policy"])
-        keep = {"ref_policy": ref_policy.state_dict()} if ref_policy is not None else None
+        if ref_policy is not None:
+            ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
+            run.extra = {"ref_policy": ref_policy.state_dict()}  # checkpointed with the run
         guard = BadUpdateGuard(config.max_bad_updates)
         collector = Collector(env, policy, bootstrap="none", reset_finished=False)
 
@@ -125,15 +125,9 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
                 policy, optimizer, batch, config, ref_policy=ref_policy, generator=shuffle, guard=guard
             )
             run.end_iteration(
-                env_steps,
-                episodes,
-                {**sampling, **{f"train/{k}": v for k, v in metrics.items()}},
-                policy,
-                optimizer,
-                generators,
-                keep,
+                env_steps, episodes, {**sampling, **{f"train/{k}": v for k, v in metrics.items()}}
             )
-        return run.finish(policy, optimizer, generators, keep)
+        return run.finish()
     finally:
         env.close()
 

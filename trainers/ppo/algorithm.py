@@ -26,6 +26,7 @@ from trainers.common import (
     clipped_surrogate,
     explained_variance,
     flatten_time,
+    fused_ok,
     loss_grid_mask,
     masked_mean,
     minibatches,
@@ -96,9 +97,10 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def make_optimizer(policy: torch.nn.Module, config: PPOConfig) -> torch.optim.Optimizer:
-    """Adam over the trainable parameters, as SB3 (eps 1e-5)."""
+    """Adam over the trainable parameters, as SB3 (eps 1e-5); the fused kernel (same update rule,
+    one kernel for all parameters) where torch has it for the parameters' device."""
     params = [p for p in policy.parameters() if p.requires_grad]
-    return torch.optim.Adam(params, lr=config.learning_rate, eps=config.adam_eps)
+    return torch.optim.Adam(params, lr=config.learning_rate, eps=config.adam_eps, fused=fused_ok(params))
 
 
 # ---------------------------------------------------------------------- GAE
@@ -192,8 +194,8 @@ def policy_loss(
     clip_high: float,
     dual_clip: float | None = None,
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate loss of a minibatch and its diagnostics.
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate loss of a minibatch and its diagnostics (0-dim tensors).
 
     ``new/old_log_probs`` ``[M, K, E]`` are reduced to ``level``; ``advantages`` ``[M, U]`` (U = 1 or K)
     are broadcast over the ratio's grid; ``valid`` ``[M, K]``; the loss is the mean over valid grid
@@ -207,7 +209,7 @@ def policy_loss(
     if weights is not None:
         grid = grid * weights[:, None, None]
     stats = ratio_stats(log_ratio, mask, clip_low, clip_high)
-    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid).item()
+    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid)
     return masked_mean(loss, grid), stats
 
 
@@ -272,7 +274,7 @@ def ppo_update(
     replay = {k: v[keep] for k, v in replay.items()}
     num_samples = keep.numel()
 
-    sums: dict[str, float] = {}
+    sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     stop = False
     for _ in range(config.n_epochs):
@@ -313,7 +315,7 @@ def ppo_update(
 
             loss = pg_loss - config.ent_coef * entropy + config.vf_coef * v_loss
 
-            if config.target_kl is not None and stats["approx_kl"] > 1.5 * config.target_kl:
+            if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
                 stop = True
                 break
             stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
@@ -323,18 +325,18 @@ def ppo_update(
                 continue
             metrics = {
                 **stats,
-                "policy_loss": pg_loss.item(),
-                "value_loss": v_loss.item(),
-                "entropy": entropy.item(),
-                "loss": loss.item(),
+                "policy_loss": pg_loss,
+                "value_loss": v_loss,
+                "entropy": entropy,
+                "loss": loss,
                 "grad_norm": grad_norm,
             }
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
+            for key, value in metrics.items():  # summed as tensors: one host sync per metric at the end
+                sums[key] = sums.get(key, 0.0) + value.detach()
         if stop:
             break
 
-    out_metrics = {key: value / max(updates, 1) for key, value in sums.items()}
+    out_metrics = {key: float(value) / max(updates, 1) for key, value in sums.items()}
     out_metrics.update(
         {
             "updates": float(updates),

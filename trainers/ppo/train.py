@@ -49,15 +49,8 @@ def train(run_config: RunConfig, config: PPOConfig) -> dict[str, float]:
                 group["lr"] = step_config.learning_rate
             metrics = ppo_update(policy, optimizer, rollout, step_config, generator=shuffle, guard=guard)
             metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
-            run.end_iteration(
-                env_steps,
-                rollout.episodes,
-                {f"train/{k}": v for k, v in metrics.items()},
-                policy,
-                optimizer,
-                generators,
-            )
-        return run.finish(policy, optimizer, generators)
+            run.end_iteration(env_steps, rollout.episodes, {f"train/{k}": v for k, v in metrics.items()})
+        return run.finish()
     finally:
         env.close()
 
