@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from gymnasium import spaces
 from torch import nn
-from torch.distributions import Normal
 
 from .base import ActionChunk, PolicyEval
 from .common import TorsoPolicy, box_bounds, box_chunk_shape
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def tanh_log_abs_det(u: torch.Tensor) -> torch.Tensor:
@@ -65,14 +66,17 @@ class GaussianPolicy(TorsoPolicy):
         self.register_buffer("action_center", (high + low) / 2 if squash else torch.zeros_like(low))
         self.register_buffer("action_scale", (high - low) / 2 if squash else torch.ones_like(low))
 
-    def _dist(self, features: torch.Tensor) -> Normal:
+    def _mean_log_std(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean ``[B, K, D]`` and log-std broadcast to it."""
         shape = (features.shape[0], self.chunk_size, self.action_dim)
         mean = self.mean_head(features).reshape(shape)
-        std = self.log_std.exp().reshape(shape[1:]).expand(shape)
-        return Normal(mean, std)
+        return mean, self.log_std.reshape(shape[1:]).expand(shape)
 
-    def _log_prob(self, dist: Normal, u: torch.Tensor) -> torch.Tensor:
-        log_prob = dist.log_prob(u)
+    def _log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        """``log N(u; mean, exp(log_std)^2)`` per element (written out: no torch.distributions
+        object per call, the same numbers), plus the tanh Jacobian term when squashed."""
+        z = (u - mean) * torch.exp(-log_std)
+        log_prob = -0.5 * z * z - log_std - HALF_LOG_2PI
         if self.squash:  # density of a = center + scale * tanh(u)
             log_prob = log_prob - tanh_log_abs_det(u) - self.action_scale.log()
         return log_prob
@@ -84,13 +88,13 @@ class GaussianPolicy(TorsoPolicy):
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         prepared = self._prepare(obs)
         features = self.torso(prepared)
-        dist = self._dist(features)
+        mean, log_std = self._mean_log_std(features)
         if deterministic:
-            u, log_probs = dist.mean, None
+            u, log_probs = mean, None
         else:
-            noise = torch.randn(dist.mean.shape, generator=self._rng(features.device), device=features.device)
-            u = dist.mean + dist.stddev * noise
-            log_probs = self._log_prob(dist, u)
+            noise = torch.randn(mean.shape, generator=self._rng(features.device), device=features.device)
+            u = mean + log_std.exp() * noise
+            log_probs = self._log_prob(u, mean, log_std)
         replay = {**self._obs_replay(prepared), "raw_action": u}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 
@@ -99,7 +103,7 @@ class GaussianPolicy(TorsoPolicy):
         then uses ``-log_prob`` as the estimate)."""
         prepared = self._prepare(self._replay_obs(replay))
         features = self.torso(prepared)
-        dist = self._dist(features)
+        mean, log_std = self._mean_log_std(features)
         u = replay["raw_action"].to(features.device)
-        entropy = None if self.squash else dist.entropy()
-        return PolicyEval(self._log_prob(dist, u), entropy, self._value(prepared, features))
+        entropy = None if self.squash else (0.5 + HALF_LOG_2PI) + log_std
+        return PolicyEval(self._log_prob(u, mean, log_std), entropy, self._value(prepared, features))

@@ -155,6 +155,10 @@ def is_image_space(space: spaces.Space) -> bool:
     )
 
 
+class Prepared(dict):
+    """What ``Torso.prepare`` returns: a dict of tensors that ``forward`` takes without re-preparing."""
+
+
 class Torso(nn.Module):
     """Encodes each part of the observation, concatenates, and runs a trunk MLP.
 
@@ -191,9 +195,11 @@ class Torso(nn.Module):
     def prepare(self, obs: Any) -> dict[str, torch.Tensor]:
         """Raw batch (numpy / torch / dict of those, instructions as strings) -> dict of tensors on
         this torso's device. Idempotent: already prepared input passes through."""
+        if isinstance(obs, Prepared):
+            return obs
         if not self.is_dict and not isinstance(obs, Mapping):
             obs = {"obs": obs}
-        out = {}
+        out = Prepared()
         for key, kind in self.kinds.items():
             x = obs[key]
             if kind == "text":

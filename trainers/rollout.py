@@ -140,6 +140,11 @@ class Collector:
         space = env.single_action_space
         self.chunked = isinstance(space, gym.spaces.Box) and len(space.shape) == 2
         self.env_chunk_size = space.shape[0] if self.chunked else 1
+        # what policy.act must return per env, [K, D], and the Box bounds as arrays (per-step work)
+        self._chunk_shape = tuple(space.shape) if self.chunked else (1, max(int(np.prod(space.shape)), 1))
+        self._box = isinstance(space, gym.spaces.Box)
+        self._low = np.asarray(space.low) if self._box else None
+        self._high = np.asarray(space.high) if self._box else None
 
         n = self.num_envs
         self.obs: Any = None
@@ -202,7 +207,8 @@ class Collector:
             self._check_step(reward, term, trunc)
             rewards, valid = self._sub_steps(reward, info, actions.shape[1])
             term, trunc = np.asarray(term, bool).copy(), np.asarray(trunc, bool).copy()
-            rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
+            if skipped.any():
+                rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
             done = term | trunc
 
             # episode statistics: our own, overridden by what the env reports
@@ -216,8 +222,8 @@ class Collector:
             self._ep_return[done], self._ep_length[done] = 0.0, 0
 
             # bootstrap values of the episodes that ended here
-            wanted = {"truncated": trunc, "done": done, "none": np.zeros(n, bool)}[self.bootstrap]
-            if wanted.any() and values is not None:
+            wanted = trunc if self.bootstrap == "truncated" else done
+            if self.bootstrap != "none" and values is not None and wanted.any():
                 idx = np.flatnonzero(wanted)
                 if self.autoreset_mode == AutoresetMode.NEXT_STEP:
                     pending_boot = [(t, int(i)) for i in idx]
@@ -264,23 +270,22 @@ class Collector:
     # ------------------------------------------------------------------ helpers
     def _check_actions(self, out: ActionChunk) -> np.ndarray:
         a = out.actions.detach().float().cpu().numpy()
+        if a.shape[1:] == self._chunk_shape and a.shape[0] == self.num_envs:
+            return a
         if a.ndim != 3 or a.shape[0] != self.num_envs:
             raise ValueError(
                 f"policy.act returned actions of shape {a.shape}, expected [N={self.num_envs}, K, D]"
             )
         space = self.env.single_action_space
-        if self.chunked and a.shape[1:] != space.shape:
+        if self.chunked:
             raise ValueError(
                 f"policy chunk {a.shape[1:]} does not match the chunked action space {space.shape} "
                 f"of env {env_name(self.env)}"
             )
-        if not self.chunked and (a.shape[1] != 1 or a.shape[2] != max(int(np.prod(space.shape)), 1)):
-            raise ValueError(
-                f"env {env_name(self.env)} takes one action of shape {space.shape} per step, so the policy "
-                f"must return "
-                f"[N, 1, {max(int(np.prod(space.shape)), 1)}]; got {list(a.shape)}"
-            )
-        return a
+        raise ValueError(
+            f"env {env_name(self.env)} takes one action of shape {space.shape} per step, so the policy must "
+            f"return [N, 1, {self._chunk_shape[1]}]; got {list(a.shape)}"
+        )
 
     def _check_step(self, reward: Any, term: Any, trunc: Any) -> None:
         """The env must return one reward / terminated / truncated per env, finite rewards."""
@@ -291,7 +296,7 @@ class Collector:
                 raise ValueError(
                     f"env {env_name(self.env)}: step returned {name} of shape {shape}, expected ({n},)"
                 )
-        if not np.isfinite(np.asarray(reward, np.float64)).all():
+        if not np.isfinite(reward).all():
             raise ValueError(
                 f"env {env_name(self.env)}: step returned non-finite rewards {np.asarray(reward)}"
             )
@@ -300,24 +305,24 @@ class Collector:
         """Policy actions ``[N, K, D]`` -> the env's batched action (chunk, vector or integer)."""
         space = self.env.single_action_space
         a = actions if self.chunked else actions[:, 0].reshape(self.num_envs, *space.shape)
-        if isinstance(space, gym.spaces.Box):
-            a = a.astype(space.dtype)
-            return np.clip(a, space.low, space.high) if self.clip_actions else a
+        if self._box:
+            a = a.astype(space.dtype, copy=False)
+            return np.minimum(np.maximum(a, self._low), self._high) if self.clip_actions else a
         return np.rint(a).astype(space.dtype)  # Discrete, MultiDiscrete, MultiBinary
 
     def _sub_steps(self, reward: Any, info: dict[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-sub-step rewards and validity ``[N, K]`` (from the chunk info keys when present)."""
         n = self.num_envs
-        if "chunk_rewards" in info:
-            rewards = np.asarray(info["chunk_rewards"], np.float32).copy()
-        else:
+        if "chunk_rewards" not in info and "chunk_valid" not in info:  # a plain env: K = 1
             rewards = np.zeros((n, k), np.float32)
-            rewards[:, 0] = np.asarray(reward, np.float32)
-        if "chunk_valid" in info:
-            valid = np.asarray(info["chunk_valid"], bool).copy()
-        else:
+            rewards[:, 0] = reward
             valid = np.zeros((n, k), bool)
             valid[:, 0] = True
+            return rewards, valid
+        rewards = np.asarray(info.get("chunk_rewards", np.zeros((n, k))), np.float32)
+        valid = (
+            np.asarray(info["chunk_valid"], bool).copy() if "chunk_valid" in info else np.ones((n, k), bool)
+        )
         if rewards.shape != (n, k) or valid.shape != (n, k):
             raise ValueError(
                 f"env {env_name(self.env)}: info chunk_rewards / chunk_valid have shapes "

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -119,17 +120,19 @@ def gae(
     to ``rewards[s]`` beforehand). Invalid steps (not decisions: NEXT_STEP resets, frozen envs,
     sub-steps after a done) are transparent: advantage 0, and the recursion passes over them.
     """
-    advantages = torch.zeros_like(rewards)
-    next_value, next_adv = last_values, torch.zeros_like(last_values)
-    for s in reversed(range(rewards.shape[0])):
-        not_done = 1.0 - dones[s].to(rewards.dtype)
-        delta = rewards[s] + gamma * next_value * not_done - values[s]
-        adv = delta + gamma * gae_lambda * not_done * next_adv
-        ok = valid[s]
-        advantages[s] = torch.where(ok, adv, 0.0)
-        next_value = torch.where(ok, values[s], next_value)
-        next_adv = torch.where(ok, adv, next_adv)
-    return advantages
+    # the recursion runs in numpy: thousands of tiny steps cost ~20x less there than as torch ops
+    r, v, d, ok = (x.detach().cpu().numpy() for x in (rewards, values, dones, valid))
+    not_done = 1.0 - d.astype(r.dtype)
+    advantages = np.zeros_like(r)
+    next_value = last_values.detach().cpu().numpy().astype(r.dtype)
+    next_adv = np.zeros_like(next_value)
+    for s in reversed(range(r.shape[0])):
+        delta = r[s] + gamma * next_value * not_done[s] - v[s]
+        adv = delta + gamma * gae_lambda * not_done[s] * next_adv
+        advantages[s] = np.where(ok[s], adv, 0.0)
+        next_value = np.where(ok[s], v[s], next_value)
+        next_adv = np.where(ok[s], adv, next_adv)
+    return torch.as_tensor(advantages, device=rewards.device)
 
 
 def compute_advantages(
