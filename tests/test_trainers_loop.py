@@ -181,10 +181,10 @@ def test_grpo_killed_run_resumes_exactly(tmp_path, monkeypatch):
         "--kl-beta",
         "0.05",
     ]
-    ppo_free = grpo_train.main(_grpo_args(tmp_path, "straight", *budget))
+    final = grpo_train.main(_grpo_args(tmp_path, "straight", *budget))
     straight = ckpt.latest_checkpoint(tmp_path / "straight")[1]
     n_iter = straight["counters"]["iteration"]
-    assert n_iter >= 4 and math.isfinite(ppo_free["env/return"])
+    assert n_iter >= 4 and math.isfinite(final["env/return"])
 
     # the same run, killed during iteration 4 (after the checkpoint of iteration 2)
     real_update, calls = grpo_train.grpo_update, []
