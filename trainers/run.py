@@ -126,6 +126,7 @@ class Run:
         self.last_metrics: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
+        self._policy_spec: dict[str, Any] | None = None  # set by make_policy: how to rebuild the policy
         self._eval_env: gym.vector.VectorEnv | None = None
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
@@ -199,6 +200,8 @@ class Run:
     def save(self) -> Path:
         """Write a checkpoint of everything needed to continue exactly from here."""
         policy, optimizer = self.policy, self.optimizer
+        if self._policy_spec is None:
+            raise RuntimeError("Run.save needs a policy built with Run.make_policy (its class and arguments)")
         generators = {"policy": policy.generator, **self.generators}
         payload = {
             "algo": self.algo,
