@@ -47,6 +47,9 @@ def test_import_envs_is_cheap_and_registers_every_id():
         "Libero-10-v0",
         "Libero-90-v0",
         "Libero-130-v0",
+        "CosmosWM-LiberoSpatial-v0",
+        "OpenSoraWM-LiberoSpatial-v0",
+        "OpenSoraWM-LiberoObject-v0",
     ):
         spec = gym.spec(env_id)
         assert spec.vector_entry_point and spec.entry_point

@@ -38,6 +38,8 @@ class ChunkResult:
     ``valid[i, k]`` says sub-step k of env i was executed; rewards and success of unexecuted
     sub-steps are ignored. ``terminated[i]``: the episode ended by the task (e.g. success).
     ``crashed[i]``: the env's simulator died and was restarted; the episode is cut (truncated).
+    ``cut[i]``: the backend ends the episode without a task termination (truncated), e.g. a world
+    model that restarts every env when one finishes.
     """
 
     obs: dict[str, np.ndarray]
@@ -47,6 +49,7 @@ class ChunkResult:
     terminated: np.ndarray
     info: dict[str, np.ndarray] = field(default_factory=dict)
     crashed: np.ndarray | None = None
+    cut: np.ndarray | None = None
 
 
 class ChunkedVectorEnv(gym.vector.VectorEnv):
@@ -266,7 +269,8 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             )
             term = res.terminated.astype(bool)
             crashed = np.zeros(len(active), bool) if res.crashed is None else res.crashed.astype(bool)
-            trunc = ~term & ((self._length[active] >= self._limit[active]) | crashed)
+            cut = np.zeros(len(active), bool) if res.cut is None else res.cut.astype(bool)
+            trunc = ~term & ((self._length[active] >= self._limit[active]) | crashed | cut)
             terminated[active], truncated[active] = term, trunc
             for key, value in res.info.items():
                 _put(infos, key, value, active, n)
@@ -331,6 +335,31 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             )
         if not np.isfinite(res.rewards).all():
             raise RuntimeError(f"{self.env_id}: backend returned non-finite rewards {res.rewards}")
+
+    # ------------------------------------------------------------------ bookkeeping state
+    _EPISODE_FIELDS = ("_obs", "_frames", "_frame_ids", "_length", "_return", "_success_once",
+                       "_last_success", "_limit", "_ended", "_started")  # fmt: skip
+
+    def _episode_state(self) -> dict[str, Any]:
+        """A deep copy of everything this class tracks per env, plus its RNG (for ``get_state``)."""
+        import copy
+
+        state = {name: copy.deepcopy(getattr(self, name)) for name in self._EPISODE_FIELDS}
+        state["np_random"] = copy.deepcopy(self.np_random.bit_generator.state)
+        return state
+
+    def _load_episode_state(self, state: dict[str, Any]) -> None:
+        """Inverse of ``_episode_state``; checks the env count first so nothing is half-applied."""
+        missing = [name for name in (*self._EPISODE_FIELDS, "np_random") if name not in state]
+        if missing:
+            raise ValueError(f"{self.env_id}: bad state: missing entries {missing}")
+        shapes = {k: tuple(v.shape) for k, v in self._obs.items()}
+        got = {k: tuple(np.shape(v)) for k, v in state["_obs"].items()}
+        if len(state["_frames"]) != self.num_envs or got != shapes:
+            raise bad_input(self.env_id, "state", f"observations of shapes {shapes}", got)
+        for name in self._EPISODE_FIELDS:
+            setattr(self, name, state[name])
+        self.np_random.bit_generator.state = state["np_random"]
 
     # ------------------------------------------------------------------ observations and frames
     def _observations(self) -> dict[str, Any]:

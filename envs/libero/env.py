@@ -116,7 +116,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
-        image_size: square camera size in pixels.
+        image_size: camera size in pixels: an int (square) or (height, width). A non-square size
+            renders a square of the larger side and stretches it bilinearly to (height, width), as
+            the Cosmos world model's 256x320 frames were made from 256x256 LIBERO renders.
+        proprio: include ``proprio`` in the observations (world-model envs have none).
         cameras: subset of ("agentview", "wrist"); () gives state-only envs that never render.
         object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
         envs_per_worker: simulators per worker process.
@@ -130,7 +133,8 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         num_envs: int = 1,
         *,
         chunk_size: int | None = 8,
-        image_size: int = 128,
+        image_size: int | tuple[int, int] = 128,
+        proprio: bool = True,
         cameras: Sequence[str] = CAMERAS,
         upright: bool = True,
         settle_steps: int = 10,
@@ -152,6 +156,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         cameras = tuple(cameras)
         if not set(cameras) <= set(CAMERAS) or (cameras and cameras[0] != "agentview"):
             raise ValueError(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
+        hw = (image_size, image_size) if isinstance(image_size, int | np.integer) else tuple(image_size)
+        if len(hw) != 2 or not all(isinstance(v, int | np.integer) and v > 0 for v in hw):
+            raise ValueError(f"{env_id}: image_size must be an int or (height, width), got {image_size}")
         tasks = suite_tasks(suite)
         if task_ids is not None:
             bad = [i for i in task_ids if not 0 <= i < len(tasks)]
@@ -162,9 +169,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             env_id=env_id,
             num_envs=num_envs,
             single_observation_space=observation_space(
-                image_size=(image_size, image_size) if cameras else None,
+                image_size=hw if cameras else None,
                 wrist="wrist" in cameras,
-                proprio_dim=PROPRIO_DIM,
+                proprio_dim=PROPRIO_DIM if proprio else 0,
                 proprio_bound=10.0,  # metres and radians: eef position, axis-angle, finger positions
                 instruction=include_instruction,
             ),
@@ -182,7 +189,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         self.record_frames = False
         self._objects: list[dict | None] = [None] * self.num_envs
         sim_kwargs = dict(
-            image_size=image_size,
+            image_size=(int(hw[0]), int(hw[1])),
             cameras=cameras,
             upright=upright,
             settle_steps=settle_steps,

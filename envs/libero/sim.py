@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.core.images import resize_bilinear, to_uint8
 from envs.libero.suites import LiberoTask
 
 CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, observation key)
@@ -241,7 +242,7 @@ class LiberoSim:
     def __init__(
         self,
         *,
-        image_size: int = 128,
+        image_size: int | tuple[int, int] = 128,
         cameras: tuple[str, ...] = ("agentview", "wrist"),
         upright: bool = True,
         settle_steps: int = 10,
@@ -253,7 +254,7 @@ class LiberoSim:
             raise ValueError(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
         if max_cached_scenes < 1:
             raise ValueError("max_cached_scenes must be >= 1")
-        self.image_size = image_size
+        self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.cameras = tuple(cameras)
         self.upright = upright
         self.settle_steps = settle_steps
@@ -349,7 +350,9 @@ class LiberoSim:
         return self._scene
 
     def _image(self, scene: _Scene, camera: str) -> np.ndarray:
-        img = scene.render(CAMERAS[camera][0], self.image_size)
+        img = scene.render(CAMERAS[camera][0], max(self.image_size))
+        if img.shape[:2] != self.image_size:  # non-square: stretch a square render
+            img = to_uint8(resize_bilinear(img, self.image_size))
         return np.ascontiguousarray(img[::-1, ::-1]) if self.upright else img
 
     def _observe(self, scene: _Scene, agentview: np.ndarray | None = None) -> dict[str, np.ndarray]:

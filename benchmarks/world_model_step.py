@@ -1,0 +1,197 @@
+"""World-model env chunk-step time: Cosmos and OpenSora, exact shortcuts against RLinf's procedure.
+
+One row per (backend, mode, envs, frame size): the median wall time of ``env.step`` (one chunk of 8
+actions for every env: DiT sampling, VAE, reward model, bookkeeping), the model's share of it, the
+FLOPs of one step (``torch.utils.flop_counter``, counted on a separate step) and the achieved
+TFLOP/s. ``optimized`` is the default env (Cosmos: the four exact shortcuts of research §3.9);
+``faithful`` is RLinf's computation (CFG's duplicate branch, 13-frame encode, full decode, full
+cross-attention). All modes run side by side in one process.
+
+    python -m benchmarks.world_model_step                   # CPU, tiny random bundles
+    python -m benchmarks.world_model_step --real-size       # GPU: real-size random models, bf16, 16 envs
+
+Targets on one H100/H200 (issue 4): Cosmos optimized <= 2.5 s, OpenSora <= 3.5 s per 16-env step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envs.core.frames import InitialFrame
+from envs.world_models.base import WorldModelVectorEnv
+from envs.world_models.reward import ResnetRewardModel
+from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def real_size_model(backend: str, device: torch.device, image_size: tuple[int, int], **options: Any):
+    """A real-size model with random weights in bf16 (fp32 on CPU): the shapes and cost of the real one."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        if backend == "cosmos":
+            from envs.world_models.cosmos.dit import CosmosActionDiT
+            from envs.world_models.cosmos.model import CosmosWorldModel
+            from envs.world_models.cosmos.vae import WanVAE, build_wan_vae
+
+            dit = CosmosActionDiT().to(dtype).eval().requires_grad_(False)
+            vae = WanVAE(build_wan_vae()).to(dtype).eval().requires_grad_(False)
+            return CosmosWorldModel(dit, vae, image_size=image_size, dtype=dtype, **options)
+        from diffusers import AutoencoderKL
+
+        from envs.world_models.opensora.model import OpenSoraWorldModel
+        from envs.world_models.opensora.stdit3 import STDiT3
+        from envs.world_models.opensora.vae import SDXLVAE
+
+        sdxl = AutoencoderKL(
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(128, 256, 512, 512),
+            layers_per_block=2,
+            latent_channels=4,
+            scaling_factor=0.13025,
+        )
+        dit = STDiT3().to(dtype).eval().requires_grad_(False)
+        vae = SDXLVAE(sdxl.to(dtype).eval().requires_grad_(False))
+        q01, q99 = -torch.ones(7), torch.ones(7)
+        return OpenSoraWorldModel(dit, vae, q01=q01, q99=q99, image_size=image_size, dtype=dtype, **options)
+
+
+def measure(env: Any, steps: int) -> dict[str, float]:
+    """Median step time over ``steps`` chunk steps (after one warm-up), its model part, FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    base = env.unwrapped
+    device = base.model.device
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    actions = lambda: rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)  # noqa: E731
+    generate = base.model.generate
+    model_times: list[float] = []
+
+    def timed_generate(*args: Any) -> Any:
+        _sync(device)
+        t0 = time.perf_counter()
+        out = generate(*args)
+        _sync(device)
+        model_times.append(time.perf_counter() - t0)
+        return out
+
+    base.model.generate = timed_generate
+    try:
+        env.step(actions())  # warm-up (kernels, allocator)
+        with FlopCounterMode(display=False) as counter:
+            env.step(actions())
+        flops = counter.get_total_flops()
+        times = []
+        model_times.clear()
+        for _ in range(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            env.step(actions())
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    finally:
+        del base.model.generate
+    step_s = statistics.median(times)
+    return {
+        "step_s": step_s,
+        "model_s": statistics.median(model_times),
+        "tflop_per_step": flops / 1e12,
+        "tflops": flops / 1e12 / step_s,
+    }
+
+
+def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args: argparse.Namespace) -> dict:
+    options: dict[str, Any] = {"num_steps": args.num_steps, "batch_size": num_envs}
+    if backend == "cosmos":
+        options["faithful"] = mode == "faithful"
+    if args.real_size:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = real_size_model(backend, device, size, **options)
+        frames = [
+            InitialFrame(text, image=synthetic_image(np.random.default_rng(i), (256, 256)))
+            for i, text in enumerate(INSTRUCTIONS)
+        ]
+        env = WorldModelVectorEnv(
+            model, ResnetRewardModel(), frames, env_id=f"{backend}-real-size", num_envs=num_envs
+        )
+    else:
+        import gymnasium as gym
+
+        import envs  # noqa: F401
+
+        env_id = {"cosmos": "CosmosWM-LiberoSpatial-v0", "opensora": "OpenSoraWM-LiberoSpatial-v0"}[backend]
+        env = gym.make_vec(
+            env_id, num_envs=num_envs, model_dir=args.bundles[backend], image_size=size, model_options=options
+        )
+    try:
+        result = measure(env, args.steps)
+    finally:
+        env.close()
+    return {"backend": backend, "mode": mode, "envs": num_envs, "size": f"{size[0]}x{size[1]}", **result}
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'backend':<9}{'mode':<11}{'envs':>5}{'frames':>9}{'step s':>9}{'model s':>9}"
+    head += f"{'TFLOP/step':>12}{'TFLOP/s':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['backend']:<9}{r['mode']:<11}{r['envs']:>5}{r['size']:>9}{r['step_s']:>9.3f}{r['model_s']:>9.3f}"
+            f"{r['tflop_per_step']:>12.4f}{r['tflops']:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real-size", action="store_true", help="real-size random models (GPU)")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--envs", type=int, nargs="+", default=None, help="default: 2 16 (tiny), 16 (real)")
+    parser.add_argument("--steps", type=int, default=3, help="timed chunk steps per row")
+    parser.add_argument("--num-steps", type=int, default=10, help="sampler steps (RLinf: 10)")
+    parser.add_argument("--backends", nargs="+", default=["cosmos", "opensora"])
+    parser.add_argument("--cosmos-size", type=int, nargs=2, default=None, help="default 64 80 / 256 320")
+    parser.add_argument("--opensora-size", type=int, nargs=2, default=None, help="default 64 64 / 256 256")
+    parser.add_argument("--json", type=Path, default=Path("world_model_step.json"))
+    args = parser.parse_args()
+    sizes = {
+        "cosmos": tuple(args.cosmos_size or ((256, 320) if args.real_size else (64, 80))),
+        "opensora": tuple(args.opensora_size or ((256, 256) if args.real_size else (64, 64))),
+    }
+    env_counts = args.envs or ([16] if args.real_size else [2, 16])
+    torch.set_grad_enabled(False)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.real_size:
+            args.bundles = {b: write_tiny_bundle(b, Path(tmp) / b) for b in args.backends}
+        for backend in args.backends:
+            modes = ["optimized", "faithful"] if backend == "cosmos" else ["optimized"]
+            for n in env_counts:
+                for mode in modes:
+                    rows.append(run_row(backend, mode, n, sizes[backend], args))
+                    print(table(rows[-1:]).splitlines()[-1], flush=True)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    label = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
+    kind = "real-size random weights" if args.real_size else "tiny random bundles"
+    print(f"\nWorld-model chunk step ({kind}, {args.num_steps} sampler steps, {label}):\n{table(rows)}")
+    args.json.write_text(json.dumps({"device": label, "models": kind, "rows": rows}, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""The world-model env loop shared by every video model: frames in, imagined frames, rewards out.
+
+``WorldModelVectorEnv`` is a ``ChunkedVectorEnv`` whose "simulator" is a ``WorldModel`` (Cosmos,
+OpenSora). Per chunk step it runs the whole batch of envs through the model at once, scores every
+new frame with the ResNet-18 reward model and turns the scores into RLinf's rewards:
+
+* score ``c_k = round(sigmoid(RM(frame_k)))``; success at frame k when ``c_k >= success_threshold``;
+* relative reward ``r_k = reward_coef * (c_k - c_{k-1})`` (the first frame's ``c`` counts as 0), so a
+  return telescopes to ``reward_coef * c`` of the episode's last frame; ``relative_reward=False``
+  gives ``c_k`` itself.
+
+Episodes end at the first success frame (terminated; the rest of the chunk is not part of the
+episode, as in the simulator envs) or after ``max_episode_steps`` frames (truncated). Resets are per
+env (``reset_mask``, autoreset modes of the base class). ``reset_all_on_done=True`` is RLinf's
+behaviour instead: when any running episode ends, every other one is truncated with it.
+
+Differences from RLinf kept on purpose (RLinf parity noted): RLinf ends the episode at the end of the
+chunk and reports ``reward_coef * c`` of the chunk's last frame, so a success seen mid-chunk can be
+lost; RLinf has no per-env resets; its ``states`` are zeros, here there is no ``proprio`` key.
+
+Observations are ``image`` (uint8 (H, W, 3), the model's size, same orientation as the frames given
+at reset) and ``instruction``: a subset of the LIBERO env's keys. ``sim_env_id`` and
+``sim_env_kwargs()`` make the LIBERO env with exactly these keys and sizes, to evaluate a policy
+trained here in the simulator.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from envs.core.errors import bad_input
+from envs.core.frames import InitialFrame
+from envs.core.images import resize_bilinear, to_uint8
+from envs.core.spaces import observation_space
+from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
+from envs.world_models.model import WorldModel
+from envs.world_models.reward import ResnetRewardModel
+
+ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # LIBERO's delta-pose and gripper range, the same in every backend
+
+
+class WorldModelVectorEnv(ChunkedVectorEnv):
+    """A video world model as a chunked gymnasium vector env (see the module docstring).
+
+    Args:
+        model: the video model (``WorldModel`` protocol); its ``frames_per_step`` is the chunk size.
+        reward_model: the frame success classifier.
+        initial_frames: the frames episodes start from (ids index this list); any ``InitialFrame``
+            with an image can also be passed at reset. Images are resized bilinearly to the
+            model's size unless ``resize_frames=False``, which rejects other sizes.
+        env_id: the registered id, used in error messages.
+        num_envs: envs run as one batch.
+        max_episode_steps: frames per episode before truncation (RLinf training: 256 = 32 chunks).
+        reward_coef, relative_reward, success_threshold: reward shaping as in RLinf.
+        reset_all_on_done: RLinf's all-env restart (see the module docstring).
+        include_instruction: include the ``instruction`` text in observations.
+        seed: seeds the noise generator; ``reset(seed=...)`` reseeds it.
+        sim_env_id: the LIBERO id whose tasks this model imagines.
+        autoreset_mode, render_mode: as for every vector env here.
+    """
+
+    def __init__(
+        self,
+        model: WorldModel,
+        reward_model: ResnetRewardModel,
+        initial_frames: Sequence[InitialFrame],
+        *,
+        env_id: str,
+        num_envs: int = 1,
+        max_episode_steps: int = 256,
+        reward_coef: float = 1.0,
+        relative_reward: bool = True,
+        success_threshold: float = 0.9,
+        reset_all_on_done: bool = False,
+        include_instruction: bool = True,
+        resize_frames: bool = True,
+        seed: int = 0,
+        sim_env_id: str | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        render_mode: str | None = "rgb_array",
+    ) -> None:
+        if not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+            raise bad_input(env_id, "max_episode_steps", "a positive int", max_episode_steps)
+        if not initial_frames:
+            raise bad_input(env_id, "initial_frames", "at least one frame", 0)
+        self.model, self.resize_frames = model, resize_frames
+        for i, frame in enumerate(initial_frames):  # checked once here, so resets cannot fail on them
+            why = self._check_frame(frame)
+            if why:
+                raise bad_input(env_id, f"initial frame {i}", why, frame.instruction)
+        super().__init__(
+            env_id=env_id,
+            num_envs=num_envs,
+            single_observation_space=observation_space(
+                image_size=model.image_size, wrist=False, proprio_dim=0, instruction=include_instruction
+            ),
+            action_low=np.full(model.action_dim, ACTION_LOW),
+            action_high=np.full(model.action_dim, ACTION_HIGH),
+            chunk_size=model.frames_per_step,
+            initial_frames=initial_frames,
+            autoreset_mode=autoreset_mode,
+            render_mode=render_mode,
+        )
+        self.reward_model = reward_model.to(model.device)
+        self.max_episode_steps = max_episode_steps
+        self.reward_coef = float(reward_coef)
+        self.relative_reward = relative_reward
+        self.success_threshold = float(success_threshold)
+        self.reset_all_on_done = reset_all_on_done
+        self.sim_env_id = sim_env_id
+        self.record_frames = False  # True: info["frames"] holds every imagined frame of the step
+        self._generator = torch.Generator().manual_seed(seed)
+        self._model_state: dict[str, torch.Tensor] = {}  # per-env tensors, leading dim num_envs
+        self._previous = torch.zeros(self.num_envs)  # reward_coef * c of each env's last frame
+        self._offloaded = False
+        self._device = model.device
+
+    def sim_env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that make ``sim_env_id`` observe and act exactly like this env."""
+        return {
+            "image_size": tuple(self.model.image_size),
+            "cameras": ("agentview",),
+            "proprio": False,
+            "chunk_size": self.chunk_size,
+            "include_instruction": "instruction" in self.single_observation_space.spaces,
+        }
+
+    # ---------------------------------------------------------------- backend hooks
+    def _check_frame(self, frame: InitialFrame) -> str | None:
+        if frame.image is None:
+            return "a frame with an image (export frames with current_frames() after a reset)"
+        if not self.resize_frames and frame.image.shape[:2] != tuple(self.model.image_size):
+            h, w = self.model.image_size
+            return f"a {h}x{w} image (resize_frames=False), got {frame.image.shape[0]}x{frame.image.shape[1]}"
+        return None
+
+    def _max_episode_steps(self, frame: InitialFrame) -> int:
+        return self.max_episode_steps
+
+    def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
+        self.onload()
+        images = np.stack([resize_bilinear(f.image, self.model.image_size) for f in frames])  # 0..255
+        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).to(self.model.device) / 127.5 - 1.0
+        with torch.inference_mode():
+            state = self.model.start(pixels, self._generator)
+        self._store_state(env_ids, state)
+        self._previous[env_ids] = 0.0
+        return {"image": to_uint8(images)}
+
+    def _step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
+        self.onload()
+        n, k = actions.shape[:2]
+        device = self.model.device
+        index = torch.as_tensor(env_ids, device=device)
+        with torch.inference_mode():
+            state = {key: value[index] for key, value in self._model_state.items()}
+            frames, state = self.model.generate(state, torch.from_numpy(actions).to(device), self._generator)
+            if tuple(frames.shape) != (n, k, 3, *self.model.image_size):
+                raise RuntimeError(f"{self.env_id}: model returned frames {list(frames.shape)}")
+            if not torch.isfinite(frames).all():
+                raise RuntimeError(f"{self.env_id}: the world model produced non-finite frames")
+            scores = self.reward_model(frames.flatten(0, 1)).view(n, k).cpu().numpy()
+        self._store_state(env_ids, state)
+        success = scores >= self.success_threshold
+        steps = np.arange(k)
+        first_success = np.where(success.any(1), success.argmax(1), k)
+        valid = (steps <= first_success[:, None]) & (steps < max_steps[:, None])
+        last = valid.sum(1) - 1  # index of each env's last executed frame (max_steps >= 1)
+        rewards = self._rewards(env_ids, scores, last)
+        uint8 = _to_uint8(frames.flatten(0, 1)).reshape(n, k, *self.model.image_size, 3)
+        info: dict[str, np.ndarray] = {"reward_model_scores": scores.astype(np.float32)}
+        if self.record_frames:
+            info["frames"] = np.empty(n, dtype=object)
+            info["frames"][:] = [uint8[i, : last[i] + 1] for i in range(n)]
+        terminated = (success & valid).any(1)
+        cut = None
+        if self.reset_all_on_done:
+            ends = terminated | (valid.sum(1) >= max_steps)
+            cut = np.full(n, ends.any()) & ~ends
+        obs = {"image": uint8[np.arange(n), last]}
+        return ChunkResult(obs, rewards, valid, success, terminated, info, cut=cut)
+
+    def _rewards(self, env_ids: np.ndarray, scores: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Per-frame rewards ``[n, K]``; updates each env's previous scaled score at ``last``."""
+        if not self.relative_reward:
+            return scores.astype(np.float32)
+        scaled = self.reward_coef * scores
+        previous = self._previous[env_ids].numpy()[:, None]
+        rewards = scaled - np.concatenate([previous, scaled[:, :-1]], axis=1)
+        self._previous[env_ids] = torch.from_numpy(scaled[np.arange(len(env_ids)), last]).float()
+        return rewards.astype(np.float32)
+
+    def _store_state(self, env_ids: np.ndarray, state: dict[str, torch.Tensor]) -> None:
+        if not self._model_state:  # allocate on the first reset, from the model's own shapes
+            self._model_state = {
+                key: value.new_zeros((self.num_envs, *value.shape[1:])) for key, value in state.items()
+            }
+        index = torch.as_tensor(env_ids, device=self.model.device)
+        for key, value in state.items():
+            self._model_state[key][index] = value
+
+    # ---------------------------------------------------------------- sharing a GPU, saving state
+    def offload(self) -> None:
+        """Move the models and per-env tensors to CPU memory (to free the GPU for the policy)."""
+        if self._offloaded or self.model.device.type == "cpu":
+            return
+        self._device = self.model.device
+        self._move("cpu")
+        self._offloaded = True
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        """Undo ``offload``; ``reset`` and ``step`` call it themselves."""
+        if self._offloaded:
+            self._move(self._device)
+            self._offloaded = False
+
+    def _move(self, device: torch.device | str) -> None:
+        self.model.to(device)
+        self.reward_model.to(device)
+        self._model_state = {key: value.to(device) for key, value in self._model_state.items()}
+
+    def get_state(self) -> bytes:
+        """Everything needed to continue these episodes later (not the weights), as bytes."""
+        state = {
+            "episode": self._episode_state(),
+            "model_state": {key: value.cpu() for key, value in self._model_state.items()},
+            "previous": self._previous.clone(),
+            "generator": self._generator.get_state(),
+        }
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return buffer.getvalue()
+
+    def load_state(self, data: bytes) -> None:
+        """Restore a ``get_state`` snapshot of an env with the same model and ``num_envs``.
+
+        The bytes are unpickled, so load only snapshots you made.
+        """
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        model_state = state.get("model_state", {})
+        if model_state and self._model_state:
+            want = {k: tuple(v.shape) for k, v in self._model_state.items()}
+            got = {k: tuple(v.shape) for k, v in model_state.items()}
+            if want != got:
+                raise bad_input(self.env_id, "state", f"model state of shapes {want}", got)
+        self._load_episode_state(state["episode"])  # validates before changing anything
+        device = self.model.device
+        self._model_state = {key: value.to(device) for key, value in model_state.items()}
+        self._previous = state["previous"].clone()
+        self._generator.set_state(state["generator"])
+
+    def reset(
+        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        saved = self._generator.get_state()
+        if seed is not None:  # the noise follows the seed too, so reset(seed=s) replays exactly
+            self._generator.manual_seed(self._seed_int(seed))
+        try:
+            return super().reset(seed=seed, options=options)
+        except Exception:
+            self._generator.set_state(saved)
+            raise
+
+
+def _to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """``[B, 3, H, W]`` in [-1, 1] -> uint8 ``[B, H, W, 3]``, rounded (RLinf truncates: at most 1 lower)."""
+    x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).cpu().numpy()

@@ -1,0 +1,558 @@
+"""The action-conditioned Cosmos video DiT, in the original checkpoint key layout.
+
+This is Cosmos-Predict2's ``ActionConditionedMinimalV1LVGDiT`` (a MiniTrainDIT plus two action
+MLPs), and Predict2.5's per-latent-chunk variant. Parameter names match the ``net.`` entries of a
+training checkpoint exactly, so a state dict loads with ``strict=True`` after dropping buffers.
+
+One forward pass (B samples, latent ``x [B, C, T, H, W]``):
+
+1. concatenate a condition-mask channel (1 on conditioned latent frames) and a zero padding-mask
+   channel, cut into 1x2x2 patches and project (``x_embedder``);
+2. embed the per-latent-frame timestep ``t [B, T]`` as a sinusoid; an MLP of it gives the AdaLN-LoRA
+   term; the action MLPs add to both; RMSNorm of the sinusoid is the AdaLN input;
+3. ``num_blocks`` blocks of self-attention (3-D RoPE), cross-attention (text context) and an MLP,
+   each AdaLN-modulated per latent frame (broadcast over its H*W tokens);
+4. a modulated final layer and un-patchify to ``[B, out_channels, T, H, W]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TEXT_TOKENS = 512  # length of the T5 context RLinf feeds (all zeros)
+
+
+@dataclass
+class CosmosDiTConfig:
+    """Shape parameters. Defaults: the 2B v2 action DiT RLinf runs (§3.4.1)."""
+
+    model_channels: int = 2048
+    num_blocks: int = 28
+    num_heads: int = 16
+    mlp_ratio: float = 4.0
+    in_channels: int = 16  # latent channels; the model adds the condition and padding masks
+    out_channels: int = 16
+    patch_spatial: int = 2
+    patch_temporal: int = 1
+    adaln_lora_dim: int = 256
+    crossattn_emb_channels: int = 1024
+    action_dim: int = 84  # 84 = 12x7 global embedding; 28 = 4x7 per latent frame (Predict2.5 chunk)
+    crossattn_proj_in_channels: int | None = None  # 100352 for Predict2.5 (Reason1 embeddings)
+    rope_scale: tuple[float, float, float] = (1.0, 3.0, 3.0)  # NTK extrapolation ratios (t, h, w)
+    max_size: tuple[int, int, int] = (128, 240, 240)  # latent (frames, height, width) the RoPE covers
+    timestep_scale: float = 1.0
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.model_channels // self.num_heads
+
+    @property
+    def action_per_latent(self) -> bool:
+        """True for the Predict2.5 chunk variant (one 4-action embedding per latent frame)."""
+        return self.action_dim == 28
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` for shapes the module cannot build."""
+        if self.model_channels % self.num_heads:
+            raise ValueError(
+                f"model_channels ({self.model_channels}) must be a multiple of num_heads ({self.num_heads})"
+            )
+        if self.head_dim // 6 * 2 < 4:
+            raise ValueError(f"head dim {self.head_dim} too small for 3-D RoPE (need at least 12)")
+        if self.patch_temporal != 1:
+            raise ValueError(f"expected patch_temporal 1 (per-frame timesteps), got {self.patch_temporal}")
+        if self.action_dim not in (84, 28):
+            raise ValueError(
+                f"expected action_dim 84 (12 x 7 actions, global) or 28 (4 x 7 per latent), "
+                f"got {self.action_dim}"
+            )
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim with a learnable weight, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return y.to(x.dtype)
+
+
+class Patchify(nn.Module):
+    """``[B, C, T, H, W] -> [B, T, H/p, W/p, C*p*p]`` (channel-major inside a patch)."""
+
+    def __init__(self, patch: int) -> None:
+        super().__init__()
+        self.patch = patch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        p = self.patch
+        x = x.reshape(b, c, t, h // p, p, w // p, p)
+        return x.permute(0, 2, 3, 5, 1, 4, 6).flatten(4)
+
+
+class PatchEmbed(nn.Module):
+    """Keys ``x_embedder.proj.1.weight``: index 0 is the (parameter-free) rearrange."""
+
+    def __init__(self, in_channels: int, dim: int, patch: int) -> None:
+        super().__init__()
+        self.proj = nn.Sequential(Patchify(patch), nn.Linear(in_channels * patch * patch, dim, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class Timesteps(nn.Module):
+    """``cat[cos(t f), sin(t f)]`` with ``f_i = 10000^(-i/half)``, in fp32."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.dim // 2
+        exponents = torch.arange(half, device=t.device, dtype=torch.float32) / half
+        freqs = torch.exp(-math.log(10000.0) * exponents)
+        angles = t.float()[..., None] * freqs
+        return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Sinusoid -> (sinusoid, AdaLN-LoRA ``linear_2(silu(linear_1(sinusoid)))`` of size 3*D)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, dim, bias=False)
+        self.linear_2 = nn.Linear(dim, 3 * dim, bias=False)
+
+    def forward(self, sinusoid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sinusoid = sinusoid.to(self.linear_1.weight.dtype)
+        return sinusoid, self.linear_2(F.silu(self.linear_1(sinusoid)))
+
+
+class Mlp(nn.Module):
+    """``fc2(gelu_tanh(fc1(x)))`` with biases: the action embedders."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class FeedForward(nn.Module):
+    """``layer2(gelu(layer1(x)))``, no biases."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.layer1 = nn.Linear(dim, hidden, bias=False)
+        self.layer2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer2(F.gelu(self.layer1(x)))
+
+
+def adaln_modulation(dim: int, lora_dim: int, chunks: int) -> nn.Sequential:
+    """``SiLU -> Linear(D, lora) -> Linear(lora, chunks*D)`` (keys ``.1`` and ``.2``)."""
+    return nn.Sequential(
+        nn.SiLU(), nn.Linear(dim, lora_dim, bias=False), nn.Linear(lora_dim, chunks * dim, bias=False)
+    )
+
+
+def rope_frequencies(config: CosmosDiTConfig, t: int, h: int, w: int, device: torch.device) -> torch.Tensor:
+    """3-D RoPE angles ``[t*h*w, head_dim]``: ``cat([t, h, w] * 2)`` over integer token positions."""
+    dim_h = config.head_dim // 6 * 2
+    dim_t = config.head_dim - 2 * dim_h
+    scale_t, scale_h, scale_w = config.rope_scale
+
+    def axis(n: int, dim: int, scale: float) -> torch.Tensor:
+        theta = 10000.0 * scale ** (dim / (dim - 2))  # NTK-aware extrapolation
+        exponents = torch.arange(0, dim, 2, device=device, dtype=torch.float32)[: dim // 2] / dim
+        return torch.outer(torch.arange(n, device=device, dtype=torch.float32), 1.0 / theta**exponents)
+
+    ft = axis(t, dim_t, scale_t)[:, None, None, :].expand(t, h, w, -1)
+    fh = axis(h, dim_h, scale_h)[None, :, None, :].expand(t, h, w, -1)
+    fw = axis(w, dim_h, scale_w)[None, None, :, :].expand(t, h, w, -1)
+    return torch.cat([ft, fh, fw] * 2, dim=-1).flatten(0, 2)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on ``x [B, N, heads, d]`` with ``cos/sin [N, 1, d]``, in fp32."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with per-head RMSNorm on q and k (no biases); SDPA."""
+
+    def __init__(self, dim: int, context_dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        head_dim = dim // num_heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(context_dim, dim, bias=False)
+        self.v_proj = nn.Linear(context_dim, dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+        self.output_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        rope: tuple[torch.Tensor, ...] | None = None,
+    ) -> torch.Tensor:
+        context = x if context is None else context
+        q = self.q_norm(self.q_proj(x).unflatten(-1, (self.num_heads, -1)))
+        k = self.k_norm(self.k_proj(context).unflatten(-1, (self.num_heads, -1)))
+        v = self.v_proj(context).unflatten(-1, (self.num_heads, -1))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.output_proj(out.transpose(1, 2).flatten(2))
+
+    def constant_output(self, token: torch.Tensor) -> torch.Tensor:
+        """The output for any query when every context token equals ``token [C]``: softmax is then
+        uniform over identical values, so attention returns ``output_proj(v_proj(token))``."""
+        return self.output_proj(self.v_proj(token))
+
+
+class Block(nn.Module):
+    """Self-attention, cross-attention and MLP, each ``x += gate * f(LN(x) * (1 + scale) + shift)``."""
+
+    def __init__(self, config: CosmosDiTConfig) -> None:
+        super().__init__()
+        d, lora = config.model_channels, config.adaln_lora_dim
+        self.eps = config.eps
+        self.self_attn = Attention(d, d, config.num_heads, config.eps)
+        self.cross_attn = Attention(d, config.crossattn_emb_channels, config.num_heads, config.eps)
+        self.mlp = FeedForward(d, int(d * config.mlp_ratio))
+        self.adaln_modulation_self_attn = adaln_modulation(d, lora, 3)
+        self.adaln_modulation_cross_attn = adaln_modulation(d, lora, 3)
+        self.adaln_modulation_mlp = adaln_modulation(d, lora, 3)
+        # cross-attention output for a constant context (CosmosActionDiT.cache_cross_attention)
+        self.register_buffer("cross_attn_const", None, persistent=False)
+
+    def _modulated(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x ``[B, T, S, D]``, mod ``[B, T, 3D]`` -> (normalized, modulated x; gate ``[B, T, 1, D]``)."""
+        shift, scale, gate = (m.unsqueeze(2) for m in mod.chunk(3, dim=-1))
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale) + shift, gate
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        emb: torch.Tensor,
+        lora: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        context: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, t, s, d = x.shape
+        h, gate = self._modulated(x, self.adaln_modulation_self_attn(emb) + lora)
+        x = x + gate * self.self_attn(h.reshape(b, t * s, d), rope=rope).view(b, t, s, d)
+
+        h, gate = self._modulated(x, self.adaln_modulation_cross_attn(emb) + lora)
+        if context is None:  # cached constant (does not depend on the query)
+            x = x + gate * self.cross_attn_const
+        else:
+            x = x + gate * self.cross_attn(h.reshape(b, t * s, d), context).view(b, t, s, d)
+
+        h, gate = self._modulated(x, self.adaln_modulation_mlp(emb) + lora)
+        return x + gate * self.mlp(h)
+
+
+class FinalLayer(nn.Module):
+    """AdaLN (shift, scale; LoRA term's first 2D entries) then ``Linear(D, p*p*C)``."""
+
+    def __init__(self, config: CosmosDiTConfig) -> None:
+        super().__init__()
+        d = config.model_channels
+        self.eps = config.eps
+        self.adaln_modulation = adaln_modulation(d, config.adaln_lora_dim, 2)
+        out = config.patch_spatial**2 * config.patch_temporal * config.out_channels
+        self.linear = nn.Linear(d, out, bias=False)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor, lora: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        mod = self.adaln_modulation(emb) + lora[..., : 2 * d]
+        shift, scale = (m.unsqueeze(2) for m in mod.chunk(2, dim=-1))
+        return self.linear(F.layer_norm(x, (d,), eps=self.eps) * (1 + scale) + shift)
+
+
+class CosmosActionDiT(nn.Module):
+    """The action-conditioned Cosmos DiT (original key layout; see the module docstring)."""
+
+    def __init__(self, config: CosmosDiTConfig | None = None) -> None:
+        super().__init__()
+        config = config or CosmosDiTConfig()
+        config.validate()
+        self.config = config
+        d = config.model_channels
+        self.x_embedder = PatchEmbed(config.in_channels + 2, d, config.patch_spatial)
+        self.t_embedder = nn.Sequential(Timesteps(d), TimestepEmbedding(d))
+        self.t_embedding_norm = RMSNorm(d, config.eps)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_blocks))
+        self.final_layer = FinalLayer(config)
+        self.action_embedder_B_D = Mlp(config.action_dim, 4 * d, d)
+        self.action_embedder_B_3D = Mlp(config.action_dim, 4 * d, 3 * d)
+        self.crossattn_proj = None
+        if config.crossattn_proj_in_channels is not None:
+            self.crossattn_proj = nn.Sequential(
+                nn.Linear(config.crossattn_proj_in_channels, config.crossattn_emb_channels), nn.GELU()
+            )
+        self.use_cross_attention_cache = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x_embedder.proj[1].weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x_embedder.proj[1].weight.device
+
+    # ---- text context / cross-attention ----
+
+    def project_context(self, text_embeddings: torch.Tensor) -> torch.Tensor:
+        """Raw Predict2.5 text embeddings ``[B, L, 100352]`` -> context ``GELU(crossattn_proj(.))``."""
+        if self.crossattn_proj is None:
+            raise ValueError("this checkpoint has no crossattn_proj (expected a Predict2.5 checkpoint)")
+        return self.crossattn_proj(text_embeddings.to(self.device, self.dtype))
+
+    def text_context(self, kind: str, batch: int = 1, tokens: int = TEXT_TOKENS) -> torch.Tensor:
+        """A constant context ``[batch, tokens, crossattn_emb_channels]``.
+
+        ``"zeros"``: RLinf's zero T5 context (cross-attention then outputs exactly 0).
+        ``"proj_of_zero"``: ``crossattn_proj`` applied to zero text embeddings, i.e. ``GELU(bias)``.
+        """
+        if kind == "zeros":
+            token = torch.zeros(self.config.crossattn_emb_channels, device=self.device, dtype=self.dtype)
+        elif kind == "proj_of_zero":
+            in_channels = self.config.crossattn_proj_in_channels or 0
+            token = self.project_context(torch.zeros(in_channels, device=self.device))
+        else:
+            raise ValueError(f"expected text context 'zeros' or 'proj_of_zero', got {kind!r}")
+        return token.expand(batch, tokens, -1)
+
+    @torch.no_grad()
+    def cache_cross_attention(self, context: torch.Tensor) -> None:
+        """Precompute every block's cross-attention output for a context whose tokens are all equal
+        (exact: see ``Attention.constant_output``) and use it from now on instead of attention."""
+        token = context.reshape(-1, context.shape[-1])
+        if not torch.equal(token, token[:1].expand_as(token)):
+            raise ValueError("cross-attention can only be cached for a context whose tokens are all equal")
+        token = token[0].to(self.device, self.dtype)
+        for block in self.blocks:
+            block.cross_attn_const = block.cross_attn.constant_output(token)
+        self.use_cross_attention_cache = True
+
+    def clear_cross_attention_cache(self) -> None:
+        """Go back to computing cross-attention from the context passed to ``forward``."""
+        for block in self.blocks:
+            block.cross_attn_const = None
+        self.use_cross_attention_cache = False
+
+    # ---- forward ----
+
+    def embed_action(self, action: torch.Tensor, cond_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Action ``[B, K, A]`` -> terms for the sinusoid ``[B, T|1, D]`` and the LoRA ``[B, T|1, 3D]``."""
+        b, k, a = action.shape
+        action = action.to(self.dtype)
+        if not self.config.action_per_latent:  # one embedding of all actions, broadcast over T
+            if k * a != self.config.action_dim:
+                raise ValueError(
+                    f"expected {self.config.action_dim} action values per sample, got [{k}, {a}]"
+                )
+            flat = action.reshape(b, 1, k * a)
+            return self.action_embedder_B_D(flat), self.action_embedder_B_3D(flat)
+        t = cond_mask.shape[1]
+        per_latent = self.config.action_dim // a if self.config.action_dim % a == 0 else 0
+        if per_latent == 0 or k != per_latent * (t - 1):
+            raise ValueError(
+                f"expected {(t - 1)} latent chunks of {self.config.action_dim} action values "
+                f"([B, {(t - 1) * max(per_latent, 1)}, {a}]), got [{b}, {k}, {a}]"
+            )
+        chunks = action.reshape(b, t - 1, per_latent * a)
+        keep = (1 - cond_mask).to(self.dtype)[..., None]  # no action embedding on condition frames
+        out = []
+        for mlp in (self.action_embedder_B_D, self.action_embedder_B_3D):
+            emb = mlp(chunks)
+            emb = torch.cat([torch.zeros_like(emb[:, :1]), emb], dim=1)  # latent 0 has no action
+            out.append(emb * keep)
+        return out[0], out[1]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        timesteps: torch.Tensor,
+        action: torch.Tensor,
+        context: torch.Tensor | None = None,
+        cond_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predict the velocity-like output ``[B, out_channels, T, H, W]`` (model dtype).
+
+        Args:
+            x: latents ``[B, in_channels, T, H, W]`` (H, W multiples of the patch size).
+            timesteps: per-latent-frame RF time ``[B, T]`` in [0, 1] (or ``[B]`` for all frames).
+            action: ``[B, K, 7]`` (already scaled), K*7 = action_dim or per-latent chunks.
+            context: ``[B, L, crossattn_emb_channels]``; ``None`` means the zero context, or the
+                cached constant when ``cache_cross_attention`` was called.
+            cond_mask: ``[B, T]`` 1 on conditioned latent frames; default: latent 0 only.
+        """
+        cfg = self.config
+        if x.ndim != 5 or x.shape[1] != cfg.in_channels:
+            raise ValueError(f"expected latents [B, {cfg.in_channels}, T, H, W], got {list(x.shape)}")
+        b, _, t, h, w = x.shape
+        p = cfg.patch_spatial
+        if h % p or w % p:
+            raise ValueError(f"latent height/width must be multiples of {p}, got {h}x{w}")
+        if t > cfg.max_size[0] or h > cfg.max_size[1] or w > cfg.max_size[2]:
+            raise ValueError(f"latent size {t}x{h}x{w} exceeds max_size {cfg.max_size}")
+        if timesteps.ndim == 1:
+            timesteps = timesteps[:, None].expand(b, t)
+        if timesteps.shape != (b, t):
+            raise ValueError(f"expected timesteps [{b}, {t}] or [{b}], got {list(timesteps.shape)}")
+        if action.ndim != 3 or action.shape[0] != b:
+            raise ValueError(f"expected action [{b}, K, A], got {list(action.shape)}")
+        if cond_mask is None:
+            cond_mask = torch.zeros(b, t, device=x.device)
+            cond_mask[:, 0] = 1.0
+        if cond_mask.shape != (b, t):
+            raise ValueError(f"expected cond_mask [{b}, {t}], got {list(cond_mask.shape)}")
+
+        dtype = self.dtype
+        mask = cond_mask.to(x.device, dtype)[:, None, :, None, None].expand(b, 1, t, h, w)
+        x = torch.cat([x.to(dtype), mask, torch.zeros_like(mask)], dim=1)
+        x = self.x_embedder(x).flatten(2, 3)  # [B, T, S, D]
+
+        emb, lora = self.t_embedder(timesteps * cfg.timestep_scale)  # [B, T, D], [B, T, 3D]
+        action_d, action_3d = self.embed_action(action, cond_mask.to(x.device))
+        emb = self.t_embedding_norm(emb + action_d)
+        lora = lora + action_3d
+
+        angles = rope_frequencies(cfg, t, h // p, w // p, x.device)[:, None, :]
+        rope = (torch.cos(angles), torch.sin(angles))
+
+        if self.use_cross_attention_cache:
+            if context is not None:
+                raise ValueError("cross-attention is cached: pass context=None (or clear the cache)")
+        elif context is None:
+            context = self.text_context("zeros", b, 1)  # one zero token: the output is exactly 0
+        else:
+            context = context.to(x.device, dtype)
+
+        for block in self.blocks:
+            x = block(x, emb, lora, rope, context)
+        x = self.final_layer(x, emb, lora)  # [B, T, S, p*p*C]
+
+        x = x.view(b, t, h // p, w // p, p, p, cfg.out_channels)  # (p1 p2 C) inside a patch
+        return x.permute(0, 6, 1, 2, 4, 3, 5).reshape(b, cfg.out_channels, t, h, w)
+
+
+# ---- checkpoint loading ----
+
+_DROPPED = ("pos_embedder.", "_extra_state", "accum_")  # buffers and counters, not weights
+
+
+def _select_prefix(raw: dict, prefix: str, path: Path) -> dict[str, torch.Tensor]:
+    """Entries under ``prefix`` (prefix stripped), minus RoPE buffers, TE extra state and counters."""
+    state = {k[len(prefix) :]: v for k, v in raw.items() if isinstance(k, str) and k.startswith(prefix)}
+    if not state:
+        found = sorted({k.split(".", 1)[0] + "." for k in raw if isinstance(k, str) and "." in k})
+        raise ValueError(f"{path}: no keys with prefix {prefix!r}; prefixes found: {found or 'none'}")
+    return {k: v for k, v in state.items() if not any(d in k for d in _DROPPED)}
+
+
+def infer_config(state: dict[str, torch.Tensor], where: str = "state dict") -> CosmosDiTConfig:
+    """Read the shape parameters off a (prefix-stripped) state dict. Assumes 1x2x2 patches."""
+
+    def shape(key: str) -> tuple[int, ...]:
+        if key not in state:
+            raise ValueError(f"{where}: missing {key!r} (expected a Cosmos action DiT checkpoint)")
+        return tuple(state[key].shape)
+
+    d, patch_in = shape("x_embedder.proj.1.weight")
+    head_dim = shape("blocks.0.self_attn.q_norm.weight")[0]
+    blocks = {int(k.split(".")[1]) for k in state if k.startswith("blocks.")}
+    patch = 2
+    config = CosmosDiTConfig(
+        model_channels=d,
+        num_blocks=max(blocks) + 1,
+        num_heads=d // head_dim,
+        mlp_ratio=shape("blocks.0.mlp.layer1.weight")[0] / d,
+        in_channels=patch_in // patch**2 - 2,
+        out_channels=shape("final_layer.linear.weight")[0] // patch**2,
+        patch_spatial=patch,
+        adaln_lora_dim=shape("blocks.0.adaln_modulation_self_attn.1.weight")[0],
+        crossattn_emb_channels=shape("blocks.0.cross_attn.k_proj.weight")[1],
+        action_dim=shape("action_embedder_B_D.fc1.weight")[1],
+        crossattn_proj_in_channels=(
+            shape("crossattn_proj.0.weight")[1] if "crossattn_proj.0.weight" in state else None
+        ),
+    )
+    try:
+        config.validate()
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return config
+
+
+def load_cosmos_dit(
+    path: str | Path,
+    *,
+    prefix: str = "net.",
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    **config_overrides,
+) -> CosmosActionDiT:
+    """Load a Cosmos action DiT from a training checkpoint ``.pt``.
+
+    The file is memory-mapped; the entries under ``prefix`` (``"net."``: regular weights, what RLinf
+    loads; ``"net_ema."``: the EMA copy) are selected, RoPE buffers / ``_extra_state`` / ``accum_*``
+    are dropped, the config is inferred from tensor shapes (``config_overrides`` sets the values that
+    are not in the file: ``rope_scale``, ``max_size``, ``timestep_scale``) and the weights are loaded
+    with ``strict=True``. Only load trusted files (``weights_only=False``: TE extra state is pickled).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Cosmos DiT checkpoint not found: {path}")
+    try:
+        raw = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as e:  # not a zip-format torch file (mmap needs one), truncated, ...
+        raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
+    for nest in ("model", "state_dict"):
+        if isinstance(raw, dict) and isinstance(raw.get(nest), dict):
+            raw = raw[nest]
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a state dict, got {type(raw).__name__}")
+    state = _select_prefix(raw, prefix, path)
+    config = infer_config(state, str(path))
+    for key, value in config_overrides.items():
+        if key not in {f.name for f in fields(CosmosDiTConfig)}:
+            raise ValueError(f"unknown CosmosDiTConfig field {key!r}")
+        setattr(config, key, value)
+    with torch.device("meta"):
+        model = CosmosActionDiT(config)
+    state = {k: v.to(device=device, dtype=dtype) if torch.is_tensor(v) else v for k, v in state.items()}
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        summary = (
+            f"{config.model_channels} channels, {config.num_blocks} blocks, {config.num_heads} heads, "
+            f"action_dim {config.action_dim}"
+        )
+        detail = " ".join(str(e).split())  # one line
+        raise ValueError(f"{path} (prefix {prefix!r}, inferred {summary}): {detail}") from None
+    return model.eval().requires_grad_(False)

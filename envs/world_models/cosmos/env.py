@@ -1,0 +1,78 @@
+"""``CosmosWM-LiberoSpatial-v0``: the action-conditioned Cosmos Predict 2.5 world model as an env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from envs.core.frames import load_initial_frames
+from envs.world_models.base import WorldModelVectorEnv
+from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
+from envs.world_models.reward import ResnetRewardModel
+
+BUNDLES = {"spatial": COSMOS_LIBERO_SPATIAL}
+SIM_IDS = {"spatial": "Libero-Spatial-v0"}
+
+
+class CosmosWorldModelEnv(WorldModelVectorEnv):
+    """Cosmos (DiT + Wan 2.1 VAE, 2AB sampler) imagining LIBERO, with RLinf's reward model.
+
+    Weights come from ``model_dir``, ``$VLA_GYM_COSMOS_LIBERO_SPATIAL`` or the Hugging Face cache
+    (``envs.world_models.bundles``); ``envs.world_models.tiny.write_tiny_bundle("cosmos", dir)``
+    writes a tiny random bundle in the same layout for CPU runs.
+
+    Args:
+        suite: the LIBERO suite the checkpoint imagines ("spatial").
+        num_envs: envs run as one batch (RLinf: 16 per GPU).
+        model_dir, download: where the bundle is (see ``find_bundle``).
+        device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32.
+        image_size: frame (H, W); RLinf: 256x320 (dataset frames are stretched to it).
+        prefix: checkpoint weights to use, ``"net."`` (RLinf) or ``"net_ema."``.
+        model_options: ``CosmosWorldModel`` options (``num_steps``, ``guidance``, ``action_scaler``,
+            ``batch_size``, ``faithful`` and the four shortcut switches, ``text_context``, ...).
+        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...).
+    """
+
+    def __init__(
+        self,
+        suite: str = "spatial",
+        num_envs: int = 1,
+        *,
+        model_dir: str | os.PathLike | None = None,
+        download: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        image_size: Sequence[int] = (256, 320),
+        prefix: str = "net.",
+        model_options: dict[str, Any] | None = None,
+        env_id: str = "CosmosWM-LiberoSpatial-v0",
+        **env_options: Any,
+    ) -> None:
+        from envs.world_models.cosmos.model import CosmosWorldModel
+
+        if suite not in BUNDLES:
+            raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
+        root = find_bundle(BUNDLES[suite], model_dir, download)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = CosmosWorldModel.from_files(
+            root / "libero-spatial-2b-19k.pt",
+            root / "tokenizer" / "tokenizer.pth",
+            prefix=prefix,
+            device=device,
+            dtype=dtype,
+            image_size=tuple(image_size),
+            **(model_options or {}),
+        )
+        super().__init__(
+            model,
+            ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth"),
+            load_initial_frames(root / "dataset"),
+            env_id=env_id,
+            num_envs=num_envs,
+            sim_env_id=SIM_IDS[suite],
+            **env_options,
+        )
+        self.model_dir = root

@@ -1,0 +1,77 @@
+"""``OpenSoraWM-Libero{Spatial,Object}-v0``: the action-conditioned OpenSora STDiT3 world model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from envs.core.frames import load_initial_frames
+from envs.world_models.base import WorldModelVectorEnv
+from envs.world_models.bundles import OPENSORA_LIBERO_OBJECT, OPENSORA_LIBERO_SPATIAL, find_bundle
+from envs.world_models.reward import ResnetRewardModel
+
+BUNDLES = {"spatial": OPENSORA_LIBERO_SPATIAL, "object": OPENSORA_LIBERO_OBJECT}
+SIM_IDS = {"spatial": "Libero-Spatial-v0", "object": "Libero-Object-v0"}
+
+
+class OpenSoraWorldModelEnv(WorldModelVectorEnv):
+    """OpenSora STDiT3 (SDXL VAE, rectified-flow Euler) imagining LIBERO, with RLinf's reward model.
+
+    Weights come from ``model_dir``, ``$VLA_GYM_OPENSORA_LIBERO_{SPATIAL,OBJECT}`` or the Hugging
+    Face cache (``envs.world_models.bundles``); ``envs.world_models.tiny.write_tiny_bundle("opensora",
+    dir)`` writes a tiny random bundle in the same layout for CPU runs.
+
+    Args:
+        suite: the LIBERO suite the checkpoint imagines ("spatial" or "object").
+        num_envs: envs run as one batch (RLinf: 16 per GPU).
+        model_dir, download: where the bundle is (see ``find_bundle``).
+        device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32.
+        image_size: frame (H, W); RLinf: 256x256.
+        model_options: ``OpenSoraWorldModel`` options (``num_steps``, ``condition_frames``,
+            ``batch_size``, ...).
+        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...).
+    """
+
+    def __init__(
+        self,
+        suite: str = "spatial",
+        num_envs: int = 1,
+        *,
+        model_dir: str | os.PathLike | None = None,
+        download: bool = True,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        image_size: Sequence[int] = (256, 256),
+        model_options: dict[str, Any] | None = None,
+        env_id: str | None = None,
+        **env_options: Any,
+    ) -> None:
+        from envs.world_models.opensora.model import OpenSoraWorldModel
+
+        env_id = env_id or f"OpenSoraWM-Libero{suite.capitalize()}-v0"
+        if suite not in BUNDLES:
+            raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
+        root = find_bundle(BUNDLES[suite], model_dir, download)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = OpenSoraWorldModel.from_files(
+            root,
+            root / "vae",
+            root / "dataset_statistics.json",
+            device=device,
+            dtype=dtype,
+            image_size=tuple(image_size),
+            **(model_options or {}),
+        )
+        super().__init__(
+            model,
+            ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth"),
+            load_initial_frames(root / "dataset"),
+            env_id=env_id,
+            num_envs=num_envs,
+            sim_env_id=SIM_IDS[suite],
+            **env_options,
+        )
+        self.model_dir = root

@@ -1,0 +1,241 @@
+"""The world-model env contract, on tiny Cosmos and OpenSora bundles written in the real layouts."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import requires_libero
+
+import envs  # noqa: F401
+from envs.core.frames import InitialFrame
+from envs.world_models.tiny import synthetic_image, write_tiny_bundle
+
+IDS = {"cosmos": "CosmosWM-LiberoSpatial-v0", "opensora": "OpenSoraWM-LiberoSpatial-v0"}
+SIZES = {"cosmos": (32, 48), "opensora": (32, 32)}
+K = 8
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    return {name: write_tiny_bundle(name, tmp_path_factory.mktemp(name)) for name in IDS}
+
+
+def make(bundles, backend, num_envs=2, **kwargs):
+    kwargs.setdefault("autoreset_mode", "Disabled")
+    return gym.make_vec(
+        IDS[backend],
+        num_envs=num_envs,
+        model_dir=bundles[backend],
+        image_size=SIZES[backend],
+        model_options={"num_steps": 2},
+        **kwargs,
+    )
+
+
+def set_reward(env, logit: float) -> None:
+    """Make the (real, random) reward model say success (logit > 0) or failure everywhere."""
+    head = env.reward_model.net[-1]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(logit)
+
+
+def zeros(env):
+    return np.zeros(env.action_space.shape, np.float32)
+
+
+@pytest.mark.parametrize("backend", list(IDS))
+def test_spaces_observations_and_step(bundles, backend):
+    env = make(bundles, backend, max_episode_steps=24)
+    h, w = SIZES[backend]
+    assert set(env.single_observation_space.spaces) == {"image", "instruction"}
+    assert env.single_action_space.shape == (K, 7) and env.chunk_size == K
+    obs, info = env.reset(seed=0)
+    assert obs["image"].shape == (2, h, w, 3) and obs["image"].dtype == np.uint8
+    assert len(obs["instruction"]) == 2 and all(isinstance(s, str) and s for s in obs["instruction"])
+    assert info["initial_frame_id"].shape == (2,)
+    env.unwrapped.record_frames = True
+    actions = np.random.default_rng(0).uniform(-1, 1, env.action_space.shape).astype(np.float32)
+    obs2, reward, term, trunc, info = env.step(actions)
+    assert obs2["image"].shape == (2, h, w, 3) and not np.array_equal(obs2["image"], obs["image"])
+    assert reward.shape == term.shape == trunc.shape == (2,)
+    assert info["chunk_rewards"].shape == info["chunk_valid"].shape == (2, K)
+    assert info["reward_model_scores"].shape == (2, K)
+    assert set(np.unique(info["reward_model_scores"])) <= {0.0, 1.0}
+    frames = info["frames"]
+    for i in range(2):
+        n = int(info["chunk_valid"][i].sum())
+        assert frames[i].shape == (n, h, w, 3) and np.array_equal(frames[i][-1], obs2["image"][i])
+    env.close()
+
+
+@pytest.mark.parametrize("backend", list(IDS))
+def test_same_seed_same_episode_and_actions_matter(bundles, backend):
+    env = make(bundles, backend)
+    set_reward(env, -20.0)
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
+    b = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
+    runs = []
+    for actions in (a, a, b):
+        env.reset(seed=3)
+        runs.append(env.step(actions)[0]["image"])
+    assert np.array_equal(runs[0], runs[1])
+    assert not np.array_equal(runs[0], runs[2])
+    env.close()
+
+
+def test_relative_rewards_telescope_to_the_last_score(bundles):
+    coef = 5.0
+    env = make(bundles, "cosmos", reward_coef=coef, success_threshold=2.0, max_episode_steps=3 * K)
+    env.reset(seed=0)
+    total, done = np.zeros(2), np.zeros(2, bool)
+    while not done.all():
+        _, reward, term, trunc, info = env.step(zeros(env))
+        total += reward
+        last_scores = info["reward_model_scores"][:, -1]
+        done = term | trunc
+    assert not term.any() and trunc.all()  # threshold 2 is never reached: truncated at 24 frames
+    assert np.allclose(total, coef * last_scores)
+    assert np.allclose(info["episode"]["return"], total) and (info["episode"]["length"] == 3 * K).all()
+    env.close()
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_success_terminates_at_the_first_success_frame(bundles, relative):
+    env = make(bundles, "opensora", reward_coef=5.0, relative_reward=relative)
+    set_reward(env, 20.0)
+    env.reset(seed=0)
+    _, reward, term, trunc, info = env.step(zeros(env))
+    assert term.all() and not trunc.any()
+    assert (info["chunk_valid"].sum(1) == 1).all()  # the first imagined frame already succeeds
+    assert np.allclose(reward, 5.0 if relative else 1.0)
+    assert info["episode"]["success_once"].all() and info["episode"]["success"].all()
+    env.close()
+
+
+def test_truncation_at_the_step_limit_and_partial_chunks(bundles):
+    env = make(bundles, "cosmos", max_episode_steps=12)
+    set_reward(env, -20.0)
+    env.reset(seed=0)
+    _, _, term, trunc, _ = env.step(zeros(env))
+    assert not (term | trunc).any()
+    _, reward, term, trunc, info = env.step(zeros(env))
+    assert trunc.all() and not term.any() and (info["chunk_valid"].sum(1) == 4).all()
+    assert (info["episode"]["length"] == 12).all() and (reward == 0).all()
+    env.close()
+
+
+def test_masked_reset_leaves_other_envs_alone(bundles):
+    env = make(bundles, "opensora")
+    set_reward(env, -20.0)
+    env.reset(seed=0)
+    obs, *_ = env.step(zeros(env))
+    kept = {k: v[1].clone() for k, v in env.unwrapped._model_state.items()}
+    frame = InitialFrame(
+        "put the bowl on the plate", image=synthetic_image(np.random.default_rng(5), (40, 40))
+    )
+    obs2, info = env.reset(options={"initial_frames": [frame], "reset_mask": np.array([True, False])})
+    assert np.array_equal(obs2["image"][1], obs["image"][1])
+    assert obs2["instruction"] == ("put the bowl on the plate", obs["instruction"][1])
+    assert info["_initial_frame_id"].tolist() == [True, False]
+    for key, value in env.unwrapped._model_state.items():
+        assert torch.equal(value[1], kept[key])
+    env.close()
+
+
+def test_reset_all_on_done_truncates_the_others(bundles):
+    """RLinf's all-env restart: one episode ends, every running one ends with it."""
+    env = make(bundles, "cosmos", max_episode_steps=2 * K, reset_all_on_done=True)
+    set_reward(env, -20.0)
+    env.reset(seed=0)
+    env.step(zeros(env))
+    env.reset(options={"reset_mask": np.array([True, False])})  # env 0 is now one chunk behind
+    _, _, term, trunc, info = env.step(zeros(env))
+    assert trunc.tolist() == [True, True] and not term.any()
+    assert info["episode"]["length"].tolist() == [K, 2 * K]
+
+
+@pytest.mark.parametrize("backend", list(IDS))
+def test_state_round_trip_replays_exactly(bundles, backend):
+    env = make(bundles, backend)
+    env.reset(seed=0)
+    env.step(zeros(env))
+    saved = env.unwrapped.get_state()
+    actions = np.random.default_rng(2).uniform(-1, 1, env.action_space.shape).astype(np.float32)
+    first = env.step(actions)
+    env.step(actions)
+    env.unwrapped.load_state(saved)
+    again = env.step(actions)
+    assert np.array_equal(first[0]["image"], again[0]["image"])
+    assert np.array_equal(first[1], again[1]) and np.array_equal(
+        first[4]["chunk_valid"], again[4]["chunk_valid"]
+    )
+    env.unwrapped.offload()  # CPU: a no-op that must keep everything usable
+    env.unwrapped.onload()
+    env.step(actions)
+    other = make(bundles, backend, num_envs=3)
+    other.reset(seed=0)
+    before = other.unwrapped.get_state()
+    with pytest.raises(ValueError, match="state"):
+        other.unwrapped.load_state(saved)
+    assert other.unwrapped.get_state() == before  # nothing half-applied
+    env.close()
+    other.close()
+
+
+def test_bad_input_names_the_env_and_what_was_expected(bundles):
+    env = make(bundles, "cosmos")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"CosmosWM-LiberoSpatial-v0.*shape \(2, 8, 7\)"):
+        env.step(np.zeros((2, 4, 7), np.float32))
+    bad = zeros(env)
+    bad[1, 3, 2] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        env.step(bad)
+    with pytest.raises(ValueError, match="with an image"):
+        env.reset(options={"initial_frames": [InitialFrame("no picture")] * 2})
+    env.close()
+    # without resizing, frames must already have the model's size: the bundle's 64x64 ones do not
+    with pytest.raises(ValueError, match=r"initial frame 0: expected a 32x48 image.*got 64x64"):
+        make(bundles, "cosmos", resize_frames=False)
+
+
+def test_missing_weights_say_what_and_how(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("VLA_GYM_OPENSORA_LIBERO_OBJECT", raising=False)
+    with pytest.raises(FileNotFoundError) as err:
+        gym.make_vec("OpenSoraWM-LiberoObject-v0", num_envs=1)
+    text = str(err.value)
+    assert "resnet_rm.pth" in text and "dataset_statistics.json" in text
+    assert (
+        "hf download RLinf/RLinf-OpenSora-LIBERO-Object" in text and "VLA_GYM_OPENSORA_LIBERO_OBJECT" in text
+    )
+    (tmp_path / "partial").mkdir()
+    with pytest.raises(FileNotFoundError, match="missing libero-spatial-2b-19k.pt"):
+        gym.make_vec("CosmosWM-LiberoSpatial-v0", num_envs=1, model_dir=tmp_path / "partial")
+
+
+@requires_libero
+def test_train_in_the_world_model_evaluate_in_the_simulator(bundles):
+    """The LIBERO env made from ``sim_env_kwargs`` has the same spaces; its frames start the WM."""
+    wm = make(bundles, "cosmos")
+    sim = gym.make_vec(
+        wm.unwrapped.sim_env_id, num_envs=2, autoreset_mode="Disabled", **wm.unwrapped.sim_env_kwargs()
+    )
+    try:
+        assert sim.single_observation_space == wm.single_observation_space
+        assert sim.single_action_space == wm.single_action_space
+        sim_obs, _ = sim.reset(seed=0, options={"initial_frames": [0, 60]})
+        frames = sim.unwrapped.current_frames()
+        obs, info = wm.reset(options={"initial_frames": frames})
+        assert obs["instruction"] == sim_obs["instruction"]
+        assert np.array_equal(obs["image"], sim_obs["image"])  # already the model's size: no resampling
+        assert info["initial_frame_id"].tolist() == [-1, -1]
+        wm.step(zeros(wm))
+    finally:
+        sim.close()
+        wm.close()
