@@ -117,6 +117,8 @@ def measure(env: Any, steps: int) -> dict[str, float]:
 
 def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args: argparse.Namespace) -> dict:
     options: dict[str, Any] = {"num_steps": args.num_steps, "batch_size": num_envs}
+    # episodes never end (a random reward model may say "success"), so every step runs every env
+    endless = {"success_threshold": 2.0, "max_episode_steps": 10**6}
     if backend == "cosmos":
         options["faithful"] = mode == "faithful"
     if args.real_size:
@@ -127,7 +129,7 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
             for i, text in enumerate(INSTRUCTIONS)
         ]
         env = WorldModelVectorEnv(
-            model, ResnetRewardModel(), frames, env_id=f"{backend}-real-size", num_envs=num_envs
+            model, ResnetRewardModel(), frames, env_id=f"{backend}-real-size", num_envs=num_envs, **endless
         )
     else:
         import gymnasium as gym
@@ -136,7 +138,12 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
 
         env_id = {"cosmos": "CosmosWM-LiberoSpatial-v0", "opensora": "OpenSoraWM-LiberoSpatial-v0"}[backend]
         env = gym.make_vec(
-            env_id, num_envs=num_envs, model_dir=args.bundles[backend], image_size=size, model_options=options
+            env_id,
+            num_envs=num_envs,
+            model_dir=args.bundles[backend],
+            image_size=size,
+            model_options=options,
+            **endless,
         )
     try:
         result = measure(env, args.steps)
@@ -145,14 +152,16 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
     return {"backend": backend, "mode": mode, "envs": num_envs, "size": f"{size[0]}x{size[1]}", **result}
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], unit: str = "T") -> str:
+    """``unit``: "T" (TFLOP) for real-size models, "G" (GFLOP) for tiny ones."""
+    scale = 1.0 if unit == "T" else 1e3
     head = f"{'backend':<9}{'mode':<11}{'envs':>5}{'frames':>9}{'step s':>9}{'model s':>9}"
-    head += f"{'TFLOP/step':>12}{'TFLOP/s':>9}"
+    head += f"{unit + 'FLOP/step':>12}{unit + 'FLOP/s':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['backend']:<9}{r['mode']:<11}{r['envs']:>5}{r['size']:>9}{r['step_s']:>9.3f}{r['model_s']:>9.3f}"
-            f"{r['tflop_per_step']:>12.4f}{r['tflops']:>9.3f}"
+            f"{r['tflop_per_step'] * scale:>12.2f}{r['tflops'] * scale:>9.2f}"
         )
     return "\n".join(lines)
 
@@ -174,6 +183,7 @@ def main() -> None:
         "opensora": tuple(args.opensora_size or ((256, 256) if args.real_size else (64, 64))),
     }
     env_counts = args.envs or ([16] if args.real_size else [2, 16])
+    unit = "T" if args.real_size else "G"
     torch.set_grad_enabled(False)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,11 +194,15 @@ def main() -> None:
             for n in env_counts:
                 for mode in modes:
                     rows.append(run_row(backend, mode, n, sizes[backend], args))
-                    print(table(rows[-1:]).splitlines()[-1], flush=True)
+                    print(table(rows[-1:], unit).splitlines()[-1], flush=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    label = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
+    label = (
+        torch.cuda.get_device_name()
+        if device.startswith("cuda")
+        else f"CPU ({torch.get_num_threads()} threads)"
+    )
     kind = "real-size random weights" if args.real_size else "tiny random bundles"
-    print(f"\nWorld-model chunk step ({kind}, {args.num_steps} sampler steps, {label}):\n{table(rows)}")
+    print(f"\nWorld-model chunk step ({kind}, {args.num_steps} sampler steps, {label}):\n{table(rows, unit)}")
     args.json.write_text(json.dumps({"device": label, "models": kind, "rows": rows}, indent=1))
     print(f"wrote {args.json}")
 

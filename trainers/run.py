@@ -65,6 +65,10 @@ class RunConfig:
     torch_threads: int = 0  # 0: torch's default
     run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
     resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
+    # evaluate on another env, e.g. train in a world model and evaluate in the simulator; the
+    # kwargs default to env_kwargs when eval_env is unset, else to none
+    eval_env: str | None = None
+    eval_env_kwargs: dict[str, Any] | None = None
     eval_every: int = 0  # iterations between evaluations; 0: only at the end; -1: never
     eval_episodes: int = 10
     eval_num_envs: int = 0  # 0: min(eval_episodes, num_envs)
@@ -142,14 +146,23 @@ class Run:
 
     # ------------------------------------------------------------------ env and policy
     def make_env(
-        self, num_envs: int | None = None, *, autoreset: str = "same_step", render_mode: str | None = None
+        self,
+        num_envs: int | None = None,
+        *,
+        autoreset: str = "same_step",
+        render_mode: str | None = None,
+        evaluation: bool = False,
     ) -> gym.vector.VectorEnv:
-        """``gym.make_vec`` of the configured env. ``autoreset`` is the mode used when the config
-        says ``auto``; ``"disabled_native"`` means DISABLED for the env's own vector env (it keeps
-        finished envs frozen) and SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to
-        step a finished env)."""
+        """``gym.make_vec`` of the configured env (``evaluation``: of the eval env). ``autoreset`` is
+        the mode used when the config says ``auto``; ``"disabled_native"`` means DISABLED for the
+        env's own vector env (it keeps finished envs frozen) and SAME_STEP for gymnasium's
+        Sync/Async wrappers (which refuse to step a finished env)."""
         cfg = self.config
-        env_id = cfg.env
+        env_id, env_kwargs = cfg.env, cfg.env_kwargs
+        if evaluation and cfg.eval_env is not None:
+            env_id, env_kwargs = cfg.eval_env, cfg.eval_env_kwargs or {}
+        elif evaluation and cfg.eval_env_kwargs is not None:
+            env_kwargs = cfg.eval_env_kwargs
         if ":" in env_id:
             module, _, env_id = env_id.partition(":")
             importlib.import_module(module)
@@ -163,7 +176,7 @@ class Run:
         if mode_name == "disabled_native":
             mode_name = "disabled" if native else "same_step"
         mode = AUTORESET[mode_name]
-        kwargs = dict(cfg.env_kwargs)
+        kwargs = dict(env_kwargs)
         if render_mode is not None:
             kwargs["render_mode"] = render_mode
         n = num_envs or cfg.num_envs
@@ -296,7 +309,10 @@ class Run:
         if self._eval_env is None:
             n = cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)
             self._eval_env = self.make_env(
-                n, autoreset="disabled_native", render_mode="rgb_array" if cfg.video else None
+                n,
+                autoreset="disabled_native",
+                render_mode="rgb_array" if cfg.video else None,
+                evaluation=True,
             )
         video = self.dir / "videos" / f"eval_{self.counters['env_steps']:09d}.mp4" if cfg.video else None
         stats = evaluate(

@@ -60,16 +60,24 @@ def write_dataset(
     return folder
 
 
-def write_reward_model(path: str | os.PathLike, *, seed: int = 0) -> Path:
-    """A randomly initialised ``resnet_rm.pth`` in the ``{"model_state_dict": ...}`` form."""
+def write_reward_model(path: str | os.PathLike, *, seed: int = 0, logit_bias: float = -10.0) -> Path:
+    """A random ``resnet_rm.pth`` in the ``{"model_state_dict": ...}`` form.
+
+    The head's bias is ``logit_bias`` (default: "no success" on every frame, so episodes run to
+    their step limit; a random head would otherwise end them at arbitrary frames).
+    """
     import torch
 
     from envs.world_models.reward import ResnetRewardModel
 
-    torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ResnetRewardModel()
+    with torch.no_grad():
+        model.net[-1].bias.fill_(logit_bias)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model_state_dict": ResnetRewardModel().state_dict()}, path)
+    torch.save({"model_state_dict": model.state_dict()}, path)
     return path
 
 
