@@ -22,6 +22,24 @@ def tile(images: Sequence[np.ndarray], columns: int | None = None) -> np.ndarray
     return grid
 
 
+def tile_chunk(frames_per_env: Sequence[np.ndarray | None], columns: int | None = None) -> list[np.ndarray]:
+    """Grid frames of one chunk step from ``info["frames"]`` (per env: its sub-step frames [k, H, W, 3]).
+
+    Grid frame k tiles every env's frame k; an env that ran fewer sub-steps (its episode ended)
+    keeps showing its last frame, an env that ran none (None or empty) is black.
+    """
+    shaped = [f for f in frames_per_env if f is not None and len(f)]
+    if not shaped:
+        return []
+    blank = np.zeros_like(shaped[0][0])
+    steps = max(len(f) for f in shaped)
+    out = []
+    for k in range(steps):
+        images = [blank if f is None or not len(f) else f[min(k, len(f) - 1)] for f in frames_per_env]
+        out.append(tile(images, columns))
+    return out
+
+
 def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: int = 20) -> Path:
     """Write uint8 HxWx3 ``frames`` to an H.264 mp4 (ffmpeg from the imageio-ffmpeg wheel)."""
     import imageio.v2 as imageio

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from envs.core.errors import bad_input
-from envs.core.frames import InitialFrame
+from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
 from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
@@ -43,6 +44,26 @@ from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # LIBERO's delta-pose and gripper range, the same in every backend
+
+
+def default_device(device: str | torch.device | None) -> torch.device:
+    """``device``, else CUDA when available, else CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bfloat16"``/``"float32"`` (as JSON configs give them) or a ``torch.dtype``; None stays None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype: expected a torch dtype name such as 'bfloat16', got {dtype!r}")
+    return value
+
+
+def bundle_parts(root: Path) -> tuple[ResnetRewardModel, list[InitialFrame]]:
+    """What every bundle holds besides its video model: ``resnet_rm.pth`` and ``dataset/``."""
+    return ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth"), load_initial_frames(root / "dataset")
 
 
 class WorldModelVectorEnv(ChunkedVectorEnv):

@@ -8,10 +8,8 @@ from typing import Any
 
 import torch
 
-from envs.core.frames import load_initial_frames
-from envs.world_models.base import WorldModelVectorEnv
+from envs.world_models.base import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
-from envs.world_models.reward import ResnetRewardModel
 
 BUNDLES = {"spatial": COSMOS_LIBERO_SPATIAL}
 SIM_IDS = {"spatial": "Libero-Spatial-v0"}
@@ -28,7 +26,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         suite: the LIBERO suite the checkpoint imagines ("spatial").
         num_envs: envs run as one batch (RLinf: 16 per GPU).
         model_dir, download: where the bundle is (see ``find_bundle``).
-        device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32.
+        device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32 (dtype may be a name).
         image_size: frame (H, W); RLinf: 256x320 (dataset frames are stretched to it).
         prefix: checkpoint weights to use, ``"net."`` (RLinf) or ``"net_ema."``.
         model_options: ``CosmosWorldModel`` options (``num_steps``, ``guidance``, ``action_scaler``,
@@ -44,7 +42,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         model_dir: str | os.PathLike | None = None,
         download: bool = True,
         device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
         image_size: Sequence[int] = (256, 320),
         prefix: str = "net.",
         model_options: dict[str, Any] | None = None,
@@ -56,20 +54,19 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
         root = find_bundle(BUNDLES[suite], model_dir, download)
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = default_device(device)
         model = CosmosWorldModel.from_files(
             root / "libero-spatial-2b-19k.pt",
             root / "tokenizer" / "tokenizer.pth",
             prefix=prefix,
             device=device,
-            dtype=dtype,
+            dtype=parse_dtype(dtype),
             image_size=tuple(image_size),
             **(model_options or {}),
         )
         super().__init__(
             model,
-            ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth"),
-            load_initial_frames(root / "dataset"),
+            *bundle_parts(root),
             env_id=env_id,
             num_envs=num_envs,
             sim_env_id=SIM_IDS[suite],
