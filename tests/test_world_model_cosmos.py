@@ -13,7 +13,8 @@ pytest.importorskip("diffusers")
 from diffusers import CosmosTransformer3DModel  # noqa: E402
 from diffusers.loaders.single_file_utils import convert_cosmos_transformer_checkpoint_to_diffusers  # noqa: E402
 
-from envs.world_models.cosmos.dit import CosmosActionDiT, load_cosmos_dit  # noqa: E402
+from envs.world_models.cosmos.checkpoint import load_cosmos_dit  # noqa: E402
+from envs.world_models.cosmos.dit import CosmosActionDiT  # noqa: E402
 from envs.world_models.cosmos.model import CosmosWorldModel  # noqa: E402
 from envs.world_models.cosmos.sampler import guided_x0_fn, karras_sigmas, rf_x0, sample_2ab  # noqa: E402
 from envs.world_models.cosmos.tiny import (  # noqa: E402

@@ -253,3 +253,14 @@ def test_dtype_by_name_and_bad_names(bundles):
     env.close()
     with pytest.raises(ValueError, match="torch dtype name"):
         make(bundles, "opensora", dtype="float99")
+
+
+@pytest.mark.parametrize("backend", list(IDS))
+def test_one_env_view_passes_gymnasium_check_env(bundles, backend):
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make(
+        IDS[backend], model_dir=bundles[backend], image_size=SIZES[backend], model_options={"num_steps": 2}
+    )
+    check_env(env.unwrapped)
+    env.close()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from envs.world_models.opensora.checkpoint import load_stdit3
 from envs.world_models.opensora.model import OpenSoraWorldModel, load_action_stats
 from envs.world_models.opensora.sampler import (
     rflow_sample,
@@ -20,7 +21,6 @@ from envs.world_models.opensora.stdit3 import (
     RotaryEmbedding,
     STDiT3,
     apply_rope,
-    load_stdit3,
     sincos_2d,
     timestep_embedding,
 )

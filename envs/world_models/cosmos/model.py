@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.cosmos.dit import TEXT_TOKENS, CosmosActionDiT, load_cosmos_dit
+from envs.world_models.cosmos.checkpoint import load_cosmos_dit
+from envs.world_models.cosmos.dit import TEXT_TOKENS, CosmosActionDiT
 from envs.world_models.cosmos.sampler import SIGMA_MAX, guided_x0_fn, karras_sigmas, sample_2ab
 from envs.world_models.cosmos.vae import LATENT_CHANNELS, SPATIAL_FACTOR, TEMPORAL_FACTOR, WanVAE
 

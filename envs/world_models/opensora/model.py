@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from .sampler import rflow_sample, sampling_timesteps
-from .stdit3 import STDiT3, load_stdit3
-from .vae import DOWNSAMPLE, SDXLVAE
+from envs.world_models.opensora.checkpoint import load_stdit3
+from envs.world_models.opensora.sampler import rflow_sample, sampling_timesteps
+from envs.world_models.opensora.stdit3 import STDiT3
+from envs.world_models.opensora.vae import DOWNSAMPLE, SDXLVAE
 
 
 def load_action_stats(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
+from envs.world_models.opensora.stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
 
 
 def tiny_stdit3_config() -> STDiT3Config:
