@@ -1,0 +1,44 @@
+"""Every registered id that runs here passes gymnasium's and Stable-Baselines3's env checkers
+through its one-env view (``gym.make``); SB3's checker needs the instruction text dropped."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import pytest
+from conftest import requires_libero
+from gymnasium.utils.env_checker import check_env
+
+import envs  # noqa: F401
+from envs.libero import SUITE_IDS
+from envs.world_models import WORLD_MODEL_IDS
+from envs.world_models.tiny import write_tiny_bundle
+
+sb3_env_checker = pytest.importorskip("stable_baselines3.common.env_checker")
+LIBERO_KWARGS = {"image_size": 48, "max_episode_steps": 24, "task_ids": [0]}  # 48 px: SB3 needs >= 36
+
+
+def check_both(make) -> None:
+    env = make(include_instruction=True)
+    check_env(env.unwrapped)
+    env.close()
+    env = make(include_instruction=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # SB3 reports problems as warnings: make them failures
+        sb3_env_checker.check_env(env.unwrapped, warn=True)
+    env.close()
+
+
+@requires_libero
+@pytest.mark.parametrize("env_id", list(SUITE_IDS))
+def test_libero_ids_pass_both_checkers(env_id):
+    check_both(lambda **kw: gym.make(env_id, **LIBERO_KWARGS, **kw))
+
+
+@pytest.mark.parametrize("env_id", list(WORLD_MODEL_IDS))
+def test_world_model_ids_pass_both_checkers(env_id, tmp_path):
+    backend = "cosmos" if env_id.startswith("Cosmos") else "opensora"
+    bundle = write_tiny_bundle(backend, tmp_path / backend)
+    kwargs = {"model_dir": bundle, "image_size": (48, 48), "model_options": {"num_steps": 2}}
+    check_both(lambda **kw: gym.make(env_id, **kwargs, **kw))
