@@ -194,17 +194,22 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         valid = (steps <= first_success[:, None]) & (steps < max_steps[:, None])
         last = valid.sum(1) - 1  # index of each env's last executed frame (max_steps >= 1)
         rewards = self._rewards(env_ids, scores, last)
-        uint8 = _to_uint8(frames.flatten(0, 1)).reshape(n, k, *self.model.image_size, 3)
         info: dict[str, np.ndarray] = {"reward_model_scores": scores.astype(np.float32)}
-        if self.record_frames:
+        if self.record_frames:  # every imagined frame to the host; otherwise only the observed ones
+            uint8 = _to_uint8(frames.flatten(0, 1)).reshape(n, k, *self.model.image_size, 3)
             info["frames"] = np.empty(n, dtype=object)
             info["frames"][:] = [uint8[i, : last[i] + 1] for i in range(n)]
+            observed = uint8[np.arange(n), last]
+        else:
+            observed = _to_uint8(
+                frames[torch.arange(n, device=frames.device), torch.as_tensor(last).to(frames.device)]
+            )
         terminated = (success & valid).any(1)
         cut = None
         if self.reset_all_on_done:
             ends = terminated | (valid.sum(1) >= max_steps)
             cut = np.full(n, ends.any()) & ~ends
-        obs = {"image": uint8[np.arange(n), last]}
+        obs = {"image": observed}
         return ChunkResult(obs, rewards, valid, success, terminated, info, cut=cut)
 
     def _rewards(self, env_ids: np.ndarray, scores: np.ndarray, last: np.ndarray) -> np.ndarray:
