@@ -156,8 +156,9 @@ class SB3VecEnv(VecEnv):
                 infos[i] = {**final_info[i], **infos[i]}
                 infos[i]["terminal_observation"] = self._convert_obs_row(final_obs[i])
         elif len(done_ids):  # DISABLED: keep the terminal rows, then reset those envs only
+            terminal = self._convert_obs(obs)
             for i in done_ids:
-                infos[i]["terminal_observation"] = self._row(self._convert_obs(obs), i)
+                infos[i]["terminal_observation"] = self._row(terminal, i)
             mask = np.zeros(self.num_envs, bool)
             mask[done_ids] = True
             obs, _ = self.venv.reset(options={"reset_mask": mask})

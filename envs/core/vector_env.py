@@ -15,6 +15,7 @@ conventions (``_key`` masks, ``final_obs``/``final_info``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,8 +343,6 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
 
     def _episode_state(self) -> dict[str, Any]:
         """A deep copy of everything this class tracks per env, plus its RNG (for ``get_state``)."""
-        import copy
-
         state = {name: copy.deepcopy(getattr(self, name)) for name in self._EPISODE_FIELDS}
         state["np_random"] = copy.deepcopy(self.np_random.bit_generator.state)
         return state

@@ -41,7 +41,7 @@ from envs.core.images import resize_bilinear, to_uint8
 from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.model import WorldModel
-from envs.world_models.reward import ResnetRewardModel
+from envs.world_models.reward import ResnetRewardModel, relative_rewards
 
 ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # LIBERO's delta-pose and gripper range, the same in every backend
 
@@ -193,7 +193,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         first_success = np.where(success.any(1), success.argmax(1), k)
         valid = (steps <= first_success[:, None]) & (steps < max_steps[:, None])
         last = valid.sum(1) - 1  # index of each env's last executed frame (max_steps >= 1)
-        rewards = self._rewards(env_ids, scores, last)
+        rewards = self._rewards(env_ids, scores)
         info: dict[str, np.ndarray] = {"reward_model_scores": scores.astype(np.float32)}
         if self.record_frames:  # every imagined frame to the host; otherwise only the observed ones
             uint8 = _to_uint8(frames.flatten(0, 1)).reshape(n, k, *self.model.image_size, 3)
@@ -212,15 +212,18 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         obs = {"image": observed}
         return ChunkResult(obs, rewards, valid, success, terminated, info, cut=cut)
 
-    def _rewards(self, env_ids: np.ndarray, scores: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """Per-frame rewards ``[n, K]``; updates each env's previous scaled score at ``last``."""
+    def _rewards(self, env_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """Per-frame rewards ``[n, K]``; updates each env's previous scaled score.
+
+        The new previous score is the chunk's last frame: an env whose episode ended earlier in
+        the chunk (success or step limit) is reset before it is scored again.
+        """
         if not self.relative_reward:
             return scores.astype(np.float32)
-        scaled = self.reward_coef * scores
-        previous = self._previous[env_ids].numpy()[:, None]
-        rewards = scaled - np.concatenate([previous, scaled[:, :-1]], axis=1)
-        self._previous[env_ids] = torch.from_numpy(scaled[np.arange(len(env_ids)), last]).float()
-        return rewards.astype(np.float32)
+        rewards, self._previous[env_ids] = relative_rewards(
+            torch.from_numpy(scores).float(), self._previous[env_ids], self.reward_coef
+        )
+        return rewards.numpy()
 
     def _store_state(self, env_ids: np.ndarray, state: dict[str, torch.Tensor]) -> None:
         if not self._model_state:  # allocate on the first reset, from the model's own shapes
