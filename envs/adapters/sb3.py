@@ -28,15 +28,14 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
+
+from envs.adapters.text import TEXT_MODES, TextObservations, text_keys
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError('envs.adapters.sb3 needs Stable-Baselines3: pip install "vla-gym[sb3]"') from e
-
-INSTRUCTION_MODES = ("drop", "encode")
 
 
 class SB3VecEnv(VecEnv):
@@ -59,47 +58,19 @@ class SB3VecEnv(VecEnv):
                 f"SB3VecEnv: expected a vector env with autoreset_mode SAME_STEP or DISABLED, got {mode}; "
                 "make it with autoreset_mode='SameStep' (ours) or vector_kwargs={'autoreset_mode': ...}"
             )
-        if instruction not in INSTRUCTION_MODES:
-            raise ValueError(
-                f"SB3VecEnv: instruction must be one of {INSTRUCTION_MODES}, got {instruction!r}"
-            )
+        if instruction not in TEXT_MODES:
+            raise ValueError(f"SB3VecEnv: instruction must be one of {TEXT_MODES}, got {instruction!r}")
         self.venv, self.mode = venv, AutoresetMode(mode)
-        self.instruction, self.instruction_length = instruction, instruction_length
-        space = venv.single_observation_space
-        self._text_keys = (
-            [k for k, s in space.spaces.items() if isinstance(s, spaces.Text)]
-            if isinstance(space, spaces.Dict)
-            else []
+        # steps and resets go through the text conversion; attributes are read from ``venv``
+        self._env = (
+            TextObservations(venv, instruction, instruction_length)
+            if text_keys(venv.single_observation_space)
+            else venv
         )
-        super().__init__(venv.num_envs, self._convert_space(space), venv.single_action_space)
+        super().__init__(venv.num_envs, self._env.single_observation_space, venv.single_action_space)
         self._actions: np.ndarray | None = None
         self._steps = np.zeros(self.num_envs, np.int64)
         self._started = np.full(self.num_envs, time.perf_counter())
-
-    # ---------------------------------------------------------------- observations
-    def _convert_space(self, space: spaces.Space) -> spaces.Space:
-        if not self._text_keys:
-            return space
-        parts = {k: s for k, s in space.spaces.items() if k not in self._text_keys}
-        if self.instruction == "encode":
-            for key in self._text_keys:
-                parts[key] = spaces.Box(0, 255, (self.instruction_length,), np.uint8)
-        return spaces.Dict(parts)
-
-    def _convert_obs(self, obs: Any) -> Any:
-        if not self._text_keys:
-            return obs
-        out = {k: np.asarray(v) for k, v in obs.items() if k not in self._text_keys}
-        if self.instruction == "encode":
-            for key in self._text_keys:
-                out[key] = np.stack([self._encode(text) for text in obs[key]])
-        return out
-
-    def _encode(self, text: str) -> np.ndarray:
-        codes = np.zeros(self.instruction_length, np.uint8)
-        data = text.encode("utf-8")[: self.instruction_length]
-        codes[: len(data)] = np.frombuffer(data, np.uint8)
-        return codes
 
     def _row(self, obs: Any, i: int) -> Any:
         return {k: v[i] for k, v in obs.items()} if isinstance(obs, dict) else obs[i]
@@ -107,13 +78,13 @@ class SB3VecEnv(VecEnv):
     # ---------------------------------------------------------------- reset and step
     def reset(self) -> Any:
         seeds = None if all(s is None for s in self._seeds) else [int(s or 0) for s in self._seeds]
-        obs, info = self.venv.reset(seed=seeds, options=self._merged_options())
+        obs, info = self._env.reset(seed=seeds, options=self._merged_options())
         self.reset_infos = self._per_env(info)
         self._reset_seeds()
         self._reset_options()
         self._steps[:] = 0
         self._started[:] = time.perf_counter()
-        return self._convert_obs(obs)
+        return obs
 
     def _merged_options(self) -> dict[str, Any]:
         """SB3's per-env option dicts -> one vector-env options dict."""
@@ -144,7 +115,7 @@ class SB3VecEnv(VecEnv):
         if self._actions is None:
             raise RuntimeError("SB3VecEnv: step_wait() without step_async()")
         actions, self._actions = self._actions, None
-        obs, rewards, terminated, truncated, info = self.venv.step(actions)
+        obs, rewards, terminated, truncated, info = self._env.step(actions)
         dones = np.logical_or(terminated, truncated)
         infos = self._per_env(info)
         self._steps += 1
@@ -154,14 +125,13 @@ class SB3VecEnv(VecEnv):
             final_obs, final_info = info.get("final_obs"), self._per_env(info.get("final_info", {}))
             for i in done_ids:
                 infos[i] = {**final_info[i], **infos[i]}
-                infos[i]["terminal_observation"] = self._convert_obs_row(final_obs[i])
+                infos[i]["terminal_observation"] = final_obs[i]
         elif len(done_ids):  # DISABLED: keep the terminal rows, then reset those envs only
-            terminal = self._convert_obs(obs)
             for i in done_ids:
-                infos[i]["terminal_observation"] = self._row(terminal, i)
+                infos[i]["terminal_observation"] = self._row(obs, i)
             mask = np.zeros(self.num_envs, bool)
             mask[done_ids] = True
-            obs, _ = self.venv.reset(options={"reset_mask": mask})
+            obs, _ = self._env.reset(options={"reset_mask": mask})
         for i in done_ids:
             infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
             stats = infos[i].pop("episode", None)
@@ -175,13 +145,7 @@ class SB3VecEnv(VecEnv):
                 "t": round(now - self._started[i], 6),
             }
             self._steps[i], self._started[i] = 0, now
-        return self._convert_obs(obs), np.asarray(rewards, np.float32), dones, infos
-
-    def _convert_obs_row(self, row: Any) -> Any:
-        if not self._text_keys:
-            return row
-        batched = {k: [v] if k in self._text_keys else np.asarray(v)[None] for k, v in row.items()}
-        return self._row(self._convert_obs(batched), 0)
+        return obs, np.asarray(rewards, np.float32), dones, infos
 
     def _per_env(self, info: dict[str, Any]) -> list[dict[str, Any]]:
         """gymnasium's dict of arrays with ``_key`` masks -> one dict per env."""
