@@ -44,7 +44,7 @@ def make_torchrl_env(
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED})``.
         instruction: what to do with ``Text`` observation keys: ``"drop"`` or ``"encode"``.
         instruction_length: bytes kept when encoding.
-        wrapper_kwargs: passed to ``torchrl.envs.GymWrapper`` (``device``, ``categorical_action_encoding``...).
+        wrapper_kwargs: passed to ``torchrl.envs.GymWrapper`` (``device``, ``categorical_action_encoding``).
     """
     mode = getattr(venv, "autoreset_mode", None) or venv.metadata.get("autoreset_mode")
     if mode != AutoresetMode.DISABLED:
