@@ -87,3 +87,18 @@ class ActionChunkPolicy(nn.Module):
     def value(self, obs: Any) -> torch.Tensor:
         """State value ``[B, Kv]`` (used to bootstrap truncated episodes)."""
         raise NotImplementedError
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Behaviour-cloning loss of demonstrated chunks ``actions`` ``[B, K, D]`` (env units), summed
+        over D and averaged over the sub-steps where ``mask`` ``[B, K]`` is True. Lower is better."""
+        raise NotImplementedError(f"{type(self).__name__} has no behaviour-cloning loss")
+
+
+def masked_chunk_mean(loss: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of a per-sub-step loss ``[B, K]`` over the True entries of ``mask`` ``[B, K]`` (all if None)."""
+    if mask is None:
+        return loss.mean()
+    mask = mask.to(loss.device, loss.dtype)
+    return (loss * mask).sum() / mask.sum().clamp_min(1.0)

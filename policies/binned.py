@@ -21,7 +21,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .base import ActionChunk, PolicyEval
+from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .common import TorsoPolicy, box_bounds, box_chunk_shape
 
 
@@ -59,6 +59,14 @@ def unnormalize(
     """BOUNDS_Q99 un-normalization over the last dim; ``mask`` False dims pass through unchanged."""
     a = 0.5 * (a_norm + 1) * (q99 - q01 + eps) + q01
     return a if mask is None else torch.where(mask, a, a_norm)
+
+
+def normalize(
+    a: torch.Tensor, q01: torch.Tensor, q99: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8
+) -> torch.Tensor:
+    """Inverse of ``unnormalize``: env actions -> ``[-1, 1]`` (clipped); ``mask`` False dims pass through."""
+    a_norm = (2 * (a - q01) / (q99 - q01 + eps) - 1).clamp(-1.0, 1.0)
+    return a_norm if mask is None else torch.where(mask, a_norm, a)
 
 
 def top_k_mask(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -167,3 +175,13 @@ class BinnedPolicy(TorsoPolicy):
         log_probs = logp.gather(-1, tokens[..., None])[..., 0]
         entropy = -(logp.exp() * logp).sum(-1)
         return PolicyEval(log_probs, entropy, self._value(prepared, features))
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy of the demonstrated actions' tokens (OpenVLA's SFT loss), temperature 1."""
+        logits = self.logits(self.torso(self._prepare(obs)))
+        a_norm = normalize(actions.to(logits), self.q01, self.q99, self.mask)
+        tokens = normalized_to_tokens(a_norm, self.n_bins)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[..., None])[..., 0]
+        return masked_chunk_mean(-logp.sum(-1), mask)

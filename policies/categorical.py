@@ -17,7 +17,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .base import ActionChunk, PolicyEval
+from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .common import TorsoPolicy
 
 
@@ -87,3 +87,13 @@ class CategoricalPolicy(TorsoPolicy):
         log_probs = logp.gather(-1, tokens[..., None])[..., 0]
         entropy = -torch.where(self.valid, logp.exp() * logp, 0.0).sum(-1)
         return PolicyEval(log_probs, entropy, self._value(prepared, features))
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-entropy of the demonstrated choices (actions hold the chosen values, as ``act`` returns)."""
+        logp = self._log_softmax(self.torso(self._prepare(obs)))
+        tokens = (actions.to(logp).reshape(-1, self.chunk_size, self.action_dim) - self.start).round().long()
+        if bool(((tokens < 0) | (tokens >= self.valid.sum(-1))).any()):
+            raise ValueError(f"{type(self).__name__}: demonstrated actions outside the action space")
+        return masked_chunk_mean(-logp.gather(-1, tokens[..., None])[..., 0].sum(-1), mask)

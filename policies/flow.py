@@ -31,7 +31,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .base import ActionChunk, PolicyEval
+from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .common import TorsoPolicy, box_bounds, box_chunk_shape
 from .torsos import mlp
 
@@ -295,3 +295,17 @@ class FlowPolicy(TorsoPolicy):
         log_probs = torch.stack(terms, dim=1).mean(dim=1)
         entropy = torch.stack(entropies, dim=1).mean(dim=1) if self.noise_method == "flow_noise" else None
         return PolicyEval(log_probs, entropy, self._value(prepared, context))
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Conditional flow matching (pi0's SFT loss): ``x_t = t noise + (1 - t) a`` with ``t ~ U(0, 1)``,
+        the velocity regressed on ``noise - a`` (squared error summed over D)."""
+        context = self.torso(self._prepare(obs))
+        a = actions.to(context)
+        rng = self._rng(context.device)
+        noise = torch.randn(a.shape, generator=rng, device=context.device)
+        t = torch.rand(a.shape[0], generator=rng, device=context.device)
+        x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * a
+        v, _ = self.velocity(x_t, t, context)
+        return masked_chunk_mean(((v - (noise - a)) ** 2).sum(-1), mask)

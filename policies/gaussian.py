@@ -15,10 +15,11 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .base import ActionChunk, PolicyEval
+from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .common import TorsoPolicy, box_bounds, box_chunk_shape
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+BC_EDGE = 1e-3  # squashed BC: demonstrated actions are pulled this far inside the bounds (finite atanh)
 
 
 def tanh_log_abs_det(u: torch.Tensor) -> torch.Tensor:
@@ -107,3 +108,15 @@ class GaussianPolicy(TorsoPolicy):
         u = replay["raw_action"].to(features.device)
         entropy = None if self.squash else (0.5 + HALF_LOG_2PI) + log_std
         return PolicyEval(self._log_prob(u, mean, log_std), entropy, self._value(prepared, features))
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Negative log-likelihood of the demonstrated actions (mean and ``log_std`` both learn).
+        Squashed: of their pre-tanh values, actions at a bound scored ``BC_EDGE`` inside it."""
+        mean, log_std = self._mean_log_std(self.torso(self._prepare(obs)))
+        a = actions.to(mean)
+        if self.squash:
+            y = ((a - self.action_center) / self.action_scale).clamp(-1 + BC_EDGE, 1 - BC_EDGE)
+            a = torch.atanh(y)
+        return masked_chunk_mean(-self._log_prob(a, mean, log_std).sum(-1), mask)

@@ -119,3 +119,18 @@ def load_policy(source: str | Path, observation_space: Any, action_space: Any) -
     policy = make_policy(spec["name"], observation_space, action_space, **spec["kwargs"])
     policy.load_state_dict(spec["state_dict"])
     return policy
+
+
+CRITIC_PREFIXES = ("critic_torso.", "value_head.")
+
+
+def load_initial_weights(policy: Any, path: str | Path, state_dict: dict[str, Any]) -> None:
+    """Load another run's policy weights to start from. Only a critic may be missing (behaviour
+    cloning trains none; PPO adds a fresh one); anything else that does not match is an error."""
+    result = policy.load_state_dict(state_dict, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith(CRITIC_PREFIXES)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{path}: the policy weights do not fit the policy built for this env "
+            f"(missing {missing}, unexpected {list(result.unexpected_keys)})"
+        )

@@ -65,6 +65,10 @@ class RunConfig:
     torch_threads: int = 0  # 0: torch's default
     run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
     resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
+    # start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its
+    # policy class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic,
+    # override them), --policy is ignored
+    init_policy: str | None = None
     # evaluate on another env, e.g. train in a world model and evaluate in the simulator; the
     # kwargs default to env_kwargs when eval_env is unset, else to none
     eval_env: str | None = None
@@ -97,6 +101,56 @@ def _accepts(fn: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return True
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def make_vec_env(
+    env_id: str,
+    num_envs: int,
+    env_kwargs: dict[str, Any] | None = None,
+    vectorization: str = "auto",
+    autoreset: str = "same_step",
+    *,
+    autoreset_required: bool = True,
+    render_mode: str | None = None,
+) -> gym.vector.VectorEnv:
+    """``gym.make_vec`` of ``env_id`` (``"module:Env-v0"`` imports ``module`` first).
+
+    ``vectorization`` ``auto`` uses the env's own vector env when it takes ``autoreset_mode`` (this
+    project's envs), else gymnasium's sync wrapper. ``autoreset`` is one of ``AUTORESET`` or
+    ``"disabled_native"``: DISABLED for the env's own vector env (it keeps finished envs frozen) and
+    SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to step a finished env). A vector
+    env with a fixed mode keeps it, or raises if ``autoreset_required``.
+    """
+    if ":" in env_id:
+        module, _, env_id = env_id.partition(":")
+        importlib.import_module(module)
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
+    full_native = creator is not None and _accepts(creator, "autoreset_mode")
+    if vectorization == "native" and creator is None:
+        raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
+    native = vectorization == "native" or (vectorization == "auto" and full_native)
+    if autoreset == "disabled_native":
+        autoreset = "disabled" if native else "same_step"
+    if autoreset not in AUTORESET:
+        raise ValueError(f"autoreset must be one of {[*AUTORESET, 'disabled_native']}, got {autoreset!r}")
+    mode = AUTORESET[autoreset]
+    kwargs = dict(env_kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    if native:
+        if full_native:
+            kwargs["autoreset_mode"] = mode
+        elif autoreset_required:
+            raise ValueError(
+                f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
+                f"autoreset {autoreset!r} needs vectorization 'sync' or 'async'"
+            )
+        return gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    vectorization = "async" if vectorization == "async" else "sync"
+    return gym.make_vec(
+        env_id, num_envs, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
+    )
 
 
 class Run:
@@ -153,60 +207,44 @@ class Run:
         render_mode: str | None = None,
         evaluation: bool = False,
     ) -> gym.vector.VectorEnv:
-        """``gym.make_vec`` of the configured env (``evaluation``: of the eval env). ``autoreset`` is
-        the mode used when the config says ``auto``; ``"disabled_native"`` means DISABLED for the
-        env's own vector env (it keeps finished envs frozen) and SAME_STEP for gymnasium's
-        Sync/Async wrappers (which refuse to step a finished env)."""
+        """``make_vec_env`` of the configured env (``evaluation``: of the eval env); ``autoreset`` is
+        the mode used when the config says ``auto``."""
         cfg = self.config
         env_id, env_kwargs = cfg.env, cfg.env_kwargs
         if evaluation and cfg.eval_env is not None:
             env_id, env_kwargs = cfg.eval_env, cfg.eval_env_kwargs or {}
         elif evaluation and cfg.eval_env_kwargs is not None:
             env_kwargs = cfg.eval_env_kwargs
-        if ":" in env_id:
-            module, _, env_id = env_id.partition(":")
-            importlib.import_module(module)
-        spec = gym.spec(env_id)
-        creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
-        full_native = creator is not None and _accepts(creator, "autoreset_mode")
-        if cfg.vectorization == "native" and creator is None:
-            raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
-        native = cfg.vectorization == "native" or (cfg.vectorization == "auto" and full_native)
-        mode_name = cfg.autoreset_mode if cfg.autoreset_mode != "auto" else autoreset
-        if mode_name == "disabled_native":
-            mode_name = "disabled" if native else "same_step"
-        mode = AUTORESET[mode_name]
-        kwargs = dict(env_kwargs)
-        if render_mode is not None:
-            kwargs["render_mode"] = render_mode
-        n = num_envs or cfg.num_envs
-        if native:
-            if full_native:
-                kwargs["autoreset_mode"] = mode
-            elif cfg.autoreset_mode != "auto":
-                raise ValueError(
-                    f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
-                    f"autoreset_mode={cfg.autoreset_mode!r} needs vectorization 'sync' or 'async'"
-                )
-            return gym.make_vec(env_id, n, vectorization_mode="vector_entry_point", **kwargs)
-        vectorization = "async" if cfg.vectorization == "async" else "sync"
-        return gym.make_vec(
-            env_id, n, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
+        mode = cfg.autoreset_mode if cfg.autoreset_mode != "auto" else autoreset
+        return make_vec_env(
+            env_id,
+            num_envs or cfg.num_envs,
+            env_kwargs,
+            cfg.vectorization,
+            mode,
+            autoreset_required=cfg.autoreset_mode != "auto",
+            render_mode=render_mode,
         )
 
     def make_policy(self, env: gym.vector.VectorEnv, **defaults: Any) -> ActionChunkPolicy:
         """The configured policy for ``env``'s single spaces (``defaults`` under the config's
-        ``policy_kwargs``), on the configured device, with its own seeded sampling generator."""
-        kwargs = {**defaults, **self.config.policy_kwargs}
-        policy = make_policy(
-            self.config.policy, env.single_observation_space, env.single_action_space, **kwargs
-        )
-        policy = policy.to(self.config.device)
-        policy.seed(self.config.seed)
-        self._policy_spec = {
-            "name": resolve_policy(self.config.policy, env.single_action_space),
-            "kwargs": kwargs,
-        }
+        ``policy_kwargs``), on the configured device, with its own seeded sampling generator.
+        With ``init_policy`` (and not resuming) it starts from that checkpoint's policy."""
+        cfg = self.config
+        name, kwargs, state = cfg.policy, {**defaults, **cfg.policy_kwargs}, None
+        if cfg.init_policy and not cfg.resume:
+            path, data = ckpt.latest_checkpoint(cfg.init_policy)
+            spec = data["policy"]
+            # whether there is a critic is this trainer's choice (BC trains none; PPO needs one)
+            kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
+            name, kwargs = spec["name"], {**kept, **kwargs}
+            state = (path, spec["state_dict"])
+        policy = make_policy(name, env.single_observation_space, env.single_action_space, **kwargs)
+        if state is not None:
+            ckpt.load_initial_weights(policy, *state)
+        policy = policy.to(cfg.device)
+        policy.seed(cfg.seed)
+        self._policy_spec = {"name": resolve_policy(name, env.single_action_space), "kwargs": kwargs}
         return policy
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,0 +1,181 @@
+"""Demonstration files, behaviour cloning, and RL starting from the cloned policy."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import requires_libero
+
+import envs  # noqa: F401  (registers the LIBERO ids)
+from policies import BinnedPolicy, CategoricalPolicy, FlowPolicy, GaussianPolicy
+from trainers import bc
+from trainers.checkpoint import latest_checkpoint
+from trainers.demos import Episode, collect_episodes, read_demos, write_demos
+from trainers.grpo.algorithm import GRPOConfig
+from trainers.run import Run, RunConfig
+
+
+def _episode(rng, chunks: int, k: int = 4, text: str = "put the bowl on the plate") -> Episode:
+    valid = np.ones((chunks, k), bool)
+    valid[-1, 2:] = False  # the episode ended inside its last chunk
+    return Episode(
+        obs={
+            "image": rng.integers(0, 255, (chunks, 8, 8, 3), dtype=np.uint8),
+            "proprio": rng.normal(size=(chunks, 8)).astype(np.float32),
+        },
+        actions=rng.uniform(-1, 1, (chunks, k, 7)).astype(np.float32),
+        valid=valid,
+        rewards=np.zeros((chunks, k), np.float32),
+        instruction=text,
+        task="libero_spatial/some_task",
+        initial_frame=3,
+        success=True,
+    )
+
+
+def test_demo_file_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    episodes = [_episode(rng, 3), _episode(rng, 5, text="pick up the soup")]
+    path = write_demos(
+        tmp_path / "d.h5", episodes, {"env": "x", "env_kwargs": {"image_size": 8}, "chunk_size": 4}
+    )
+    assert not (tmp_path / "d.h5.tmp").exists()
+    demos = read_demos(path)
+    assert demos.meta["env_kwargs"] == {"image_size": 8} and demos.meta["chunk_size"] == 4
+    assert len(demos.episodes) == 2
+    for got, want in zip(demos.episodes, episodes):
+        for key in want.obs:
+            np.testing.assert_array_equal(got.obs[key], want.obs[key])
+        np.testing.assert_array_equal(got.actions, want.actions)
+        np.testing.assert_array_equal(got.valid, want.valid)
+        assert (got.instruction, got.task, got.initial_frame, got.success) == (
+            want.instruction,
+            want.task,
+            3,
+            True,
+        )
+        assert got.length == want.valid.sum()
+    chunks = demos.chunks(["image", "proprio", "instruction"])
+    assert chunks["actions"].shape == (8, 4, 7) and chunks["obs"]["image"].shape == (8, 8, 8, 3)
+    assert chunks["obs"]["instruction"][3] == "pick up the soup"
+    with pytest.raises(KeyError, match="'wrist_image' is not in the demonstrations"):
+        demos.chunks(["wrist_image"])
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.attrs["format"] = "something else"
+    with pytest.raises(ValueError, match="is not a vla-gym-demos file"):
+        read_demos(tmp_path / "other.h5")
+    with pytest.raises(FileNotFoundError):
+        read_demos(tmp_path / "missing.h5")
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [(GaussianPolicy, {"squash": True}), (GaussianPolicy, {}), (BinnedPolicy, {}), (FlowPolicy, {})],
+)
+def test_imitation_loss_falls_for_each_box_policy(cls, kwargs):
+    torch.manual_seed(0)
+    obs_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    act_space = gym.spaces.Box(-1, 1, (2, 2), np.float32)
+    policy = cls(obs_space, act_space, use_critic=False, **kwargs)
+    obs = torch.randn(64, 3)
+    actions = torch.tanh(obs[:, :2, None].expand(64, 2, 2) * 2)  # a function of the observation
+    mask = torch.ones(64, 2, dtype=torch.bool)
+    mask[:8, 1] = False
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(150):
+        loss = policy.imitation_loss(obs, actions, mask)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.5
+    if cls is not FlowPolicy:  # the mode of the cloned policy is near the demonstrated actions
+        act = policy.act(obs, deterministic=True).actions
+        assert (act - actions).abs().mean() < 0.25
+
+
+def test_categorical_imitation_loss_and_bad_actions():
+    policy = CategoricalPolicy(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3, start=1))
+    obs = torch.randn(4, 2)
+    assert torch.isfinite(policy.imitation_loss(obs, torch.tensor([1.0, 2.0, 3.0, 1.0]).reshape(4, 1, 1)))
+    with pytest.raises(ValueError, match="outside the action space"):
+        policy.imitation_loss(obs, torch.full((4, 1, 1), 4.0))
+
+
+LIBERO_KWARGS = {"image_size": 32, "max_episode_steps": 24, "chunk_size": 4}
+
+
+@requires_libero
+def test_collect_clone_and_start_rl_from_the_clone(tmp_path):
+    """Demos of a fixed deterministic policy in real LIBERO -> BC (loss falls) -> GRPO starts from it."""
+    env = gym.make_vec("Libero-Spatial-v0", num_envs=2, autoreset_mode="Disabled", **LIBERO_KWARGS)
+    try:
+        source = GaussianPolicy(env.single_observation_space, env.single_action_space, squash=True)
+        torch.nn.init.normal_(source.mean_head.weight, std=0.3)  # actions vary with the observation
+        episodes = list(collect_episodes(env, source, 3, seed=0, deterministic=True))
+        frames = env.initial_frames
+    finally:
+        env.close()
+    assert len(episodes) == 3
+    for ep in episodes:
+        assert ep.actions.shape == (6, 4, 7) and ep.valid.all()  # 24 sub-steps = 6 chunks of 4
+        assert ep.obs["image"].shape == (6, 32, 32, 3) and ep.obs["proprio"].shape == (6, 8)
+        assert ep.instruction == frames[ep.initial_frame].instruction
+        assert ep.task == frames[ep.initial_frame].task and not ep.success
+    assert len({ep.initial_frame for ep in episodes}) == 3  # a permutation of the frame ids
+    path = write_demos(tmp_path / "demos.h5", episodes, {"env": "envs:Libero-Spatial-v0"})
+
+    common = ["--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps(LIBERO_KWARGS), "--num-envs", "2"]
+    common += ["--eval-episodes", "2", "--no-progress", "--no-tensorboard", "--no-video"]
+    bc.main(
+        ["--demos", str(path), "--policy", "gaussian", "--policy-kwargs", '{"squash": true}']
+        + [
+            "--epochs",
+            "20",
+            "--batch-size",
+            "4",
+            "--learning-rate",
+            "3e-3",
+            "--run-dir",
+            str(tmp_path / "bc"),
+            *common,
+        ]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "bc" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/bc_loss"] for r in rows if "train/bc_loss" in r]
+    assert len(losses) == 20 and losses[-1] < losses[0] - 0.5
+    assert all("train/val_loss" in r for r in rows if "train/bc_loss" in r)
+    _, data = latest_checkpoint(tmp_path / "bc")
+    cloned = data["policy"]["state_dict"]
+
+    # RL from the clone: same class, kwargs and weights; the user's --policy is ignored
+    cfg = RunConfig(
+        env="envs:Libero-Spatial-v0",
+        env_kwargs=LIBERO_KWARGS,
+        policy="flow",
+        init_policy=str(tmp_path / "bc"),
+        run_dir=str(tmp_path / "grpo"),
+        num_envs=1,
+    )
+    run = Run("grpo", cfg, GRPOConfig())
+    env = run.make_env(1)
+    try:
+        policy = run.make_policy(env, use_critic=False)
+    finally:
+        env.close()
+    assert isinstance(policy, GaussianPolicy) and policy.squash
+    for key, value in policy.state_dict().items():
+        assert torch.equal(value, cloned[key]), key
+
+    # demos that do not fit the env are refused clearly
+    with pytest.raises(ValueError, match="observation 'image' has shape \\(32, 32, 3\\) in the demos"):
+        bc.main(
+            ["--demos", str(path), "--policy", "gaussian", "--epochs", "1", "--run-dir", str(tmp_path / "x")]
+            + [*common[:2], "--env-kwargs", json.dumps({**LIBERO_KWARGS, "image_size": 40}), *common[4:]]
+        )

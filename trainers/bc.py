@@ -1,0 +1,164 @@
+"""Behaviour cloning: train a small policy on demonstrations (``trainers/demos.py`` files), then
+evaluate it in the env, in a run directory like the RL trainers'.
+
+    python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \\
+        --env-kwargs '{"image_size": 64}' --policy gaussian --policy-kwargs '{"squash": true}' --epochs 50
+
+The loss is the policy's own ``imitation_loss`` (Gaussian: negative log-likelihood; binned:
+token cross-entropy; flow: flow matching; categorical: cross-entropy) over every demonstrated
+chunk, masked to the executed sub-steps. The policy is built for ``--env``'s spaces, so its
+observation keys and action chunk must be in the demonstrations (e.g. demos recorded with
+``task_state`` for the expert: the policy, without it, reads the image, proprio and instruction).
+One iteration is one epoch; ``--total-steps`` is ignored (the run counts demonstrated sub-steps).
+Episodes are split into training and held-out sets (``val_fraction``) for ``train/val_loss``.
+The checkpoint starts RL: ``python -m trainers.grpo --init-policy RUN_DIR ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from policies.base import ActionChunkPolicy
+from trainers.common import BadUpdateGuard, step_optimizer
+from trainers.config import parse_cli
+from trainers.demos import Demos, read_demos
+from trainers.run import Run, RunConfig, make_vec_env
+
+
+@dataclass
+class BCConfig:
+    demos: str = "demos/demos.h5"
+    epochs: int = 50
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    val_fraction: float = 0.1  # held-out episodes (at least one when there are 2+ and this is > 0)
+    image_shift: int = 4  # random shift augmentation of uint8 images, in pixels (0: off)
+    max_bad_updates: int = 10
+
+
+def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
+    """DrQ-style augmentation: pad ``[B, H, W, C]`` uint8 images by ``pad`` (edge pixels) and crop
+    back at a random offset per image."""
+    b, h, w, _ = images.shape
+    padded = torch.nn.functional.pad(images.permute(0, 3, 1, 2).float(), (pad,) * 4, mode="replicate")
+    dx, dy = (torch.randint(0, 2 * pad + 1, (2, b), generator=generator)).tolist()
+    crops = [padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)]
+    return torch.stack(crops).permute(0, 2, 3, 1).to(images.dtype)
+
+
+def split_episodes(demos: Demos, val_fraction: float, seed: int) -> tuple[Demos, Demos | None]:
+    """Training and held-out demos (whole episodes, drawn with ``seed``)."""
+    n = len(demos.episodes)
+    n_val = int(round(n * val_fraction)) if val_fraction > 0 else 0
+    if val_fraction > 0 and n >= 2:
+        n_val = min(max(n_val, 1), n - 1)
+    if n_val == 0:
+        return demos, None
+    order = np.random.default_rng(seed).permutation(n)
+    val = {int(i) for i in order[:n_val]}
+    train = [ep for i, ep in enumerate(demos.episodes) if i not in val]
+    held = [ep for i, ep in enumerate(demos.episodes) if i in val]
+    return Demos(demos.meta, train), Demos(demos.meta, held)
+
+
+def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space: Any, path: str) -> None:
+    """Clear errors when the demonstrations do not fit the policy's env."""
+    k, d = data["actions"].shape[1:]
+    if (k, d) != (policy.chunk_size, policy.action_dim):
+        raise ValueError(
+            f"{path}: demonstrated chunks are {k} x {d}, the policy's env wants "
+            f"{policy.chunk_size} x {policy.action_dim} (chunk_size x action_dim): record the demos "
+            "with the same chunk_size"
+        )
+    for key, value in data["obs"].items():
+        if key == "instruction":
+            continue
+        expected = obs_space[key].shape
+        if value.shape[1:] != expected:
+            raise ValueError(
+                f"{path}: observation {key!r} has shape {value.shape[1:]} in the demos, the env gives "
+                f"{expected}: use the same env_kwargs (image_size, cameras) as when recording"
+            )
+
+
+def batch_obs(obs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
+    return {k: [v[i] for i in idx] if isinstance(v, list) else v[idx] for k, v in obs.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    configs = parse_cli({"run": RunConfig, "bc": BCConfig}, argv, description=__doc__)
+    run_cfg: RunConfig = configs["run"]
+    cfg: BCConfig = configs["bc"]
+    demos = read_demos(cfg.demos)
+    train_demos, val_demos = split_episodes(demos, cfg.val_fraction, run_cfg.seed)
+    # a one-env copy of the env lends its spaces (evaluation builds its own envs)
+    env = make_vec_env(run_cfg.env, 1, run_cfg.env_kwargs, run_cfg.vectorization, autoreset_required=False)
+    env.close()
+    obs_space = env.single_observation_space
+    obs_keys = list(getattr(obs_space, "spaces", {"obs": obs_space}))
+    train = train_demos.chunks(obs_keys)
+    val = val_demos.chunks(obs_keys) if val_demos is not None else None
+    sub_steps = int(train["valid"].sum())
+    run_cfg = dataclasses.replace(run_cfg, total_steps=max(1, cfg.epochs * sub_steps))
+    run = Run("bc", run_cfg, cfg)
+    policy = run.make_policy(env, use_critic=False)
+    check_compatible(train, policy, obs_space, cfg.demos)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(run_cfg.seed)
+    run.restore(policy, optimizer, {"bc": generator})
+    images = [
+        k for k, v in train["obs"].items() if not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
+    ]
+    actions = torch.as_tensor(train["actions"])
+    valid = torch.as_tensor(train["valid"])
+    guard = BadUpdateGuard(cfg.max_bad_updates)
+    m = len(actions)
+    while not run.finished:
+        policy.train()
+        order = torch.randperm(m, generator=generator).numpy()
+        losses, norms = [], []
+        for start in range(0, m, cfg.batch_size):
+            idx = order[start : start + cfg.batch_size]
+            obs = batch_obs(train["obs"], idx)
+            for key in images:
+                if cfg.image_shift > 0:
+                    obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
+            loss = policy.imitation_loss(obs, actions[idx], valid[idx])
+            stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
+            if stepped:
+                losses.append(loss.detach())
+                norms.append(norm)
+        metrics = {
+            "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
+            "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
+        }
+        if val is not None:
+            metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
+        run.end_iteration(sub_steps, [], metrics)
+    policy.eval()
+    return run.finish()
+
+
+@torch.no_grad()
+def held_out_loss(policy: ActionChunkPolicy, data: dict[str, Any], batch_size: int) -> float:
+    """Mean imitation loss over a data set (no augmentation), weighted by executed sub-steps."""
+    policy.eval()
+    total, count = 0.0, 0
+    actions, valid = torch.as_tensor(data["actions"]), torch.as_tensor(data["valid"])
+    for start in range(0, len(actions), batch_size):
+        idx = np.arange(start, min(start + batch_size, len(actions)))
+        n = int(valid[idx].sum())
+        total += float(policy.imitation_loss(batch_obs(data["obs"], idx), actions[idx], valid[idx])) * n
+        count += n
+    return total / max(count, 1)
+
+
+if __name__ == "__main__":
+    main()

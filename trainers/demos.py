@@ -1,0 +1,301 @@
+"""Demonstrations: run a policy (e.g. the scripted LIBERO expert) in a vector env, keep its episodes
+in an HDF5 file, and read them back for behaviour cloning.
+
+    python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert \\
+        --env-kwargs '{"task_state": true, "image_size": 64}' --episodes 200 --out demos/spatial.h5
+
+File format (HDF5, written with ``h5py``; the file appears only once complete):
+
+    /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
+                        chunk_size K, action_dim D, seed
+    /episodes/000000/   attrs: instruction, task, initial_frame (-1: none), success, return, length
+        obs/<key>       [C, ...] every array observation key at chunk boundaries: the observation
+                        each chunk was chosen from (uint8 images gzip-compressed)
+        actions         float32 [C, K, D], env units, as sent to the env
+        valid           bool [C, K]: sub-steps executed (the last chunk stops where the episode ends)
+        rewards         float32 [C, K]
+
+Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is stored with
+K = 1. Starts: envs with ``initial_frames`` (this project's) go through a seeded permutation of
+their frame ids, so ``--episodes len(frames)`` covers every (task, init state) once; other envs are
+seeded per round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from policies.base import ActionChunkPolicy
+
+FORMAT, VERSION = "vla-gym-demos", 1
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError as e:  # pragma: no cover - h5py is a core dependency
+        raise ImportError("demonstration files need h5py: pip install h5py") from e
+    return h5py
+
+
+@dataclass
+class Episode:
+    """One demonstration: ``obs[key]`` ``[C, ...]``, ``actions`` ``[C, K, D]``, ``valid`` and
+    ``rewards`` ``[C, K]``, and its attributes."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    valid: np.ndarray
+    rewards: np.ndarray
+    instruction: str = ""
+    task: str = ""
+    initial_frame: int = -1
+    success: bool = False
+
+    @property
+    def length(self) -> int:
+        return int(self.valid.sum())
+
+
+@dataclass
+class Demos:
+    """A demonstration file in memory: its attributes and episodes."""
+
+    meta: dict[str, Any]
+    episodes: list[Episode] = field(default_factory=list)
+
+    def chunks(self, obs_keys: Sequence[str]) -> dict[str, Any]:
+        """Every chunk of every episode as one training set: ``obs`` (``{key: [M, ...]}``; the key
+        ``instruction`` gives a list of M strings), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``."""
+        if not self.episodes:
+            raise ValueError("no episodes to train on")
+        obs: dict[str, Any] = {}
+        for key in obs_keys:
+            if key == "instruction":
+                obs[key] = [ep.instruction for ep in self.episodes for _ in range(len(ep.actions))]
+            elif key in self.episodes[0].obs:
+                obs[key] = np.concatenate([ep.obs[key] for ep in self.episodes])
+            else:
+                raise KeyError(
+                    f"observation key {key!r} is not in the demonstrations ({list(self.episodes[0].obs)})"
+                )
+        return {
+            "obs": obs,
+            "actions": np.concatenate([ep.actions for ep in self.episodes]).astype(np.float32),
+            "valid": np.concatenate([ep.valid for ep in self.episodes]).astype(bool),
+        }
+
+
+def write_demos(path: str | Path, episodes: Sequence[Episode], meta: dict[str, Any]) -> Path:
+    """Write ``episodes`` to ``path`` (through a temporary file renamed at the end)."""
+    h5py = _h5py()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs.update({"format": FORMAT, "version": VERSION})
+        for key, value in meta.items():
+            f.attrs[key] = json.dumps(value) if isinstance(value, dict | list | tuple) else value
+        group = f.create_group("episodes")
+        for n, ep in enumerate(episodes):
+            g = group.create_group(f"{n:06d}")
+            g.attrs.update(
+                {
+                    "instruction": ep.instruction,
+                    "task": ep.task,
+                    "initial_frame": int(ep.initial_frame),
+                    "success": bool(ep.success),
+                    "return": float(ep.rewards[ep.valid].sum()),
+                    "length": ep.length,
+                }
+            )
+            for key, value in ep.obs.items():
+                image = value.dtype == np.uint8 and value.ndim == 4
+                g.create_dataset(f"obs/{key}", data=value, compression="gzip" if image else None)
+            g.create_dataset("actions", data=ep.actions.astype(np.float32))
+            g.create_dataset("valid", data=ep.valid.astype(bool))
+            g.create_dataset("rewards", data=ep.rewards.astype(np.float32))
+    os.replace(tmp, path)
+    return path
+
+
+def read_demos(path: str | Path) -> Demos:
+    """Load a file written by ``write_demos``."""
+    h5py = _h5py()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no demonstration file at {path}")
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} file (format attribute {f.attrs.get('format')!r})")
+        if int(f.attrs["version"]) > VERSION:
+            raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {VERSION}")
+        meta = {}
+        for key, value in f.attrs.items():
+            value = value.item() if isinstance(value, np.generic) else value
+            meta[key] = json.loads(value) if key in ("env_kwargs", "policy_kwargs") else value
+        episodes = []
+        for name in sorted(f["episodes"]):
+            g = f["episodes"][name]
+            episodes.append(
+                Episode(
+                    obs={k: g["obs"][k][()] for k in g["obs"]},
+                    actions=g["actions"][()],
+                    valid=g["valid"][()],
+                    rewards=g["rewards"][()],
+                    instruction=str(g.attrs["instruction"]),
+                    task=str(g.attrs["task"]),
+                    initial_frame=int(g.attrs["initial_frame"]),
+                    success=bool(g.attrs["success"]),
+                )
+            )
+    return Demos(meta, episodes)
+
+
+def collect_episodes(
+    env: gym.vector.VectorEnv,
+    policy: ActionChunkPolicy,
+    num_episodes: int,
+    *,
+    seed: int = 0,
+    deterministic: bool = True,
+) -> Iterator[Episode]:
+    """Yield ``num_episodes`` episodes (successful or not), one per env per round.
+
+    Every round resets all envs and records each env's first episode: the observation before each
+    step, the actions sent and the executed sub-steps.
+    """
+    n = env.num_envs
+    space = env.single_action_space
+    frames = getattr(env, "initial_frames", None)
+    order = np.random.default_rng(seed).permutation(len(frames)) if frames else None
+    done_count, rnd = 0, 0
+    while done_count < num_episodes:
+        ids = None
+        if order is not None:
+            ids = [int(order[(rnd * n + i) % len(order)]) for i in range(n)]
+            obs, _ = env.reset(seed=seed + rnd, options={"initial_frames": ids})
+        else:
+            obs, _ = env.reset(seed=seed + rnd)
+        steps: list[tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]] = []
+        instructions = (
+            list(obs["instruction"]) if isinstance(obs, dict) and "instruction" in obs else [""] * n
+        )
+        ended = np.zeros(n, bool)
+        end_step = np.zeros(n, np.int64)
+        success = np.zeros(n, bool)
+        while not ended.all():
+            with torch.no_grad():
+                chunk = policy.act(obs, deterministic=deterministic).actions.cpu().numpy()
+            actions = chunk.reshape(n, *space.shape).astype(np.float32)
+            arrays = (
+                {k: np.asarray(v) for k, v in obs.items() if k != "instruction"}
+                if isinstance(obs, dict)
+                else {"obs": np.asarray(obs)}
+            )
+            obs, reward, term, trunc, info = env.step(actions)
+            k = chunk.shape[1] if chunk.ndim == 3 else 1
+            valid = np.asarray(info.get("chunk_valid", np.ones((n, k), bool)), bool).reshape(n, -1)
+            rewards = np.asarray(
+                info.get("chunk_rewards", np.asarray(reward, np.float32)[:, None]), np.float32
+            )
+            steps.append((arrays, actions.reshape(n, k, -1), valid, rewards.reshape(n, -1)))
+            done = (np.asarray(term) | np.asarray(trunc)) & ~ended
+            stats = info.get("episode", {})
+            for i in np.flatnonzero(done):
+                reported = "success" in stats and info.get("_episode", np.ones(n, bool))[i]
+                success[i] = bool(stats["success"][i]) if reported else bool(term[i])
+                end_step[i] = len(steps)
+            ended |= done
+        for i in range(n):
+            if done_count >= num_episodes:
+                break
+            rows = steps[: end_step[i]]
+            frame = ids[i] if ids is not None else -1
+            yield Episode(
+                obs={key: np.stack([s[0][key][i] for s in rows]) for key in rows[0][0]},
+                actions=np.stack([s[1][i] for s in rows]),
+                valid=np.stack([s[2][i] for s in rows]),
+                rewards=np.stack([s[3][i] for s in rows]),
+                instruction=str(instructions[i]),
+                task=frames[frame].task if ids is not None else "",
+                initial_frame=frame,
+                success=bool(success[i]),
+            )
+            done_count += 1
+        rnd += 1
+
+
+@dataclass
+class DemoConfig:
+    """Settings of ``python -m trainers.demos``."""
+
+    env: str = "envs:Libero-Spatial-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"task_state": True, "image_size": 64})
+    num_envs: int = 4
+    policy: str = "libero_expert"  # a policy name (see policies.registry), or use checkpoint
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None  # a run directory or checkpoint file: its trained policy
+    episodes: int = 100  # episodes run (kept: the successful ones, unless keep_failures)
+    keep_failures: bool = False
+    deterministic: bool = True
+    seed: int = 0
+    out: str = "demos/demos.h5"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from policies.registry import make_policy, resolve_policy
+    from trainers.checkpoint import load_policy
+    from trainers.config import parse
+    from trainers.run import make_vec_env
+
+    cfg: DemoConfig = parse({"demos": DemoConfig}, argv, description=__doc__.splitlines()[0])["demos"]
+    env = make_vec_env(cfg.env, cfg.num_envs, cfg.env_kwargs, autoreset="disabled_native")
+    obs_space, act_space = env.single_observation_space, env.single_action_space
+    if cfg.checkpoint:
+        policy = load_policy(cfg.checkpoint, obs_space, act_space)
+        name = f"checkpoint:{cfg.checkpoint}"
+    else:
+        policy = make_policy(cfg.policy, obs_space, act_space, **cfg.policy_kwargs)
+        name = resolve_policy(cfg.policy, act_space)
+    policy.eval()
+    policy.seed(cfg.seed)
+    kept, ran, successes = [], 0, 0
+    try:
+        for ep in collect_episodes(env, policy, cfg.episodes, seed=cfg.seed, deterministic=cfg.deterministic):
+            ran += 1
+            successes += ep.success
+            if ep.success or cfg.keep_failures:
+                kept.append(ep)
+            print(f"\rdemos: {ran}/{cfg.episodes} episodes, {successes} successful", end="", flush=True)
+    finally:
+        env.close()
+    print()
+    k, d = kept[0].actions.shape[1:] if kept else (0, 0)
+    meta = {
+        "env": cfg.env,
+        "env_kwargs": cfg.env_kwargs,
+        "policy": name,
+        "policy_kwargs": cfg.policy_kwargs,
+        "chunk_size": int(k),
+        "action_dim": int(d),
+        "seed": cfg.seed,
+        "episodes_run": ran,
+        "episodes_successful": successes,
+    }
+    path = write_demos(cfg.out, kept, meta)
+    print(f"demos: kept {len(kept)} episodes in {path} (success rate {successes / max(ran, 1):.1%})")
+    return path
+
+
+if __name__ == "__main__":
+    main()
