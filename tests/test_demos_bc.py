@@ -65,6 +65,18 @@ def test_demo_file_round_trip(tmp_path):
     assert chunks["obs"]["instruction"][3] == "pick up the soup"
     with pytest.raises(KeyError, match="'wrist_image' is not in the demonstrations"):
         demos.chunks(["wrist_image"])
+    with pytest.raises(ValueError, match="can only be used with chunk_size 4"):
+        demos.chunks(["proprio"], 2)
+
+    # one action per step, cut into chunks of 2 at every step
+    single = _episode(rng, 3, k=1)
+    single.valid[:] = True
+    cut = read_demos(write_demos(tmp_path / "s.h5", [single], {})).chunks(["proprio"], 2)
+    np.testing.assert_array_equal(cut["valid"], [[True, True], [True, True], [True, False]])
+    np.testing.assert_array_equal(cut["actions"][0], single.actions[:2, 0])
+    np.testing.assert_array_equal(cut["actions"][2, 0], single.actions[2, 0])
+    np.testing.assert_array_equal(cut["obs"]["proprio"], single.obs["proprio"])
+
     with h5py.File(tmp_path / "other.h5", "w") as f:
         f.attrs["format"] = "something else"
     with pytest.raises(ValueError, match="is not a vla-gym-demos file"):

@@ -6,7 +6,8 @@ evaluate it in the env, in a run directory like the RL trainers'.
 
 The loss is the policy's own ``imitation_loss`` (Gaussian: negative log-likelihood; binned:
 token cross-entropy; flow: flow matching; categorical: cross-entropy) over every demonstrated
-chunk, masked to the executed sub-steps. The policy is built for ``--env``'s spaces, so its
+chunk, masked to the executed sub-steps; demos recorded one action per step are cut into chunks
+of the env's size at every step (``Demos.chunks``). The policy is built for ``--env``'s spaces, so its
 observation keys and action chunk must be in the demonstrations (e.g. demos recorded with
 ``task_state`` for the expert: the policy, without it, reads the image, proprio and instruction).
 One iteration is one epoch; ``--total-steps`` is ignored (the run counts demonstrated sub-steps).
@@ -75,7 +76,7 @@ def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space:
         raise ValueError(
             f"{path}: demonstrated chunks are {k} x {d}, the policy's env wants "
             f"{policy.chunk_size} x {policy.action_dim} (chunk_size x action_dim): record the demos "
-            "with the same chunk_size"
+            "with the same chunk_size, or with chunk_size 1"
         )
     for key, value in data["obs"].items():
         if key == "instruction":
@@ -103,8 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     env.close()
     obs_space = env.single_observation_space
     obs_keys = list(getattr(obs_space, "spaces", {"obs": obs_space}))
-    train = train_demos.chunks(obs_keys)
-    val = val_demos.chunks(obs_keys) if val_demos is not None else None
+    act_space = env.single_action_space
+    k = act_space.shape[0] if len(act_space.shape) == 2 else 1
+    train = train_demos.chunks(obs_keys, k)
+    val = val_demos.chunks(obs_keys, k) if val_demos is not None else None
     sub_steps = int(train["valid"].sum())
     run_cfg = dataclasses.replace(run_cfg, total_steps=max(1, cfg.epochs * sub_steps))
     run = Run("bc", run_cfg, cfg)

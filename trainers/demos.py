@@ -73,11 +73,24 @@ class Demos:
     meta: dict[str, Any]
     episodes: list[Episode] = field(default_factory=list)
 
-    def chunks(self, obs_keys: Sequence[str]) -> dict[str, Any]:
-        """Every chunk of every episode as one training set: ``obs`` (``{key: [M, ...]}``; the key
-        ``instruction`` gives a list of M strings), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``."""
+    def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
+        """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
+        the key ``instruction`` gives a list of M strings), ``actions`` ``[M, K, D]``, ``valid``
+        ``[M, K]``.
+
+        Demonstrations recorded one action per step (K = 1) can be cut into chunks of any
+        ``chunk_size``: the sample at step t is the observation at t and the actions of steps
+        t .. t + K - 1, masked after the episode's end (the action chunking of ACT / OpenVLA-OFT).
+        """
         if not self.episodes:
             raise ValueError("no episodes to train on")
+        stored = self.episodes[0].actions.shape[1]
+        k = stored if chunk_size is None else int(chunk_size)
+        if k != stored and stored != 1:
+            raise ValueError(
+                f"the demonstrations have chunks of {stored} actions; they can only be used with "
+                f"chunk_size {stored} (recorded with chunk_size 1 they can be cut into any size), got {k}"
+            )
         obs: dict[str, Any] = {}
         for key in obs_keys:
             if key == "instruction":
@@ -88,10 +101,22 @@ class Demos:
                 raise KeyError(
                     f"observation key {key!r} is not in the demonstrations ({list(self.episodes[0].obs)})"
                 )
+        actions, valid = [], []
+        for ep in self.episodes:
+            if k == stored:
+                actions.append(ep.actions)
+                valid.append(ep.valid)
+                continue
+            t = len(ep.actions)
+            steps = np.arange(t)[:, None] + np.arange(k)[None, :]  # [T, K] step indices
+            inside = steps < t
+            steps = np.minimum(steps, t - 1)
+            actions.append(np.where(inside[..., None], ep.actions[steps, 0], 0.0))
+            valid.append(inside & ep.valid[steps, 0])
         return {
             "obs": obs,
-            "actions": np.concatenate([ep.actions for ep in self.episodes]).astype(np.float32),
-            "valid": np.concatenate([ep.valid for ep in self.episodes]).astype(bool),
+            "actions": np.concatenate(actions).astype(np.float32),
+            "valid": np.concatenate(valid).astype(bool),
         }
 
 
