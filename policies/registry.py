@@ -1,8 +1,9 @@
 """Build a policy by name, so command lines and checkpoints can name one.
 
-Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``auto`` (categorical for Discrete /
-MultiDiscrete action spaces, Gaussian for Box), or ``"package.module:ClassName"`` for any
-``ActionChunkPolicy`` subclass whose constructor takes ``(observation_space, action_space, **kwargs)``.
+Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``libero_expert`` (scripted), ``auto``
+(categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
+``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
+``(observation_space, action_space, **kwargs)``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ POLICIES = {
     "categorical": "policies.categorical:CategoricalPolicy",
     "binned": "policies.binned:BinnedPolicy",
     "flow": "policies.flow:FlowPolicy",
+    "libero_expert": "policies.libero_expert:LiberoExpert",
 }
 
 

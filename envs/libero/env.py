@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envs.core.frames import InitialFrame
@@ -15,6 +16,7 @@ from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
 from envs.libero.suites import LiberoTask, load_init_states, suite_tasks
+from envs.libero.task_state import TASK_STATE_DIM
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
@@ -122,6 +124,8 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         proprio: include ``proprio`` in the observations (world-model envs have none).
         cameras: subset of ("agentview", "wrist"); () gives state-only envs that never render.
         object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
+        task_state: add the observation ``task_state``, the privileged state that scripted
+            policies read (``envs/libero/task_state.py``: goal object and target poses, gripper).
         envs_per_worker: simulators per worker process.
         context: multiprocessing start method for the workers.
         render_gpus: GPU ids to spread EGL rendering over (default: all visible CUDA GPUs; none on CPU).
@@ -143,6 +147,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         max_episode_steps: int | None = None,
         include_instruction: bool = True,
         object_state_in_info: bool = False,
+        task_state: bool = False,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         fast_reset: bool = True,
         max_cached_scenes: int = 1,
@@ -165,16 +170,19 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             if bad:
                 raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
+        obs_space = observation_space(
+            image_size=hw if cameras else None,
+            wrist="wrist" in cameras,
+            proprio_dim=PROPRIO_DIM if proprio else 0,
+            proprio_bound=10.0,  # metres and radians: eef position, axis-angle, finger positions
+            instruction=include_instruction,
+        )
+        if task_state:
+            obs_space.spaces["task_state"] = spaces.Box(-1e4, 1e4, (TASK_STATE_DIM,), np.float32)
         super().__init__(
             env_id=env_id,
             num_envs=num_envs,
-            single_observation_space=observation_space(
-                image_size=hw if cameras else None,
-                wrist="wrist" in cameras,
-                proprio_dim=PROPRIO_DIM if proprio else 0,
-                proprio_bound=10.0,  # metres and radians: eef position, axis-angle, finger positions
-                instruction=include_instruction,
-            ),
+            single_observation_space=obs_space,
             action_low=-np.ones(ACTION_DIM),
             action_high=np.ones(ACTION_DIM),
             chunk_size=chunk_size,
@@ -195,6 +203,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             settle_steps=settle_steps,
             fast_reset=fast_reset,
             max_cached_scenes=max_cached_scenes,
+            task_state=task_state,
         )
         gpus = list(render_gpus) if render_gpus is not None else _default_render_gpus()
         self.pool = WorkerPool(

@@ -248,6 +248,7 @@ class LiberoSim:
         settle_steps: int = 10,
         fast_reset: bool = True,
         max_cached_scenes: int = 1,
+        task_state: bool = False,
     ) -> None:
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
@@ -260,6 +261,9 @@ class LiberoSim:
         self.settle_steps = settle_steps
         self.fast_reset = fast_reset
         self.max_cached_scenes = max_cached_scenes
+        self.task_state = task_state
+        self._task_state: Any = None  # TaskStateBuilder of the current episode (task_state=True)
+        self._episode_step = 0
         self._scenes: OrderedDict[str, _Scene] = OrderedDict()  # bddl file -> scene, LRU order
         self._scene: _Scene | None = None  # the scene of the current episode
 
@@ -285,6 +289,11 @@ class LiberoSim:
                 scene.raw_obs = scene.inner.step(NOOP_ACTION.copy())[0]
         finally:
             np.random.set_state(rng_state)
+        self._episode_step = 0
+        if self.task_state:
+            from envs.libero.task_state import TaskStateBuilder
+
+            self._task_state = TaskStateBuilder(scene.inner)
         return self._observe(scene)
 
     def run_chunk(self, actions: np.ndarray, max_steps: int, record_frames: bool = False) -> ChunkOutcome:
@@ -306,6 +315,7 @@ class LiberoSim:
                 rewards[i] = 1.0
                 success[i] = True
                 break
+        self._episode_step += executed
         reuse = frames[-1].copy() if frames else None
         return ChunkOutcome(self._observe(scene, reuse), rewards, success, executed, frames)
 
@@ -367,4 +377,6 @@ class LiberoSim:
         obs["proprio"] = np.concatenate(
             [raw["robot0_eef_pos"], axis_angle, raw["robot0_gripper_qpos"]]
         ).astype(np.float32)
+        if self._task_state is not None:
+            obs["task_state"] = self._task_state(scene.inner, self._episode_step)
         return obs

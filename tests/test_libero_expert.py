@@ -1,0 +1,86 @@
+"""The scripted LIBERO expert in the real simulator (rendering off), and its task-state contract."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import requires_libero
+
+import envs  # noqa: F401  (registers the LIBERO ids)
+from envs.libero import task_state as env_task_state
+from policies.libero_expert import TASK_STATE_FIELDS, LiberoExpert
+from policies.registry import make_policy
+from trainers.demos import collect_episodes
+
+
+def test_policy_and_env_agree_on_the_task_state_layout():
+    assert TASK_STATE_FIELDS == env_task_state.TASK_STATE_FIELDS
+
+
+def test_expert_refuses_envs_without_task_state():
+    obs = gym.spaces.Dict(proprio=gym.spaces.Box(-1, 1, (8,), np.float32))
+    with pytest.raises(ValueError, match="make the env with task_state=True"):
+        LiberoExpert(obs, gym.spaces.Box(-1, 1, (7,), np.float32))
+
+
+def _expert_env(suite: str, num_envs: int = 2, **kwargs):
+    options = {"chunk_size": None, "cameras": (), "task_state": True, "autoreset_mode": "Disabled", **kwargs}
+    return gym.make_vec(f"Libero-{suite.capitalize()}-v0", num_envs=num_envs, **options)
+
+
+@requires_libero
+@pytest.mark.parametrize("suite, frames", [("spatial", [0, 257, 349]), ("object", [31, 166, 480])])
+def test_expert_succeeds_on_fixed_pairs(suite, frames):
+    """(task, init state) pairs 50 * task + state, across tasks of the suite."""
+    env = _expert_env(suite, num_envs=len(frames))
+    try:
+        policy = make_policy("libero_expert", env.single_observation_space, env.single_action_space)
+        obs, _ = env.reset(seed=0, options={"initial_frames": frames})
+        done, success = np.zeros(len(frames), bool), np.zeros(len(frames), bool)
+        while not done.all():
+            obs, _, term, trunc, info = env.step(policy.act(obs).actions.numpy()[:, 0])
+            for i in np.flatnonzero((term | trunc) & ~done):
+                success[i] = info["episode"]["success"][i]
+            done |= term | trunc
+    finally:
+        env.close()
+    assert success.all(), success
+
+
+@requires_libero
+def test_task_state_fields_track_the_simulator():
+    env = _expert_env("spatial", num_envs=1, object_state_in_info=True, chunk_size=4)
+    try:
+        obs, _ = env.reset(seed=0, options={"initial_frames": [0]})
+        first = obs["task_state"][0]
+        obs, *_, info = env.step(np.zeros((1, 4, 7), np.float32))
+    finally:
+        env.close()
+    named = {}
+    i = 0
+    for name, n in TASK_STATE_FIELDS:
+        named[name] = obs["task_state"][0][i : i + n]
+        i += n
+    assert first[:2].tolist() == [1.0, 0.0]  # supported, episode_step 0 after a reset
+    assert named["episode_step"][0] == 4.0
+    assert named["goal_in"][0] == 0.0  # "on the plate"
+    poses = info["object_state"][0]
+    np.testing.assert_allclose(named["obj_pos"], poses["akita_black_bowl_1_pos"], atol=1e-5)
+    np.testing.assert_allclose(named["target_pos"], poses["plate_1_pos"], atol=1e-5)
+    np.testing.assert_allclose(named["eef_pos"], obs["proprio"][0][:3], atol=1e-5)
+
+
+@requires_libero
+def test_expert_demonstrations_are_successful_episodes():
+    env = _expert_env("object", num_envs=2, include_instruction=True)
+    try:
+        policy = LiberoExpert(env.single_observation_space, env.single_action_space)
+        episodes = list(collect_episodes(env, policy, 2, seed=3))
+    finally:
+        env.close()
+    for ep in episodes:
+        assert ep.success and ep.valid.all() and ep.actions.shape[1:] == (1, 7)
+        assert ep.instruction.startswith("pick up the") and "basket" in ep.instruction
+        assert np.abs(ep.actions).max() <= 1.0
+        assert ep.obs["task_state"][0, 1] == 0.0 and ep.obs["task_state"][-1, 1] == len(ep.actions) - 1
