@@ -14,7 +14,7 @@ from conftest import requires_libero
 import envs  # noqa: F401  (registers the LIBERO ids)
 from policies import BinnedPolicy, CategoricalPolicy, FlowPolicy, GaussianPolicy
 from trainers import bc
-from trainers.checkpoint import latest_checkpoint
+from trainers.checkpoint import export_policy, latest_checkpoint
 from trainers.demos import Episode, collect_episodes, read_demos, write_demos
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.run import Run, RunConfig
@@ -166,12 +166,15 @@ def test_collect_clone_and_start_rl_from_the_clone(tmp_path):
     _, data = latest_checkpoint(tmp_path / "bc")
     cloned = data["policy"]["state_dict"]
 
-    # RL from the clone: same class, kwargs and weights; the user's --policy is ignored
+    # RL from the clone (exported alone: no optimizer): same class, kwargs and weights; --policy is ignored
+    exported = export_policy(tmp_path / "bc", tmp_path / "bc_policy.pt")
+    full = latest_checkpoint(tmp_path / "bc")[0]
+    assert exported.stat().st_size < full.stat().st_size
     cfg = RunConfig(
         env="envs:Libero-Spatial-v0",
         env_kwargs=LIBERO_KWARGS,
         policy="flow",
-        init_policy=str(tmp_path / "bc"),
+        init_policy=str(exported),
         run_dir=str(tmp_path / "grpo"),
         num_envs=1,
     )
@@ -184,6 +187,10 @@ def test_collect_clone_and_start_rl_from_the_clone(tmp_path):
     assert isinstance(policy, GaussianPolicy) and policy.squash
     for key, value in policy.state_dict().items():
         assert torch.equal(value, cloned[key]), key
+    with pytest.raises(ValueError, match="holds a policy only"):
+        Run("grpo", RunConfig(resume=str(exported)), GRPOConfig()).restore(
+            policy, torch.optim.Adam(policy.parameters()), {}
+        )
 
     # demos that do not fit the env are refused clearly
     with pytest.raises(ValueError, match="observation 'image' has shape \\(32, 32, 3\\) in the demos"):

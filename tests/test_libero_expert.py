@@ -84,3 +84,17 @@ def test_expert_demonstrations_are_successful_episodes():
         assert ep.instruction.startswith("pick up the") and "basket" in ep.instruction
         assert np.abs(ep.actions).max() <= 1.0
         assert ep.obs["task_state"][0, 1] == 0.0 and ep.obs["task_state"][-1, 1] == len(ep.actions) - 1
+
+
+@requires_libero
+def test_goal_suite_tasks_are_marked_unsupported():
+    env = _expert_env("goal", num_envs=1)
+    try:
+        policy = LiberoExpert(env.single_observation_space, env.single_action_space)
+        obs, _ = env.reset(seed=0, options={"initial_frames": [0]})  # "open the middle drawer ..."
+        assert obs["task_state"][0, 0] == 0.0  # supported = 0
+        action = policy.act(obs).actions.numpy()
+    finally:
+        env.close()
+    np.testing.assert_array_equal(action[0, 0], [0, 0, 0, 0, 0, 0, -1])
+    assert policy.unsupported_steps == 1

@@ -134,3 +134,32 @@ def load_initial_weights(policy: Any, path: str | Path, state_dict: dict[str, An
             f"{path}: the policy weights do not fit the policy built for this env "
             f"(missing {missing}, unexpected {list(result.unexpected_keys)})"
         )
+
+
+def export_policy(source: str | Path, path: str | Path, note: dict[str, Any] | None = None) -> Path:
+    """Write the policy alone (class, arguments, weights; no optimizer or RNG state) of a run's
+    newest checkpoint to ``path``: a small file that ``--init-policy`` and ``load_policy`` read."""
+    src, data = latest_checkpoint(source)
+    payload = {
+        "algo": data["algo"],
+        "policy": data["policy"],
+        "counters": data["counters"],
+        "config": data.get("config", {}),
+        "exported_from": str(src),
+        "note": note or {},
+    }
+    return save_checkpoint(path, payload)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export the policy of a run's newest checkpoint.")
+    parser.add_argument("source", help="a run directory or a checkpoint file")
+    parser.add_argument("out", help="the policy-only checkpoint to write")
+    args = parser.parse_args(argv)
+    print(f"wrote {export_policy(args.source, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

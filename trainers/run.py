@@ -286,6 +286,8 @@ class Run:
         resume_iteration = resume_step = None
         if self.config.resume:
             path, data = ckpt.latest_checkpoint(self.config.resume)
+            if "optimizer" not in data:
+                raise ValueError(f"{path} holds a policy only (exported): start from it with --init-policy")
             if data["algo"] != self.algo:
                 raise ValueError(f"{path} is a {data['algo']} checkpoint, not {self.algo}")
             policy.load_state_dict(data["policy"]["state_dict"])
