@@ -77,6 +77,16 @@ def test_demo_file_round_trip(tmp_path):
     np.testing.assert_array_equal(cut["actions"][2, 0], single.actions[2, 0])
     np.testing.assert_array_equal(cut["obs"]["proprio"], single.obs["proprio"])
 
+    def interrupted():
+        yield episodes[0]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_demos(tmp_path / "cut.h5", interrupted(), {"env": "x"})
+    assert not (tmp_path / "cut.h5").exists()
+    partial = read_demos(tmp_path / "cut.h5.tmp")  # the complete episodes written before the stop
+    assert len(partial.episodes) == 1 and partial.episodes[0].length == episodes[0].length
+
     with h5py.File(tmp_path / "other.h5", "w") as f:
         f.attrs["format"] = "something else"
     with pytest.raises(ValueError, match="is not a vla-gym-demos file"):

@@ -4,10 +4,12 @@ in an HDF5 file, and read them back for behaviour cloning.
     python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert \\
         --env-kwargs '{"task_state": true, "image_size": 64}' --episodes 200 --out demos/spatial.h5
 
-File format (HDF5, written with ``h5py``; the file appears only once complete):
+File format (HDF5, written with ``h5py``; the file appears once complete, an interrupted run leaves
+the episodes written so far in ``<out>.tmp``):
 
     /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
-                        chunk_size K, action_dim D, seed
+                        policy_kwargs, chunk_size K, action_dim D, seed, episodes_run,
+                        episodes_successful
     /episodes/000000/   attrs: instruction, task, initial_frame (-1: none), success, return, length
         obs/<key>       [C, ...] every array observation key at chunk boundaries: the observation
                         each chunk was chosen from (uint8 images gzip-compressed)
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,37 +122,47 @@ class Demos:
         }
 
 
-def write_demos(path: str | Path, episodes: Sequence[Episode], meta: dict[str, Any]) -> Path:
-    """Write ``episodes`` to ``path`` (through a temporary file renamed at the end)."""
+def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
+    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.tmp`` renamed at the
+    end. ``meta`` is written first and again at the end (a caller may add totals meanwhile). If the
+    episodes stop with an error, ``<path>.tmp`` keeps the complete episodes written so far."""
     h5py = _h5py()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as f:
-        f.attrs.update({"format": FORMAT, "version": VERSION})
-        for key, value in meta.items():
-            f.attrs[key] = json.dumps(value) if isinstance(value, dict | list | tuple) else value
+        _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
         group = f.create_group("episodes")
         for n, ep in enumerate(episodes):
-            g = group.create_group(f"{n:06d}")
-            g.attrs.update(
-                {
-                    "instruction": ep.instruction,
-                    "task": ep.task,
-                    "initial_frame": int(ep.initial_frame),
-                    "success": bool(ep.success),
-                    "return": float(ep.rewards[ep.valid].sum()),
-                    "length": ep.length,
-                }
-            )
-            for key, value in ep.obs.items():
-                image = value.dtype == np.uint8 and value.ndim == 4
-                g.create_dataset(f"obs/{key}", data=value, compression="gzip" if image else None)
-            g.create_dataset("actions", data=ep.actions.astype(np.float32))
-            g.create_dataset("valid", data=ep.valid.astype(bool))
-            g.create_dataset("rewards", data=ep.rewards.astype(np.float32))
+            _write_episode(group.create_group(f"{n:06d}"), ep)
+            f.flush()
+        _set_attrs(f, meta)
     os.replace(tmp, path)
     return path
+
+
+def _set_attrs(f: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        f.attrs[key] = json.dumps(value) if isinstance(value, dict | list | tuple) else value
+
+
+def _write_episode(g: Any, ep: Episode) -> None:
+    g.attrs.update(
+        {
+            "instruction": ep.instruction,
+            "task": ep.task,
+            "initial_frame": int(ep.initial_frame),
+            "success": bool(ep.success),
+            "return": float(ep.rewards[ep.valid].sum()),
+            "length": ep.length,
+        }
+    )
+    for key, value in ep.obs.items():
+        image = value.dtype == np.uint8 and value.ndim == 4
+        g.create_dataset(f"obs/{key}", data=value, compression="gzip" if image else None)
+    g.create_dataset("actions", data=ep.actions.astype(np.float32))
+    g.create_dataset("valid", data=ep.valid.astype(bool))
+    g.create_dataset("rewards", data=ep.rewards.astype(np.float32))
 
 
 def read_demos(path: str | Path) -> Demos:
@@ -294,31 +306,32 @@ def main(argv: list[str] | None = None) -> Path:
         name = resolve_policy(cfg.policy, act_space)
     policy.eval()
     policy.seed(cfg.seed)
-    kept, ran, successes = [], 0, 0
-    try:
-        for ep in collect_episodes(env, policy, cfg.episodes, seed=cfg.seed, deterministic=cfg.deterministic):
-            ran += 1
-            successes += ep.success
-            if ep.success or cfg.keep_failures:
-                kept.append(ep)
-            print(f"\rdemos: {ran}/{cfg.episodes} episodes, {successes} successful", end="", flush=True)
-    finally:
-        env.close()
-    print()
-    k, d = kept[0].actions.shape[1:] if kept else (0, 0)
-    meta = {
+    meta: dict[str, Any] = {
         "env": cfg.env,
         "env_kwargs": cfg.env_kwargs,
         "policy": name,
         "policy_kwargs": cfg.policy_kwargs,
-        "chunk_size": int(k),
-        "action_dim": int(d),
         "seed": cfg.seed,
-        "episodes_run": ran,
-        "episodes_successful": successes,
+        "episodes_run": 0,
+        "episodes_successful": 0,
     }
-    path = write_demos(cfg.out, kept, meta)
-    print(f"demos: kept {len(kept)} episodes in {path} (success rate {successes / max(ran, 1):.1%})")
+
+    def kept() -> Iterator[Episode]:
+        for ep in collect_episodes(env, policy, cfg.episodes, seed=cfg.seed, deterministic=cfg.deterministic):
+            meta["episodes_run"] += 1
+            meta["episodes_successful"] += int(ep.success)
+            run, ok = meta["episodes_run"], meta["episodes_successful"]
+            print(f"\rdemos: {run}/{cfg.episodes} episodes, {ok} successful", end="", flush=True)
+            if ep.success or cfg.keep_failures:
+                meta["chunk_size"], meta["action_dim"] = (int(v) for v in ep.actions.shape[1:])
+                yield ep
+
+    try:
+        path = write_demos(cfg.out, kept(), meta)
+    finally:
+        env.close()
+    rate = meta["episodes_successful"] / max(meta["episodes_run"], 1)
+    print(f"\ndemos: wrote {path} (success rate {rate:.1%})")
     return path
 
 
