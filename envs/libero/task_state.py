@@ -8,15 +8,15 @@ the pick-and-place tasks of the other suites); for any other goal ``supported`` 
 * ``eef_pos``, ``eef_quat`` (xyzw): the grip site and the hand's orientation; ``gripper_qpos``.
 * ``obj_pos``, ``obj_quat``: the goal object's body pose; ``obj_local_center`` / ``obj_local_half``:
   the box around its collision geoms, in its body frame.
-* ``target_pos``, ``target_half``, ``target_top``: the target object's body position and the
-  world box of its collision geoms (``On``), or the target region site's position and box (``In``);
-  ``goal_in``: 1 for ``In``, 0 for ``On``.
+* ``target_pos``, ``target_top``: the target object's body position and the top of the world box of
+  its collision geoms (``On``), or the target region site's position and top (``In``); ``goal_in``:
+  1 for ``In``, 0 for ``On``.
 * Obstacles around the object, from vertical ray casts that skip the robot and the object, at
   distances 0, 1, ..., 16 cm from the centre of its box in 8 directions ``k * 45`` degrees:
   ``ring_height``, per direction, the highest surface 0.5-11.5 cm outside the object's horizontal
   half size, minus the object's top, clipped to [-1, 1] (where a finger would hit something);
-  ``ring_free``, the first distance whose surface rises above the object's top minus 5 mm (an
-  overhang), 0.2 if none.
+  ``ring_free`` / ``ring_free_low``, the first distance whose surface rises above the object's top
+  minus 5 mm (an overhang) / minus 45 mm (finger height), 0.2 if none.
 * ``episode_step``: sub-steps since the episode started (0 in a reset's observation).
 """
 
@@ -37,11 +37,11 @@ TASK_STATE_FIELDS: tuple[tuple[str, int], ...] = (
     ("obj_local_center", 3),
     ("obj_local_half", 3),
     ("target_pos", 3),
-    ("target_half", 3),
     ("target_top", 1),
     ("goal_in", 1),
     ("ring_height", 8),
     ("ring_free", 8),
+    ("ring_free_low", 8),
 )
 TASK_STATE_DIM = sum(n for _, n in TASK_STATE_FIELDS)
 RING_DIRECTIONS = 8
@@ -109,7 +109,6 @@ class TaskStateBuilder:
             body = env.obj_body_id[self.target]
             target_pos = np.array(data.xpos[body])
             corners = _geom_corners(model, data, body)
-            target_half = (corners.max(0) - corners.min(0)) / 2
             target_top = corners[:, 2].max()
         values = {
             "supported": 1.0,
@@ -122,20 +121,20 @@ class TaskStateBuilder:
             "obj_local_center": self.obj_center,
             "obj_local_half": self.obj_half,
             "target_pos": target_pos,
-            "target_half": target_half,
             "target_top": target_top,
             "goal_in": self.goal_in,
         }
-        values["ring_height"], values["ring_free"] = self._ring(model, data)
+        values["ring_height"], values["ring_free"], values["ring_free_low"] = self._ring(model, data)
         return np.concatenate(
             [np.atleast_1d(np.asarray(values[k], np.float64)) for k, _ in TASK_STATE_FIELDS]
         ).astype(np.float32)
 
-    def _ring(self, model: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _ring(self, model: Any, data: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         corners = _geom_corners(model, data, self.body)
         low, high = corners.min(0), corners.max(0)
         center, top, radius = (low + high) / 2, high[2], (high - low)[:2].max() / 2
-        height, free = np.full(RING_DIRECTIONS, -1.0), np.full(RING_DIRECTIONS, 0.2)
+        height = np.full(RING_DIRECTIONS, -1.0)
+        free, free_low = np.full(RING_DIRECTIONS, 0.2), np.full(RING_DIRECTIONS, 0.2)
         for k in range(RING_DIRECTIONS):
             angle = 2 * np.pi * k / RING_DIRECTIONS
             u = np.array([np.cos(angle), np.sin(angle)])
@@ -146,7 +145,9 @@ class TaskStateBuilder:
                     height[k] = max(height[k], h)
                 if h > -0.005 and free[k] == 0.2:
                     free[k] = rho
-        return np.clip(height, -1.0, 1.0), free
+                if h > -0.045 and free_low[k] == 0.2:
+                    free_low[k] = rho
+        return np.clip(height, -1.0, 1.0), free, free_low
 
     def _surface(self, model: Any, data: Any, x: float, y: float) -> float:
         """Height of the highest collision surface at (x, y), skipping the robot and the object."""

@@ -4,7 +4,7 @@ Phases: approach (above the grasp point, gripper open, yaw aligned) -> descend -
 (slide the object out from under an overhang, if ``ring_free`` says it is under one) -> lift ->
 carry (above the target, with clearance over the target and the start area) -> lower -> release ->
 retreat. Grasps: objects wider than ``wide_threshold`` on both horizontal sides (bowls, plates) by
-the rim, on the side with the fewest obstacles (``ring_height``); others at their centre across
+the rim, on a side clear of obstacles (``ring_free``, ``ring_free_low``); others at their centre across
 their shortest horizontal side. A proportional controller drives the OSC delta-pose actions (the
 hand kept pointing down, gripper yaw set by the grasp). Recovery: when the object is no longer
 held during lift / carry / lower, or the gripper closed on nothing, or the descent is blocked,
@@ -82,9 +82,11 @@ class PickPlaceMachine:
         close_steps: int = 12,
         open_steps: int = 8,
         max_retries: int = 3,
-        obstacle_margin: float = 0.0,  # ring heights above object top + this are obstacles
+        hand_reach: float = 0.10,  # rim grasp: the hand reaches this far beyond the rim (obstacles above top)
+        finger_reach: float = 0.05,  # ... the outer finger this far (obstacles above top - 0.045)
         escape_margin: float = 0.015,  # keep this much horizontal clearance to obstacles above the object
         max_escape: float = 0.04,
+        near_obstacle: float = 0.06,  # obstacles closer than this to the object's side are lifted over
         rim_pref: tuple[float, float] = (-1.0, 0.0),  # preferred rim side (toward the robot base: less reach)
     ) -> None:
         self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
@@ -111,18 +113,17 @@ class PickPlaceMachine:
         horiz = [i for i in range(3) if i != k]
         return R, center, half_w, horiz
 
-    def _choose_rim_dir(self, s) -> np.ndarray:
-        ring = s["ring_height"]
-        n = len(ring)
+    def _choose_rim_dir(self, s, radius: float) -> np.ndarray:
+        n = len(s["ring_free"])
         best, best_cost = None, np.inf
         for k in range(n):
             a = 2 * np.pi * k / n
             u = np.array([np.cos(a), np.sin(a)])
-            # hand spans along u: the ring sector k (outside the rim) matters most, neighbours a bit
-            cost = max(ring[k] - self.obstacle_margin, 0.0) * 10
-            cost += 0.5 * max(ring[(k - 1) % n] - self.obstacle_margin, 0.0) + 0.5 * max(
-                ring[(k + 1) % n] - self.obstacle_margin, 0.0
-            )
+            # the hand is long along u (the finger axis) and narrow across it: only sector k matters.
+            # hand-level obstacles (above the object's top) out to ~radius + 0.10, and finger-level
+            # obstacles (above top - 0.045) out to ~radius + 0.05 block this side
+            cost = 1.0 * float(s["ring_free"][k] < radius + self.hand_reach)
+            cost += 0.5 * float(s["ring_free_low"][k] < radius + self.finger_reach)
             cost += 0.01 * float(np.dot(u, self.rim_pref) < 0.9) - 0.001 * float(np.dot(u, self.rim_pref))
             if cost < best_cost:
                 best, best_cost = u, cost
@@ -134,7 +135,7 @@ class PickPlaceMachine:
         sizes = [2 * s["obj_local_half"][i] for i in horiz]
         if min(sizes) > self.wide_threshold:  # bowl: grasp the rim
             if self.rim_u is None:
-                self.rim_u = self._choose_rim_dir(s)
+                self.rim_u = self._choose_rim_dir(s, max(half_w[0], half_w[1]))
             u = self.rim_u
             radius = min(half_w[0], half_w[1])
             xy = center[:2] + u * (radius - self.rim_inset)
@@ -189,8 +190,10 @@ class PickPlaceMachine:
         obj_bottom = center[2] - half_w[2]
         if self.start_bottom is None:
             self.start_bottom, self.start_xy = obj_bottom, center[:2].copy()
-            # lift the object's bottom above its surroundings (drawer walls, cabinet) before carrying
-            self.start_lift = center[2] + half_w[2] + max(float(np.max(s["ring_height"])), 0.0) + 0.02
+            # lift the object's bottom above nearby obstacles (drawer walls) before carrying
+            near = s["ring_free"] < max(half_w[0], half_w[1]) + self.near_obstacle
+            h = max(float(np.max(s["ring_height"][near])), 0.0) if near.any() else 0.0
+            self.start_lift = center[2] + half_w[2] + h + 0.02
         goal_in = s["goal_in"][0] > 0.5
         ttop = float(s["target_top"][0])
 

@@ -34,11 +34,11 @@ TASK_STATE_FIELDS: tuple[tuple[str, int], ...] = (
     ("obj_local_center", 3),
     ("obj_local_half", 3),
     ("target_pos", 3),
-    ("target_half", 3),
     ("target_top", 1),
     ("goal_in", 1),
     ("ring_height", 8),
     ("ring_free", 8),
+    ("ring_free_low", 8),
 )
 TASK_STATE_DIM = sum(n for _, n in TASK_STATE_FIELDS)
 
