@@ -102,6 +102,14 @@ def format_summary(summary: dict, title: str) -> str:
     return format_table(rows, title=title)
 
 
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write a benchmark's results next to its table."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
 def frame_ids(frames: Any, init_states: int, tasks: list[int] | None) -> list[int]:
     """Ids of the first ``init_states`` init states of the chosen tasks (all tasks by default)."""
     ids = []
@@ -160,9 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         env.close()
     summary = {**summarize(episodes), "suite": args.suite, "wall_s": wall, "args": vars(args)}
     print(format_summary(summary, f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()}"))
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=1))
+    write_json(args.out, summary)
     return summary
 
 

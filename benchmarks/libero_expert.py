@@ -11,11 +11,9 @@ table per suite (per task: successes / trials, rate, 95% Wilson interval) and wr
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
-from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize
+from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize, write_json
 
 
 def evaluate_suite(suite: str, init_states: int, num_envs: int, seed: int) -> dict:
@@ -62,9 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     for suite in args.suite:
         results[suite] = res = evaluate_suite(suite, args.init_states, args.num_envs, args.seed)
         print(format_summary(res, f"scripted expert, LIBERO-{suite.capitalize()} ({res['wall_s']:.0f} s)"))
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1))
+    write_json(args.out, results)
     return results
 
 
