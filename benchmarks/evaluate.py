@@ -36,28 +36,11 @@ def run_frames(
     env: Any, policy: Any, ids: list[int], *, seed: int = 0, deterministic: bool = True
 ) -> list[dict]:
     """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time."""
-    import torch
+    from trainers.demos import collect_episodes
 
-    n, out = env.num_envs, []
-    frames = env.unwrapped.initial_frames
-    space = env.single_action_space
-    for start in range(0, len(ids), n):
-        batch = ids[start : start + n]
-        padded = batch + [batch[-1]] * (n - len(batch))
-        obs, _ = env.reset(seed=seed + start, options={"initial_frames": padded})
-        done = np.zeros(n, bool)
-        success, length = np.zeros(n, bool), np.zeros(n, int)
-        while not done.all():
-            with torch.no_grad():
-                actions = policy.act(obs, deterministic=deterministic).actions.cpu().numpy()
-            obs, _, term, trunc, info = env.step(actions.reshape(n, *space.shape).astype(np.float32))
-            for i in np.flatnonzero((term | trunc) & ~done):
-                success[i], length[i] = info["episode"]["success"][i], info["episode"]["length"][i]
-            done |= term | trunc
-        out += [
-            {"frame": f, "task": frames[f].task, "success": bool(success[i]), "length": int(length[i])}
-            for i, f in enumerate(batch)
-        ]
+    out = []
+    for ep in collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids):
+        out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
         print(f"\revaluate: {len(out)}/{len(ids)} episodes", end="", flush=True)
     print()
     return out

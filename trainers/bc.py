@@ -116,8 +116,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(run_cfg.seed)
     run.restore(policy, optimizer, {"bc": generator})
-    images = [
-        k for k, v in train["obs"].items() if not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
+    images = [  # keys to augment
+        key
+        for key, v in train["obs"].items()
+        if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
     ]
     actions = torch.as_tensor(train["actions"])
     valid = torch.as_tensor(train["valid"])
@@ -131,8 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             idx = order[start : start + cfg.batch_size]
             obs = batch_obs(train["obs"], idx)
             for key in images:
-                if cfg.image_shift > 0:
-                    obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
+                obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
             loss = policy.imitation_loss(obs, actions[idx], valid[idx])
             stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
             if stepped:

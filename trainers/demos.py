@@ -205,16 +205,24 @@ def collect_episodes(
     *,
     seed: int = 0,
     deterministic: bool = True,
+    frame_ids: Sequence[int] | None = None,
 ) -> Iterator[Episode]:
     """Yield ``num_episodes`` episodes (successful or not), one per env per round.
 
     Every round resets all envs and records each env's first episode: the observation before each
-    step, the actions sent and the executed sub-steps.
+    step, the actions sent and the executed sub-steps. Envs with ``initial_frames`` start from
+    ``frame_ids`` in order (default: a permutation of all ids drawn with ``seed``).
     """
     n = env.num_envs
     space = env.single_action_space
     frames = getattr(env, "initial_frames", None)
-    order = np.random.default_rng(seed).permutation(len(frames)) if frames else None
+    order = None
+    if frame_ids is not None:
+        if not frames:
+            raise ValueError("frame_ids needs an env with initial_frames (this project's envs)")
+        order = np.asarray(frame_ids, np.int64)
+    elif frames:
+        order = np.random.default_rng(seed).permutation(len(frames))
     done_count, rnd = 0, 0
     while done_count < num_episodes:
         ids = None

@@ -95,7 +95,7 @@ class TaskStateBuilder:
         }
 
     def __call__(self, env: Any, episode_step: int) -> np.ndarray:
-        out = np.zeros(sum(n for _, n in TASK_STATE_FIELDS), np.float32)
+        out = np.zeros(TASK_STATE_DIM, np.float32)
         if not self.supported:
             out[1] = episode_step
             return out
