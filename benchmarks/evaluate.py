@@ -1,46 +1,58 @@
 """Success rate of a policy over a LIBERO suite's tasks x init states, the way LIBERO results are
 reported: per task and overall, with 95% Wilson intervals.
 
-    python -m benchmarks.evaluate --checkpoint checkpoints/bc_libero_spatial/policy.pt \\
-        --env-kwargs '{"image_size": 64, "cameras": ["agentview"], "chunk_size": 8}' --init-states 5
+    python -m benchmarks.evaluate --checkpoint checkpoints/bc_libero_spatial_state.pt --init-states 40:50 \\
+        --env-kwargs '{"cameras": ["agentview"], "task_state": true, "chunk_size": 8}' \\
+        --failure-videos runs/failures
     python -m benchmarks.evaluate --policy libero_expert --suite object \\
         --env-kwargs '{"chunk_size": null, "cameras": [], "task_state": true}'
 
 Each (task, init state) pair runs one episode (deterministic actions unless ``--sample``); prints
-the table and writes JSON (``--out``).
+the table and writes JSON (``--out``); ``--failure-videos DIR`` keeps an mp4 of each failed episode
+(up to ``--max-videos``; the env must render the agent view: add ``"cameras": ["agentview"]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if trials == 0:
-        return (float("nan"), float("nan"))
-    p = successes / trials
-    center = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return (max(0.0, center - half), min(1.0, center + half))
+from benchmarks.report import write_json
+from trainers.metrics import wilson_interval
 
 
 def run_frames(
-    env: Any, policy: Any, ids: list[int], *, seed: int = 0, deterministic: bool = True
+    env: Any,
+    policy: Any,
+    ids: list[int],
+    *,
+    seed: int = 0,
+    deterministic: bool = True,
+    failure_videos: str | Path | None = None,
+    max_videos: int = 20,
 ) -> list[dict]:
-    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time."""
-    from trainers.demos import collect_episodes
+    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time.
 
-    out = []
+    With ``failure_videos`` (a directory) the first ``max_videos`` failed episodes are written as
+    mp4s of the camera image the policy saw before each chunk (the env must render ``image``)."""
+    from trainers.demos import collect_episodes
+    from trainers.evaluation import write_video
+
+    if failure_videos is not None and "image" not in env.single_observation_space.spaces:
+        raise ValueError("failure videos need an env that renders 'image' (cameras=['agentview'])")
+    out, videos = [], 0
     for ep in collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids):
         out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
+        if failure_videos is not None and not ep.success and videos < max_videos:
+            name = f"{ep.task.split('/')[-1][:60]}_frame{ep.initial_frame}.mp4"
+            write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
+            videos += 1
         print(f"\revaluate: {len(out)}/{len(ids)} episodes", end="", flush=True)
     print()
     return out
@@ -85,22 +97,21 @@ def format_summary(summary: dict, title: str) -> str:
     return format_table(rows, title=title)
 
 
-def write_json(path: str | Path, data: Any) -> Path:
-    """Write a benchmark's results next to its table."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    return path
-
-
-def frame_ids(frames: Any, init_states: int, tasks: list[int] | None) -> list[int]:
-    """Ids of the first ``init_states`` init states of the chosen tasks (all tasks by default)."""
+def frame_ids(frames: Any, init_states: int | Sequence[int], tasks: Sequence[int] | None = None) -> list[int]:
+    """Ids of the chosen init states (an int N: the first N) of the chosen tasks (default all)."""
+    states = set(range(init_states)) if isinstance(init_states, int) else set(init_states)
     ids = []
     for i in range(len(frames)):
         task, state = frames.locate(i)
-        if state < init_states and (tasks is None or task in tasks):
+        if state in states and (tasks is None or task in tasks):
             ids.append(i)
     return ids
+
+
+def state_range(text: str) -> range:
+    """``"5"`` -> ``range(5)``, ``"40:50"`` -> ``range(40, 50)``."""
+    first, _, last = text.partition(":")
+    return range(int(first), int(last)) if last else range(int(first))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -115,11 +126,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--checkpoint", help="a run directory or checkpoint file")
     parser.add_argument("--policy", help="a policy name (scripted policies), instead of a checkpoint")
     parser.add_argument("--env-kwargs", type=json.loads, default={})
-    parser.add_argument("--init-states", type=int, default=50)
+    parser.add_argument(
+        "--init-states", type=state_range, default=range(50), help="N (the first N) or A:B (A to B-1)"
+    )
     parser.add_argument("--tasks", type=int, nargs="*", default=None)
     parser.add_argument("--num-envs", type=int, default=2)
     parser.add_argument("--sample", action="store_true", help="sample actions instead of the mode")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--failure-videos", default=None, help="directory for mp4s of failed episodes")
+    parser.add_argument("--max-videos", type=int, default=20)
     parser.add_argument("--out", default="runs/benchmarks/evaluate.json")
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.policy is None):
@@ -145,11 +160,18 @@ def main(argv: list[str] | None = None) -> dict:
             frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks),
             seed=args.seed,
             deterministic=not args.sample,
+            failure_videos=args.failure_videos,
+            max_videos=args.max_videos,
         )
         wall = time.perf_counter() - t0
     finally:
         env.close()
-    summary = {**summarize(episodes), "suite": args.suite, "wall_s": wall, "args": vars(args)}
+    summary = {
+        **summarize(episodes),
+        "suite": args.suite,
+        "wall_s": wall,
+        "args": {**vars(args), "init_states": list(args.init_states)},
+    }
     print(format_summary(summary, f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()}"))
     write_json(args.out, summary)
     return summary

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize, write_json
+from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize
+from benchmarks.report import write_json
 
 
 def evaluate_suite(suite: str, init_states: int, num_envs: int, seed: int) -> dict:

@@ -9,19 +9,20 @@ seeds, one torch thread, in one process:
 
 Scores: 10 deterministic episodes on a fresh env (seeds 10000..10009) with the trained model.
 
-    python -m benchmarks.sb3_adapter [--steps 100000] [--seeds 0 1 2] [--json sb3_adapter.json]
+    python -m benchmarks.sb3_adapter [--steps 100000] [--seeds 0 1 2] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+
+from benchmarks.report import write_json
 
 HPARAMS = {
     "n_steps": 32,
@@ -80,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--json", type=Path, default=Path("sb3_adapter.json"))
+    parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/sb3_adapter.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
@@ -98,7 +99,7 @@ def main() -> None:
         mine = [r for r in rows if r["kind"] == kind]
         ret = [r["return"] for r in mine]
         print(f"{kind:<10}{np.mean(ret):>12.1f}{min(ret):>8.1f}{np.mean([r['seconds'] for r in mine]):>9.1f}")
-    args.json.write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
     print(f"wrote {args.json}")
 
 

@@ -16,7 +16,6 @@ Targets on one H100/H200 (issue 4): Cosmos optimized <= 2.5 s, OpenSora <= 3.5 s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.report import write_json
 from envs.core.frames import InitialFrame
 from envs.world_models.base import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
@@ -166,7 +166,7 @@ def table(rows: list[dict], unit: str = "T") -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-size", action="store_true", help="real-size random models (GPU)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -176,8 +176,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["cosmos", "opensora"])
     parser.add_argument("--cosmos-size", type=int, nargs=2, default=None, help="default 64 80 / 256 320")
     parser.add_argument("--opensora-size", type=int, nargs=2, default=None, help="default 64 64 / 256 256")
-    parser.add_argument("--json", type=Path, default=Path("world_model_step.json"))
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/world_model_step.json"))
+    args = parser.parse_args(argv)
     sizes = {
         "cosmos": tuple(args.cosmos_size or ((256, 320) if args.real_size else (64, 80))),
         "opensora": tuple(args.opensora_size or ((256, 256) if args.real_size else (64, 64))),
@@ -203,7 +203,7 @@ def main() -> None:
     )
     kind = "real-size random weights" if args.real_size else "tiny random bundles"
     print(f"\nWorld-model chunk step ({kind}, {args.num_steps} sampler steps, {label}):\n{table(rows, unit)}")
-    args.json.write_text(json.dumps({"device": label, "models": kind, "rows": rows}, indent=1))
+    write_json(args.json, {"device": label, "models": kind, "rows": rows})
     print(f"wrote {args.json}")
 
 

@@ -34,6 +34,11 @@ class GaussianPolicy(TorsoPolicy):
         observation_space: single-env observation space.
         action_space: Box of shape ``(D,)`` (K = 1) or ``(K, D)``.
         log_std_init: initial value of the state-independent ``log_std`` parameter ``[K*D]``.
+        log_std_bounds: ``(low, high)``: the ``log_std`` used is clamped to this range (None: not
+            clamped). RL from a behaviour-cloned policy needs it: BC fits a tiny std to dimensions
+            the demonstrations hold still, so every small step of the mean makes the probability
+            ratio explode there, while dimensions BC fits badly get a std so wide that sampled
+            rollouts fail.
         squash: ``a = center + scale * tanh(u)`` maps the Gaussian sample ``u`` into the Box
             (finite bounds needed); log-probs include the Jacobian. Without it actions are the
             raw samples, not clipped.
@@ -50,6 +55,7 @@ class GaussianPolicy(TorsoPolicy):
         action_space: spaces.Box,
         *,
         log_std_init: float = 0.0,
+        log_std_bounds: tuple[float, float] | None = None,
         squash: bool = False,
         **torso_options: Any,
     ):
@@ -60,6 +66,12 @@ class GaussianPolicy(TorsoPolicy):
         self.mean_head = nn.Linear(self.torso.out_dim, n)
         self._init_head(self.mean_head, 0.01)
         self.log_std = nn.Parameter(torch.full((n,), float(log_std_init)))
+        if log_std_bounds is not None:
+            lo, hi = (float(b) for b in log_std_bounds)
+            if not lo <= hi:
+                raise ValueError(f"log_std_bounds must be (low, high) with low <= high, got {log_std_bounds}")
+            log_std_bounds = (lo, hi)
+        self.log_std_bounds = log_std_bounds
         self.squash = squash
         low, high = box_bounds(action_space)
         if squash and not (torch.isfinite(low).all() and torch.isfinite(high).all()):
@@ -71,7 +83,10 @@ class GaussianPolicy(TorsoPolicy):
         """Mean ``[B, K, D]`` and log-std broadcast to it."""
         shape = (features.shape[0], self.chunk_size, self.action_dim)
         mean = self.mean_head(features).reshape(shape)
-        return mean, self.log_std.reshape(shape[1:]).expand(shape)
+        log_std = self.log_std
+        if self.log_std_bounds is not None:
+            log_std = log_std.clamp(*self.log_std_bounds)
+        return mean, log_std.reshape(shape[1:]).expand(shape)
 
     def _log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
         """``log N(u; mean, exp(log_std)^2)`` per element (written out: no torch.distributions

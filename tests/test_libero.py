@@ -260,6 +260,25 @@ def test_libero_130_frames_cover_every_suite_without_a_simulator():
         suite_tasks("100")
 
 
+def test_held_out_init_states_without_a_simulator():
+    import gymnasium as gym
+
+    from envs.libero.env import LiberoInitialFrames
+    from envs.libero.suites import suite_tasks
+
+    tasks = suite_tasks("spatial")
+    held_out = LiberoInitialFrames(tasks, range(40, 50))
+    assert len(held_out) == 100
+    assert held_out.locate(0) == (0, 40) and held_out.locate(99) == (9, 49)
+    assert held_out[13].meta == {"suite": "libero_spatial", "task_index": 1, "init_state_index": 43}
+    assert np.array_equal(held_out[13].sim_state, LiberoInitialFrames(tasks)[93].sim_state)
+    for bad in ([], [50], [-1], [3, 3]):
+        with pytest.raises(ValueError, match="init_states"):
+            LiberoInitialFrames(tasks, bad)
+    with pytest.raises(ValueError, match="Libero-Spatial-v0: init_states"):  # before any worker starts
+        gym.make_vec("Libero-Spatial-v0", num_envs=1, init_states=[50])
+
+
 def test_init_state_is_applied_after_the_scene_reset():
     """With no settle steps the simulator holds exactly the init state: nothing ran after it."""
     from envs.libero.sim import LiberoSim

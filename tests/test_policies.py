@@ -311,6 +311,21 @@ def test_gaussian_squash_needs_finite_bounds():
         GaussianPolicy(VEC_SPACE, spaces.Box(-np.inf, np.inf, (2,), np.float32), squash=True)
 
 
+def test_gaussian_log_std_bounds_clamp_what_is_used():
+    """The stored parameter keeps its value (BC weights load unchanged); the std used is clamped."""
+    box = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = GaussianPolicy(VEC_SPACE, box, log_std_bounds=(-3.0, -1.5))
+    with torch.no_grad():
+        policy.log_std.copy_(torch.tensor([-5.0, -2.0, 0.0]))
+    out = policy.act(_obs(VEC_SPACE))
+    mean = policy.mean_head(policy.torso(_obs(VEC_SPACE))).reshape(B, 1, 3)
+    expected = Normal(mean, torch.tensor([-3.0, -2.0, -1.5]).exp()).log_prob(out.replay["raw_action"])
+    torch.testing.assert_close(out.log_probs, expected, atol=1e-5, rtol=1e-5)
+    assert policy.log_std.tolist() == [-5.0, -2.0, 0.0]
+    with pytest.raises(ValueError, match="low <= high"):
+        GaussianPolicy(VEC_SPACE, box, log_std_bounds=(-1.0, -2.0))
+
+
 # ---------------------------------------------------------------------------------- categorical
 def test_categorical_discrete_and_multidiscrete():
     policy = CategoricalPolicy(VEC_SPACE, spaces.Discrete(3, start=1))

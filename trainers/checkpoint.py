@@ -109,14 +109,33 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
             path.unlink(missing_ok=True)
 
 
+def policy_observation_space(spec: dict[str, Any], observation_space: Any, source: Any = "") -> Any:
+    """The part of an env's Dict observation space that a saved policy reads (``observation_keys``
+    of its spec), so a policy trained without a camera runs in an env that renders one."""
+    from gymnasium import spaces
+
+    keys = spec.get("observation_keys")
+    if keys is None or not isinstance(observation_space, spaces.Dict):
+        return observation_space
+    missing = [k for k in keys if k not in observation_space.spaces]
+    if missing:
+        raise ValueError(
+            f"{source}: the policy reads observations {keys}; the env has no {missing} "
+            f"(it has {list(observation_space.spaces)})"
+        )
+    return spaces.Dict({k: observation_space.spaces[k] for k in keys})
+
+
 def load_policy(source: str | Path, observation_space: Any, action_space: Any) -> Any:
     """The trained policy of a checkpoint (or of a run directory's newest one), rebuilt for the
-    given single-env spaces with the class and arguments it was trained with."""
+    given single-env spaces (only the observation keys it was trained on) with the class and
+    arguments it was trained with."""
     from policies.registry import make_policy
 
-    _, data = latest_checkpoint(source)
+    path, data = latest_checkpoint(source)
     spec = data["policy"]
-    policy = make_policy(spec["name"], observation_space, action_space, **spec["kwargs"])
+    space = policy_observation_space(spec, observation_space, path)
+    policy = make_policy(spec["name"], space, action_space, **spec["kwargs"])
     policy.load_state_dict(spec["state_dict"])
     return policy
 

@@ -15,6 +15,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -79,12 +80,16 @@ def build(cls: type[T], values: dict[str, Any]) -> T:
 
 
 def parse(
-    classes: dict[str, type], argv: list[str] | None = None, description: str | None = None
+    classes: dict[str, type],
+    argv: list[str] | None = None,
+    description: str | None = None,
+    ignore: Collection[str] = (),
 ) -> dict[str, Any]:
     """Parse ``argv`` into one instance per dataclass in ``classes`` (key -> class).
 
     Values come, by priority, from the flags, the ``--config`` JSON file (keys: the same as in
-    ``classes``, each an object of field values), and the dataclass defaults.
+    ``classes``, each an object of field values; sections named in ``ignore`` are skipped), and
+    the dataclass defaults.
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
@@ -94,7 +99,7 @@ def parse(
     base: dict[str, dict[str, Any]] = {key: {} for key in classes}
     config_file = args.pop("config")
     if config_file is not None:
-        base.update(load_config(config_file, classes))
+        base.update(load_config(config_file, classes, ignore))
     given = args  # only the flags on the command line (absent ones are suppressed)
     out = {}
     for key, cls in classes.items():
@@ -114,9 +119,14 @@ def save_config(path: str | Path, configs: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(to_dict(configs), indent=2, sort_keys=True) + "\n")
 
 
-def load_config(path: str | Path, classes: dict[str, type]) -> dict[str, dict[str, Any]]:
-    """Read a JSON config, checking that every key names a field of the matching dataclass."""
+def load_config(
+    path: str | Path, classes: dict[str, type], ignore: Collection[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """Read a JSON config, checking that every key names a field of the matching dataclass
+    (sections named in ``ignore`` are dropped)."""
     data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in ignore}
     if not isinstance(data, dict) or set(data) - set(classes):
         raise ValueError(
             f"{path}: expected a JSON object with keys among {sorted(classes)}, got {data!r:.200}"
@@ -130,7 +140,10 @@ def load_config(path: str | Path, classes: dict[str, type]) -> dict[str, dict[st
 
 
 def parse_cli(
-    classes: dict[str, type], argv: list[str] | None = None, description: str | None = None
+    classes: dict[str, type],
+    argv: list[str] | None = None,
+    description: str | None = None,
+    ignore: Collection[str] = (),
 ) -> dict[str, Any]:
     """``parse`` for a trainer's command line: with ``--resume RUN`` (a run directory or a
     checkpoint in ``RUN/checkpoints``) and no ``--config``, the run's saved ``config.json`` is
@@ -146,4 +159,4 @@ def parse_cli(
         run_dir = resume.parent.parent if resume.is_file() else resume
         if (run_dir / "config.json").is_file():
             argv = ["--config", str(run_dir / "config.json"), *argv]
-    return parse(classes, argv, description)
+    return parse(classes, argv, description, ignore)

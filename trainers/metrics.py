@@ -144,13 +144,25 @@ def named_metrics(prefix: str, stats: Mapping[str, float]) -> dict[str, float]:
     return {f"{prefix}/{names.get(k, k)}": float(v) for k, v in stats.items() if math.isfinite(float(v))}
 
 
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate."""
+    if trials == 0:
+        return (float("nan"), float("nan"))
+    p = successes / trials
+    center = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def fmt(value: Any) -> str:
+    """Numbers to 4 significant digits; anything else as ``str``."""
+    if isinstance(value, float):
+        return "nan" if not math.isfinite(value) else f"{value:.4g}"
+    return str(value)
+
+
 def format_table(rows: list[tuple[str, Any]], title: str | None = None) -> str:
     """A two-column plain-text table (name, value), numbers to 4 significant digits."""
-
-    def fmt(value: Any) -> str:
-        if isinstance(value, float):
-            return "nan" if not math.isfinite(value) else f"{value:.4g}"
-        return str(value)
 
     cells = [(name, fmt(value)) for name, value in rows]
     width = max((len(n) for n, _ in cells), default=4)

@@ -92,10 +92,12 @@ def env_name(env: gym.vector.VectorEnv) -> str:
     return getattr(spec, "id", None) or type(env).__name__
 
 
-def episode_summary(episodes: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Mean of every statistic over ``episodes`` (``env``/``step`` left out), plus their count."""
+def episode_summary(episodes: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean of every numeric statistic over ``episodes`` (``env``/``step``/``frame``, where the
+    episode ran, left out), plus their count."""
     out: dict[str, float] = {"episodes": float(len(episodes))}
-    keys = sorted({k for ep in episodes for k in ep} - {"env", "step"})
+    numeric = {k for ep in episodes for k, v in ep.items() if isinstance(v, int | float | np.number)}
+    keys = sorted(numeric - {"env", "step", "frame"})
     for key in keys:
         vals = [ep[key] for ep in episodes if key in ep]
         out[key] = float(np.mean(vals))

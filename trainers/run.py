@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ from policies.base import ActionChunkPolicy
 from policies.registry import make_policy, resolve_policy
 from trainers import checkpoint as ckpt
 from trainers.config import save_config, to_dict
-from trainers.evaluation import evaluate
+from trainers.evaluation import evaluate_episodes
 from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics
+from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, read_jsonl, write_summary
 from trainers.rollout import episode_summary
 
 AUTORESET = {
@@ -74,6 +76,7 @@ class RunConfig:
     eval_env: str | None = None
     eval_env_kwargs: dict[str, Any] | None = None
     eval_every: int = 0  # iterations between evaluations; 0: only at the end; -1: never
+    eval_at_start: bool = False  # also evaluate the initial policy, before training
     eval_episodes: int = 10
     eval_num_envs: int = 0  # 0: min(eval_episodes, num_envs)
     video: bool = True  # an mp4 of the first eval round (needs an env that renders rgb_array)
@@ -186,6 +189,7 @@ class Run:
         self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
         self._policy_spec: dict[str, Any] | None = None  # set by make_policy: how to rebuild the policy
         self._eval_env: gym.vector.VectorEnv | None = None
+        self.last_video: Path | None = None
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
@@ -229,22 +233,32 @@ class Run:
     def make_policy(self, env: gym.vector.VectorEnv, **defaults: Any) -> ActionChunkPolicy:
         """The configured policy for ``env``'s single spaces (``defaults`` under the config's
         ``policy_kwargs``), on the configured device, with its own seeded sampling generator.
-        With ``init_policy`` (and not resuming) it starts from that checkpoint's policy."""
+        With ``init_policy`` it starts from that checkpoint's policy; on resume it is rebuilt as
+        the resumed run built it."""
         cfg = self.config
         name, kwargs, state = cfg.policy, {**defaults, **cfg.policy_kwargs}, None
-        if cfg.init_policy and not cfg.resume:
+        space = env.single_observation_space
+        if cfg.resume:  # the policy as the run built it (its weights are loaded by restore)
+            path, data = ckpt.latest_checkpoint(cfg.resume)
+            spec = data["policy"]
+            name, kwargs = spec["name"], spec["kwargs"]
+            space = ckpt.policy_observation_space(spec, space, path)
+        elif cfg.init_policy:
             path, data = ckpt.latest_checkpoint(cfg.init_policy)
             spec = data["policy"]
             # whether there is a critic is this trainer's choice (BC trains none; PPO needs one)
             kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
             name, kwargs = spec["name"], {**kept, **kwargs}
             state = (path, spec["state_dict"])
-        policy = make_policy(name, env.single_observation_space, env.single_action_space, **kwargs)
+            space = ckpt.policy_observation_space(spec, space, path)
+        policy = make_policy(name, space, env.single_action_space, **kwargs)
         if state is not None:
             ckpt.load_initial_weights(policy, *state)
         policy = policy.to(cfg.device)
         policy.seed(cfg.seed)
         self._policy_spec = {"name": resolve_policy(name, env.single_action_space), "kwargs": kwargs}
+        if isinstance(space, gym.spaces.Dict):  # what it reads: load_policy rebuilds it on these keys
+            self._policy_spec["observation_keys"] = list(space.spaces)
         return policy
 
     # ------------------------------------------------------------------ checkpoints
@@ -312,6 +326,17 @@ class Run:
             self.config.progress,
             desc=f"{self.algo} {self.config.env}",
         )
+        episodes_file = self.dir / EVAL_EPISODES_FILE
+        if resume_step is not None:  # drop evaluations logged after the checkpoint
+            kept = [r for r in read_jsonl(episodes_file) if r["env_step"] <= resume_step]
+            episodes_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif episodes_file.exists():
+            episodes_file.unlink()
+        if self.config.eval_at_start and self.counters["iteration"] == 0 and self.config.eval_every >= 0:
+            self._logger.log(0, {"iteration": 0, **self.evaluate()})
+            if self.config.eval_every == 0 and self._eval_env is not None:  # not needed until the end
+                self._eval_env.close()
+                self._eval_env = None
         return extra
 
     # ------------------------------------------------------------------ per iteration
@@ -354,8 +379,9 @@ class Run:
                 render_mode="rgb_array" if cfg.video else None,
                 evaluation=True,
             )
-        video = self.dir / "videos" / f"eval_{self.counters['env_steps']:09d}.mp4" if cfg.video else None
-        stats = evaluate(
+        step = self.counters["env_steps"]
+        video = self.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video else None
+        episodes = evaluate_episodes(
             self.policy,
             self._eval_env,
             cfg.eval_episodes,
@@ -363,7 +389,12 @@ class Run:
             video_path=video,
             video_fps=cfg.video_fps,
         )
-        self.last_eval = named_metrics("eval", stats)
+        with open(self.dir / EVAL_EPISODES_FILE, "a") as f:
+            for ep in episodes:
+                f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
+        if video is not None and video.exists():
+            self.last_video = video
+        self.last_eval = named_metrics("eval", episode_summary(episodes))
         return self.last_eval
 
     def finish(self) -> dict[str, float]:
@@ -382,13 +413,32 @@ class Run:
                 closable.close()
         self._eval_env = None
         print(self.summary(final, path))
+        self.write_report(final, path)
         return final
 
+    def write_report(self, final: dict[str, float], checkpoint: Path) -> None:
+        """``learning_curve.png`` and ``summary.md`` in the run directory."""
+        files = {"checkpoint": str(checkpoint.relative_to(self.dir)), "config": "config.json"}
+        plot = plot_learning_curve(self.dir)
+        if plot is not None:
+            files["learning curve"] = plot.name
+        if self.last_video is not None:
+            files["evaluation video (first round)"] = str(self.last_video.relative_to(self.dir))
+        files["metrics (one row per iteration)"] = "metrics.jsonl"
+        path = write_summary(
+            self.dir, f"{self.algo} on {self.config.env}", self.summary_rows(final, checkpoint), files
+        )
+        print(f"summary: {path}")
+
     def summary(self, final: dict[str, float], checkpoint: Path) -> str:
+        return format_table(self.summary_rows(final, checkpoint), title=f"{self.algo} summary")
+
+    def summary_rows(self, final: dict[str, float], checkpoint: Path) -> list[tuple[str, Any]]:
         c = self.counters
         rows: list[tuple[str, Any]] = [
             ("env", self.config.env),
-            ("policy", self.config.policy),
+            ("policy", self._policy_spec["name"] if self._policy_spec else self.config.policy),
+            ("initial policy", self.config.init_policy or "new"),
             ("env steps", c["env_steps"]),
             ("iterations", c["iteration"]),
             ("episodes", c["episodes"]),
@@ -409,7 +459,7 @@ class Run:
             if key in final:
                 rows.append((key, float(final[key])))
         rows += [("run directory", str(self.dir)), ("checkpoint", checkpoint.name)]
-        return format_table(rows, title=f"{self.algo} summary")
+        return rows
 
     def _elapsed(self) -> float:
         return float(self.counters["elapsed"]) + time.perf_counter() - self._clock

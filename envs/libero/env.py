@@ -33,14 +33,26 @@ def _all_tasks() -> dict[str, LiberoTask]:
 
 
 class LiberoInitialFrames(Sequence[InitialFrame]):
-    """Every (task, init state) pair of a suite, as ``InitialFrame``s: id = task_pos * 50 + state.
+    """The (task, init state) pairs of a suite, as ``InitialFrame``s, task-major: with every init
+    state, id = task_pos * 50 + state; with ``init_states`` (the same indices for every task, e.g.
+    ``range(40)`` to hold out the last 10), id = task_pos * len(init_states) + position.
 
     Init states are read from disk on first use of each task.
     """
 
-    def __init__(self, tasks: Sequence[LiberoTask]) -> None:
+    def __init__(self, tasks: Sequence[LiberoTask], init_states: Sequence[int] | None = None) -> None:
         self.tasks = list(tasks)
-        self._offsets = np.cumsum([0] + [t.num_init_states for t in self.tasks])
+        self.init_states = None if init_states is None else [int(i) for i in init_states]
+        if self.init_states is not None:
+            fewest = min(t.num_init_states for t in self.tasks)
+            if not self.init_states or not all(0 <= i < fewest for i in self.init_states):
+                expected = f"a non-empty list of ints in [0, {fewest})"
+                raise ValueError(f"init_states must be {expected}, got {init_states}")
+            if len(set(self.init_states)) != len(self.init_states):
+                raise ValueError(f"init_states must not repeat an index, got {init_states}")
+        per_task = None if self.init_states is None else len(self.init_states)
+        counts = [per_task or t.num_init_states for t in self.tasks]
+        self._offsets = np.cumsum([0, *counts])
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -48,7 +60,8 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
     def locate(self, index: int) -> tuple[int, int]:
         """(position of the task in ``self.tasks``, init-state index) of frame ``index``."""
         pos = int(np.searchsorted(self._offsets, index, side="right") - 1)
-        return pos, index - int(self._offsets[pos])
+        offset = index - int(self._offsets[pos])
+        return pos, offset if self.init_states is None else self.init_states[offset]
 
     def __getitem__(self, index: int) -> InitialFrame:  # type: ignore[override]
         if not isinstance(index, int | np.integer) or not 0 <= index < len(self):
@@ -106,13 +119,14 @@ class LiberoVectorEnv(ChunkedVectorEnv):
     """LIBERO suites (hf-libero 0.1.4 on robosuite 1.4 / MuJoCo) as a chunked vector env.
 
     Each env can run a different task; ``initial_frames`` is every (task, init state) pair of the
-    suite (optionally only ``task_ids``). A reset applies the init state after the scene reset, with
-    fixture placement seeded by ``scene_seed`` (None: a random layout per reset, drawn from the env's
-    RNG), then ``settle_steps`` no-op steps. Episodes terminate on LIBERO's own success check and
-    are truncated at the suite's step limit (``max_episode_steps`` overrides it). Cameras are
-    rendered once per chunk, at its end; ``record_frames = True`` adds the agent-view frame after
-    every sub-step in ``info["frames"]`` (for videos). Images are upright (rotated 180 degrees from
-    robosuite's raw output, as OpenVLA, openpi and RLinf do) unless ``upright=False``.
+    suite (optionally only ``task_ids`` and ``init_states``). A reset applies the init state after
+    the scene reset, with fixture placement seeded by ``scene_seed`` (None: a random layout per
+    reset, drawn from the env's RNG), then ``settle_steps`` no-op steps. Episodes terminate on
+    LIBERO's own success check and are truncated at the suite's step limit (``max_episode_steps``
+    overrides it). Cameras are rendered once per chunk, at its end; ``record_frames = True`` adds
+    the agent-view frame after every sub-step in ``info["frames"]`` (for videos). Images are
+    upright (rotated 180 degrees from robosuite's raw output, as OpenVLA, openpi and RLinf do)
+    unless ``upright=False``. Memory: about 0.7-1 GB per env (one simulator per worker process).
 
     Args:
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
@@ -123,6 +137,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             the Cosmos world model's 256x320 frames were made from 256x256 LIBERO renders.
         proprio: include ``proprio`` in the observations (world-model envs have none).
         cameras: subset of ("agentview", "wrist"); () gives state-only envs that never render.
+        task_ids: the suite's tasks to use (positions in the suite; default all).
+        init_states: the init-state indices to use for every task (default all 50), e.g.
+            ``range(40)`` for training and ``range(40, 50)`` held out for evaluation.
         object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
         task_state: add the observation ``task_state``, the privileged state that scripted
             policies read (``envs/libero/task_state.py``: goal object and target poses, gripper).
@@ -144,6 +161,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         settle_steps: int = 10,
         scene_seed: int | None = 0,
         task_ids: Sequence[int] | None = None,
+        init_states: Sequence[int] | None = None,
         max_episode_steps: int | None = None,
         include_instruction: bool = True,
         object_state_in_info: bool = False,
@@ -170,6 +188,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             if bad:
                 raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
+        try:
+            frames = LiberoInitialFrames(tasks, init_states)
+        except ValueError as e:
+            raise ValueError(f"{env_id}: {e}") from None
         obs_space = observation_space(
             image_size=hw if cameras else None,
             wrist="wrist" in cameras,
@@ -186,7 +208,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             action_low=-np.ones(ACTION_DIM),
             action_high=np.ones(ACTION_DIM),
             chunk_size=chunk_size,
-            initial_frames=LiberoInitialFrames(tasks),
+            initial_frames=frames,
             autoreset_mode=autoreset_mode,
             render_mode=render_mode,
         )

@@ -33,6 +33,9 @@ observations of a plain ``OffScreenRenderEnv.step``.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import gc
+import glob
 import logging
 import os
 import weakref
@@ -51,6 +54,34 @@ CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, ob
 }
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])  # no motion, gripper open
 _PROBE = "vla_gym_render_probe"
+
+
+_libmujoco: Any = None
+
+
+def _release_build_memory() -> None:
+    """Return what compiling a model leaves behind (the compiled model stays): about 600 MB of a
+    LIBERO scene's 950.
+
+    ``mujoco.MjModel.from_xml_string`` (robosuite's way in) keeps the parsed spec, decoded textures
+    and meshes included (~370 MB), for ``mj_saveLastXML`` until the next load; ``mj_freeLastXML``
+    (not in the Python bindings: called through ctypes) frees it, after which robosuite's
+    ``sim.model.get_xml()`` no longer works (nothing here uses it). ``malloc_trim`` hands the heap
+    pages the compiler freed back to the OS. Compiled models and simulation are unchanged.
+    """
+    global _libmujoco
+    if _libmujoco is None:
+        import mujoco
+
+        libs = glob.glob(os.path.join(os.path.dirname(mujoco.__file__), "libmujoco.so*"))
+        _libmujoco = ctypes.CDLL(libs[0]) if libs else False  # the library already loaded
+    free_last_xml = getattr(_libmujoco, "mj_freeLastXML", None) if _libmujoco else None
+    if free_last_xml is not None:  # absent from other MuJoCo builds: then only the trim below
+        free_last_xml()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @dataclass
@@ -179,6 +210,7 @@ class _Scene:
             ignore_done=True,  # robosuite's 1000-step horizon never ends an episode
         )
         self.inner = self.env.env
+        _release_build_memory()
         self.base_inits = list(self.inner.object_property_initializers)  # one model load's worth
         self.site_rgba = self.inner.sim.model._model.site_rgba.copy()  # as compiled from the MJCF
         self.snap: Any = None  # copy of mjData at robosuite's observation instant
@@ -220,6 +252,8 @@ class _Scene:
                 break
             except RandomizationError:  # LIBERO's ControlEnv.reset retries the same way
                 continue
+        if hard:
+            _release_build_memory()
         if hard and self.renderer is not None:  # the model was rebuilt
             self.renderer.close()
             self.renderer = None
@@ -233,6 +267,7 @@ class _Scene:
         if self.renderer is not None:
             self.renderer.close()
             self.renderer = None
+        self.snap = self._snap_model = None
         self.env.close()
 
 
@@ -278,8 +313,16 @@ class LiberoSim:
         try:
             scene = self._scenes.pop(task.bddl_file, None)
             if scene is None:
+                evicted = False
                 while len(self._scenes) >= self.max_cached_scenes:
-                    self._scenes.popitem(last=False)[1].close()
+                    old = self._scenes.popitem(last=False)[1]
+                    old.close()
+                    if old is self._scene:
+                        self._scene = None
+                    del old
+                    evicted = True
+                if evicted:  # robosuite envs are reference cycles: free the old model before the build
+                    gc.collect()
                 scene = _Scene(task)
             self._scenes[task.bddl_file] = scene
             self._scene = scene

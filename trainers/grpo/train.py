@@ -127,6 +127,7 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
             run.end_iteration(
                 env_steps, episodes, {**sampling, **{f"train/{k}": v for k, v in metrics.items()}}
             )
+        env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
         env.close()

@@ -50,6 +50,7 @@ def train(run_config: RunConfig, config: PPOConfig) -> dict[str, float]:
             metrics = ppo_update(policy, optimizer, rollout, step_config, generator=shuffle, guard=guard)
             metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
             run.end_iteration(env_steps, rollout.episodes, {f"train/{k}": v for k, v in metrics.items()})
+        env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
         env.close()

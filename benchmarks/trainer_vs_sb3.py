@@ -9,7 +9,7 @@ Every trained policy is scored by the same evaluator: 10 deterministic episodes 
 reset seeds 10000..10009. Time is the wall-clock of building and training (no evaluation, no
 TensorBoard, one checkpoint at the end for ours). Both libraries run with one torch thread.
 
-    python -m benchmarks.trainer_learning [--tasks cartpole pendulum grpo] [--seeds 0 1 2] [--no-sb3]
+    python -m benchmarks.trainer_vs_sb3 [--tasks cartpole pendulum grpo] [--seeds 0 1 2] [--no-sb3]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from benchmarks.report import write_json
 from trainers.checkpoint import load_policy
 from trainers.grpo import GRPOConfig
 from trainers.grpo import train as grpo_train
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 runs")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmarks"))
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--json", type=Path, default=None, help="default: OUT/trainer_vs_sb3.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # pay torch's one-off optimizer imports up front
@@ -211,11 +211,8 @@ def main() -> None:
     print()
     print(table(rows))
     print(summary(rows))
-    plot(rows, args.out / "trainer_learning.png")
-    if args.json:
-        args.json.write_text(
-            json.dumps([{k: v for k, v in r.items() if k != "curve"} for r in rows], indent=1)
-        )
+    plot(rows, args.out / "trainer_vs_sb3.png")
+    write_json(args.json or args.out / "trainer_vs_sb3.json", rows)
 
 
 if __name__ == "__main__":

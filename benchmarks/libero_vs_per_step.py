@@ -9,18 +9,19 @@ Everything is measured side by side in one run (the machine is shared and noisy)
 * the physics-only bound: ours with rendering off, plus one render per chunk (the render cost is
   measured as K=1 with cameras minus K=1 without).
 
-    python -m benchmarks.libero_throughput [--chunks 10] [--sizes 128 256] [--json out.json]
+    python -m benchmarks.libero_vs_per_step [--chunks 10] [--sizes 128 256] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from functools import partial
 
 import numpy as np
+
+from benchmarks.report import write_json
 
 K = 8
 NUM_ENVS = 2
@@ -108,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chunks", type=int, default=10, help="timed chunks per configuration")
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 256])
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", default="runs/benchmarks/libero_vs_per_step.json", help="results as JSON")
     args = parser.parse_args()
     # Same rendering and thread settings for ours and the baseline.
     os.environ.update(MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl", OMP_NUM_THREADS="1")
@@ -159,9 +160,7 @@ def main() -> None:
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The benchmark scripts' statistics (Wilson, McNemar, PSNR, SSIM) and short runs of the scripts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import requires_libero
+
+from benchmarks.evaluate import summarize
+from trainers.metrics import wilson_interval
+
+CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "bc_libero_spatial_state.pt"
+
+
+def test_wilson_interval_known_values():
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(20, 20)[0] == pytest.approx(0.8389, abs=1e-4)
+
+
+def test_summarize_per_task_and_overall():
+    episodes = [
+        {"task": "libero_spatial/a", "success": True, "length": 100},
+        {"task": "libero_spatial/a", "success": False, "length": 220},
+        {"task": "libero_spatial/b", "success": True, "length": 80},
+    ]
+    s = summarize(episodes)
+    assert [(r["task"], r["successes"], r["trials"]) for r in s["tasks"]] == [("a", 1, 2), ("b", 1, 1)]
+    assert s["tasks"][0]["mean_steps_success"] == 100.0
+    assert (s["successes"], s["trials"]) == (2, 3) and s["rate"] == pytest.approx(2 / 3)
+
+
+def test_mcnemar_exact_p_values():
+    from benchmarks.sft_then_rl import mcnemar_p
+
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(5, 0) == pytest.approx(2 / 32) and mcnemar_p(0, 5) == pytest.approx(2 / 32)
+    assert mcnemar_p(9, 1) == pytest.approx(2 * 11 / 1024)
+
+
+def test_psnr_and_ssim_by_hand():
+    from benchmarks.wm_vs_sim import psnr, ssim
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    assert psnr(a, a) == float("inf") and ssim(a, a) == pytest.approx(1.0)
+    zeros, ones = np.zeros((8, 8, 3), np.uint8), np.ones((8, 8, 3), np.uint8)
+    assert psnr(zeros, ones) == pytest.approx(10 * np.log10(255.0**2))  # MSE 1
+    # constant images: only the luminance term is left, (2 mu_x mu_y + c1) / (mu_x^2 + mu_y^2 + c1)
+    c1 = (0.01 * 255) ** 2
+    assert ssim(zeros, ones * 100) == pytest.approx(c1 / (100**2 + c1))
+    assert ssim(a, 255 - a) < 0  # anti-correlated structure
+
+
+def test_env_throughput_runs_a_tiny_world_model(tmp_path):
+    from benchmarks.env_throughput import main
+
+    rows = main(["--ids", "OpenSoraWM-LiberoSpatial-v0", "No-Such-Env-v0", "--num-envs", "1",
+                 "--chunks", "1", "--out", str(tmp_path)])  # fmt: skip
+    assert rows[0]["steps_per_s"] > 0 and rows[0]["memory_gb"] > 0 and rows[0]["note"].startswith("tiny")
+    assert rows[1]["note"] == "skipped" and "No-Such-Env" in rows[1]["skipped"]
+    assert (tmp_path / "env_throughput.json").exists() and (tmp_path / "env_throughput.png").exists()
+
+
+@requires_libero
+def test_wm_vs_sim_compares_the_same_starts(tmp_path):
+    from benchmarks.wm_vs_sim import main
+
+    result = main(["--episodes", "1", "--max-episode-steps", "8", "--out", str(tmp_path)])
+    assert set(result["runs"]) == {"sim", "wm", "wm open-loop"}
+    assert result["frame_index"] == list(range(9))  # the shared start and 8 sub-steps
+    assert result["ssim"][0] > 0.99  # frame 0 is the simulator's frame in both
+    assert (tmp_path / "wm_vs_sim.png").exists()
+
+
+@requires_libero
+def test_evaluate_writes_failure_videos(tmp_path):
+    from benchmarks.evaluate import main
+
+    env_kwargs = {"cameras": ["agentview"], "image_size": 32, "task_state": True, "chunk_size": 8}
+    summary = main(
+        [
+            "--checkpoint", str(CHECKPOINT), "--tasks", "0", "--init-states", "40:42",
+            "--env-kwargs", json.dumps({**env_kwargs, "max_episode_steps": 16}),  # too short to succeed
+            "--failure-videos", str(tmp_path / "fail"), "--max-videos", "1",
+            "--out", str(tmp_path / "e.json"),
+        ]
+    )  # fmt: skip
+    assert (summary["successes"], summary["trials"]) == (0, 2)
+    videos = list((tmp_path / "fail").glob("*.mp4"))
+    assert len(videos) == 1 and videos[0].name.endswith("_frame40.mp4")
+    assert json.loads((tmp_path / "e.json").read_text())["args"]["init_states"] == [40, 41]

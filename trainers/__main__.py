@@ -1,0 +1,69 @@
+"""The trainers' one command line: ``--algo`` picks GRPO or PPO, every other flag is a field of
+``RunConfig`` or of the algorithm's config, and ``--config FILE`` (a run's ``config.json`` or a
+recipe under ``configs/``) gives the starting values.
+
+    python -m trainers --config configs/libero_spatial_grpo.json        # the main job (README)
+    python -m trainers --config configs/libero_spatial_grpo.json --total-steps 100000 --device cuda
+    python -m trainers --algo ppo --env CartPole-v1 --total-steps 100000
+    python -m trainers --resume runs/grpo-Libero-Spatial-v0-s0-20261121-071500
+
+Without ``--algo`` the algorithm is the one the config file has a section for (else GRPO); with
+it, the config's sections for other algorithms are ignored. ``python -m trainers.grpo`` and
+``python -m trainers.ppo`` are the same command with the algorithm fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainers.config import parse_cli
+from trainers.grpo.algorithm import GRPOConfig
+from trainers.grpo.train import train as train_grpo
+from trainers.ppo.algorithm import PPOConfig
+from trainers.ppo.train import train as train_ppo
+from trainers.run import RunConfig
+
+ALGOS: dict[str, tuple[type, Callable[..., dict[str, float]]]] = {
+    "grpo": (GRPOConfig, train_grpo),
+    "ppo": (PPOConfig, train_ppo),
+}
+
+
+def config_algo(argv: list[str]) -> str | None:
+    """The algorithm section of the ``--config`` file (or of the ``--resume`` run's config)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--resume", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    path = known.config
+    if path is None and known.resume is not None:
+        run_dir = known.resume.parent.parent if known.resume.is_file() else known.resume
+        path = run_dir / "config.json"
+    if path is None or not path.is_file():
+        return None
+    sections = [k for k in json.loads(path.read_text()) if k in ALGOS]
+    if len(sections) > 1:
+        raise ValueError(f"{path} has sections for {sections}: choose one with --algo")
+    return sections[0] if sections else None
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--algo", choices=sorted(ALGOS))
+    known, rest = pre.parse_known_args(argv)
+    algo = known.algo or config_algo(rest) or "grpo"
+    config_cls, train = ALGOS[algo]
+    others = [name for name in ALGOS if name != algo]
+    description = __doc__ + f"\n--algo {{{','.join(sorted(ALGOS))}}}: the algorithm (now: {algo})."
+    configs = parse_cli({"run": RunConfig, algo: config_cls}, rest, description, ignore=others)
+    return train(configs["run"], configs[algo])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""What a finished run leaves for a person: ``learning_curve.png`` and ``summary.md``.
+
+Both are drawn from the run directory's files (``metrics.jsonl``, ``eval_episodes.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainers.metrics import METRICS_FILE, wilson_interval
+
+EVAL_EPISODES_FILE = "eval_episodes.jsonl"  # one row per evaluation episode, with the env step
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def _moving_average(values: list[float], width: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - width] if i >= width else 0.0)
+        out.append(total / min(i + 1, width))
+    return out
+
+
+def plot_learning_curve(run_dir: str | Path) -> Path | None:
+    """Training (sampled actions) and evaluation success, or return where the env reports no
+    success, against env steps; None when there is nothing to plot."""
+    run_dir = Path(run_dir)
+    rows = read_jsonl(run_dir / METRICS_FILE)
+    metric = (
+        "success_once" if any("env/success_once" in r or "eval/success_once" in r for r in rows) else "return"
+    )
+    train = [(r["step"], r[f"env/{metric}"]) for r in rows if f"env/{metric}" in r]
+    evals = [(r["step"], r[f"eval/{metric}"]) for r in rows if f"eval/{metric}" in r]
+    if not train and not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        x, y = zip(*train)
+        ax.plot(x, y, color="tab:blue", alpha=0.3, label="training episodes (sampled)")
+        ax.plot(x, _moving_average(list(y), 10), color="tab:blue", label="training, mean of 10 iterations")
+    if evals:
+        x, y = zip(*evals)
+        ax.plot(x, y, "o-", color="tab:orange", label="evaluation (deterministic)")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("success rate" if metric == "success_once" else "episode return")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = run_dir / "learning_curve.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _rate_cell(episodes: list[dict[str, Any]], key: str) -> str:
+    k, n = sum(bool(e.get(key, 0)) for e in episodes), len(episodes)
+    low, high = wilson_interval(k, n)
+    return f"{k}/{n} = {k / max(n, 1):.1%} [{low:.2f}, {high:.2f}]"
+
+
+def evaluation_table(episodes: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows of success per task (and overall) with 95% Wilson intervals."""
+    key = "success_once" if any("success_once" in e for e in episodes) else "success"
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for ep in episodes:
+        by_task.setdefault(str(ep.get("task") or "all"), []).append(ep)
+    lines = ["| task | success (95% Wilson interval) |", "|---|---|"]
+    if len(by_task) > 1:
+        lines += [
+            f"| {task.split('/', 1)[-1]} | {_rate_cell(eps, key)} |" for task, eps in sorted(by_task.items())
+        ]
+    lines.append(f"| **all** | **{_rate_cell(episodes, key)}** |")
+    return lines
+
+
+def write_summary(
+    run_dir: str | Path, title: str, rows: list[tuple[str, Any]], files: dict[str, str]
+) -> Path:
+    """``summary.md``: the final table, every evaluation (per task where the env says which), the
+    files of the run and how to look at them."""
+    run_dir = Path(run_dir)
+    lines = [f"# {title}", "", "| | |", "|---|---|"]
+    lines += [
+        f"| {name} | {value:.4g} |" if isinstance(value, float) else f"| {name} | {value} |"
+        for name, value in rows
+    ]
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for ep in read_jsonl(run_dir / EVAL_EPISODES_FILE):
+        by_step.setdefault(int(ep["env_step"]), []).append(ep)
+    for step, eps in sorted(by_step.items()):
+        when = "before training" if step == 0 else f"after {step} env steps"
+        lines += ["", f"## Evaluation {when} ({len(eps)} episodes, deterministic actions)", ""]
+        lines += evaluation_table(eps)
+    if files:
+        lines += ["", "## Files", ""]
+        lines += [f"- {name}: [`{path}`]({path})" for name, path in files.items()]
+    lines += ["", f"TensorBoard: `tensorboard --logdir {run_dir / 'tb'}`", ""]
+    path = run_dir / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
