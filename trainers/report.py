@@ -55,6 +55,8 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
         ax.plot(x, y, "o-", color="tab:orange", label="evaluation (deterministic)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("success rate" if metric == "success_once" else "episode return")
+    if metric == "success_once":
+        ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -189,7 +189,6 @@ class Run:
         self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
         self._policy_spec: dict[str, Any] | None = None  # set by make_policy: how to rebuild the policy
         self._eval_env: gym.vector.VectorEnv | None = None
-        self.last_video: Path | None = None
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
@@ -392,8 +391,6 @@ class Run:
         with open(self.dir / EVAL_EPISODES_FILE, "a") as f:
             for ep in episodes:
                 f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
-        if video is not None and video.exists():
-            self.last_video = video
         self.last_eval = named_metrics("eval", episode_summary(episodes))
         return self.last_eval
 
@@ -422,8 +419,8 @@ class Run:
         plot = plot_learning_curve(self.dir)
         if plot is not None:
             files["learning curve"] = plot.name
-        if self.last_video is not None:
-            files["evaluation video (first round)"] = str(self.last_video.relative_to(self.dir))
+        for video in sorted((self.dir / "videos").glob("eval_*.mp4")):
+            files[f"evaluation video at env step {int(video.stem[5:])}"] = str(video.relative_to(self.dir))
         files["metrics (one row per iteration)"] = "metrics.jsonl"
         path = write_summary(
             self.dir, f"{self.algo} on {self.config.env}", self.summary_rows(final, checkpoint), files

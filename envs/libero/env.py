@@ -126,7 +126,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
     overrides it). Cameras are rendered once per chunk, at its end; ``record_frames = True`` adds
     the agent-view frame after every sub-step in ``info["frames"]`` (for videos). Images are
     upright (rotated 180 degrees from robosuite's raw output, as OpenVLA, openpi and RLinf do)
-    unless ``upright=False``. Memory: about 0.7-1 GB per env (one simulator per worker process).
+    unless ``upright=False``. Memory per env (a worker process): ~0.8 GB, 1.4-1.9 GB rendering.
 
     Args:
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
