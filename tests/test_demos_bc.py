@@ -130,6 +130,26 @@ def test_categorical_imitation_loss_and_bad_actions():
         policy.imitation_loss(obs, torch.full((4, 1, 1), 4.0))
 
 
+def test_demos_of_a_discrete_env_and_their_imitation_loss():
+    """CartPole (Discrete) takes integer actions; the demos keep them as [C, 1, 1] floats."""
+    from gymnasium.vector import AutoresetMode
+
+    env = gym.make_vec(
+        "CartPole-v1", 2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}
+    )
+    torch.manual_seed(0)
+    policy = CategoricalPolicy(env.single_observation_space, env.single_action_space)
+    episodes = list(collect_episodes(env, policy, 3, seed=0))
+    env.close()
+    assert len(episodes) == 3
+    for ep in episodes:
+        assert ep.actions.shape == (ep.length, 1, 1) and set(np.unique(ep.actions)) <= {0.0, 1.0}
+        assert ep.obs["obs"].shape == (ep.length, 4) and ep.valid.all()
+    obs = torch.as_tensor(np.concatenate([ep.obs["obs"] for ep in episodes]))
+    actions = torch.as_tensor(np.concatenate([ep.actions for ep in episodes]))
+    assert torch.isfinite(policy.imitation_loss(obs, actions, torch.ones(len(obs), 1, dtype=torch.bool)))
+
+
 LIBERO_KWARGS = {"image_size": 32, "max_episode_steps": 24, "chunk_size": 4}
 
 

@@ -242,12 +242,16 @@ def collect_episodes(
             with torch.no_grad():
                 chunk = policy.act(obs, deterministic=deterministic).actions.cpu().numpy()
             actions = chunk.reshape(n, *space.shape).astype(np.float32)
+            # integer spaces (Discrete, MultiDiscrete) get integers; demos keep the float form
+            env_actions = (
+                actions if isinstance(space, gym.spaces.Box) else np.rint(actions).astype(space.dtype)
+            )
             arrays = (
                 {k: np.asarray(v) for k, v in obs.items() if k != "instruction"}
                 if isinstance(obs, dict)
                 else {"obs": np.asarray(obs)}
             )
-            obs, reward, term, trunc, info = env.step(actions)
+            obs, reward, term, trunc, info = env.step(env_actions)
             k = chunk.shape[1] if chunk.ndim == 3 else 1
             valid = np.asarray(info.get("chunk_valid", np.ones((n, k), bool)), bool).reshape(n, -1)
             rewards = np.asarray(
