@@ -86,14 +86,18 @@ def summarize(episodes: list[dict]) -> dict:
     }
 
 
+def rate_cell(r: dict | None) -> str:
+    """``k/n rate [low, high]`` of a ``summarize`` row (or the whole summary); ``-`` for None."""
+    if r is None:
+        return "-"
+    return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
+
+
 def format_summary(summary: dict, title: str) -> str:
     from trainers.metrics import format_table
 
-    def cell(r: dict) -> str:
-        return f"{r['successes']}/{r['trials']}  {r['rate']:.0%}  [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
-
-    rows = [(r["task"][:64], cell(r)) for r in summary["tasks"]]
-    rows.append(("all tasks", cell(summary)))
+    rows = [(r["task"][:64], rate_cell(r)) for r in summary["tasks"]]
+    rows.append(("all tasks", rate_cell(summary)))
     return format_table(rows, title=title)
 
 

@@ -21,18 +21,11 @@ from functools import partial
 
 import numpy as np
 
+from benchmarks.env_throughput import rss_gb
 from benchmarks.report import write_json
 
 K = 8
 NUM_ENVS = 2
-
-
-def _rss_gb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 2**20
-    return float("nan")
 
 
 def _ours(size: int, chunk_size: int, cameras: tuple[str, ...], chunks: int) -> dict:
@@ -59,7 +52,7 @@ def _ours(size: int, chunk_size: int, cameras: tuple[str, ...], chunks: int) -> 
         for _ in range(chunks):
             env.step(act())
         wall = time.perf_counter() - t0
-        rss = max(_rss_gb(p) for p in env.pool.pids())
+        rss = max(rss_gb([p]) for p in env.pool.pids())
     finally:
         env.close()
     return {

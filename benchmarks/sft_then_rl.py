@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.evaluate import frame_ids, run_frames, summarize
+from benchmarks.evaluate import frame_ids, rate_cell, run_frames, summarize
+from benchmarks.libero_expert import evaluate_suite
 from benchmarks.report import plot_lines, table, write_json
 
 
@@ -55,18 +56,6 @@ def evaluate_checkpoint(
     try:
         policy = load_policy(checkpoint, env.single_observation_space, env.single_action_space).eval()
         return run_frames(env, policy, frame_ids(env.unwrapped.initial_frames, states), seed=args.seed)
-    finally:
-        env.close()
-
-
-def run_expert(env_id: str, args) -> list[dict]:
-    from policies.libero_expert import LiberoExpert
-
-    env = suite_env(env_id, {"chunk_size": None, "cameras": (), "task_state": True}, args.num_envs)
-    try:
-        policy = LiberoExpert(env.single_observation_space, env.single_action_space)
-        ids = frame_ids(env.unwrapped.initial_frames, args.expert_init_states)
-        return run_frames(env, policy, ids, seed=args.seed)
     finally:
         env.close()
 
@@ -104,15 +93,10 @@ def training_curve(run_dir: Path) -> tuple[list[float], list[float]]:
 
 
 def compare(expert: dict, before: dict, after: dict, pairs: dict[str, int]) -> tuple[list[str], list[list]]:
-    def cell(r: dict | None) -> str:
-        if r is None:
-            return "-"
-        return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f},{r['ci95'][1]:.2f}]"
-
     by_task = [{r["task"]: r for r in s["tasks"]} for s in (expert, before, after)]
     header = ["task", "expert", "BC (held out)", "BC + GRPO (held out)"]
-    rows = [[task[:48], *(cell(t.get(task)) for t in by_task)] for task in by_task[0]]
-    rows.append(["all tasks", cell(expert), cell(before), cell(after)])
+    rows = [[task[:48], *(rate_cell(t.get(task)) for t in by_task)] for task in by_task[0]]
+    rows.append(["all tasks", rate_cell(expert), rate_cell(before), rate_cell(after)])
     rows.append(
         [
             "change after GRPO",
@@ -151,7 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
     env_id, out = run["env"].split(":")[-1], Path(args.out)
     times = {}
     t0 = time.perf_counter()
-    expert = summarize(run_expert(env_id, args))
+    suite = env_id.split("-")[1].lower()  # Libero-Spatial-v0 -> spatial
+    expert = evaluate_suite(suite, args.expert_init_states, args.num_envs, args.seed)
     times["expert"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     before_eps = evaluate_checkpoint(run["init_policy"], env_id, run["env_kwargs"], held_out, args)

@@ -97,10 +97,17 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+def read_jsonl(path: str | Path, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (``[]`` for a missing file when ``missing_ok``)."""
+    path = Path(path)
+    if missing_ok and not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's ``metrics.jsonl``."""
-    text = (Path(run_dir) / METRICS_FILE).read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return read_jsonl(Path(run_dir) / METRICS_FILE)
 
 
 class Progress:

@@ -5,19 +5,12 @@ Both are drawn from the run directory's files (``metrics.jsonl``, ``eval_episode
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from trainers.metrics import METRICS_FILE, wilson_interval
+from trainers.metrics import fmt, read_jsonl, read_metrics, wilson_interval
 
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"  # one row per evaluation episode, with the env step
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
 
 
 def _moving_average(values: list[float], width: int) -> list[float]:
@@ -32,7 +25,7 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
     """Training (sampled actions) and evaluation success, or return where the env reports no
     success, against env steps; None when there is nothing to plot."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / METRICS_FILE)
+    rows = read_metrics(run_dir)
     metric = (
         "success_once" if any("env/success_once" in r or "eval/success_once" in r for r in rows) else "return"
     )
@@ -94,12 +87,9 @@ def write_summary(
     files of the run and how to look at them."""
     run_dir = Path(run_dir)
     lines = [f"# {title}", "", "| | |", "|---|---|"]
-    lines += [
-        f"| {name} | {value:.4g} |" if isinstance(value, float) else f"| {name} | {value} |"
-        for name, value in rows
-    ]
+    lines += [f"| {name} | {fmt(value)} |" for name, value in rows]
     by_step: dict[int, list[dict[str, Any]]] = {}
-    for ep in read_jsonl(run_dir / EVAL_EPISODES_FILE):
+    for ep in read_jsonl(run_dir / EVAL_EPISODES_FILE, missing_ok=True):
         by_step.setdefault(int(ep["env_step"]), []).append(ep)
     for step, eps in sorted(by_step.items()):
         when = "before training" if step == 0 else f"after {step} env steps"

@@ -34,8 +34,8 @@ from policies.registry import make_policy, resolve_policy
 from trainers import checkpoint as ckpt
 from trainers.config import save_config, to_dict
 from trainers.evaluation import evaluate_episodes
-from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics
-from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, read_jsonl, write_summary
+from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics, read_jsonl
+from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, write_summary
 from trainers.rollout import episode_summary
 
 AUTORESET = {
@@ -327,7 +327,7 @@ class Run:
         )
         episodes_file = self.dir / EVAL_EPISODES_FILE
         if resume_step is not None:  # drop evaluations logged after the checkpoint
-            kept = [r for r in read_jsonl(episodes_file) if r["env_step"] <= resume_step]
+            kept = [r for r in read_jsonl(episodes_file, missing_ok=True) if r["env_step"] <= resume_step]
             episodes_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         elif episodes_file.exists():
             episodes_file.unlink()
