@@ -80,6 +80,16 @@ def top_k_mask(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(remove, torch.finfo(logits.dtype).min)
 
 
+def tempered_log_softmax(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
+) -> torch.Tensor:
+    """``log_softmax(top_k(logits / T))`` over the last dim, with a temperature ``[B]`` and a top-k ``[B]``
+    per sample (the first dim of ``logits``)."""
+    lead = (-1,) + (1,) * (logits.ndim - 2)
+    logits = logits / temperature.to(logits).reshape(*lead, 1)
+    return torch.log_softmax(top_k_mask(logits, top_k.reshape(lead)), dim=-1)
+
+
 class BinnedPolicy(TorsoPolicy):
     """Logits ``[B, K, D, n_bins]`` from the torso; tokens sampled from ``softmax(logits / T)``
     (after optional top-k); actions are the un-normalized bin centers; E = D.
@@ -137,12 +147,6 @@ class BinnedPolicy(TorsoPolicy):
         """Raw logits ``[B, K, D, n_bins]``."""
         return self.logits_head(features).reshape(-1, self.chunk_size, self.action_dim, self.n_bins)
 
-    def _log_softmax(
-        self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
-    ) -> torch.Tensor:
-        logits = logits / temperature.to(logits)[:, None, None, None]
-        return torch.log_softmax(top_k_mask(logits, top_k[:, None, None]), dim=-1)
-
     def tokens_to_actions(self, tokens: torch.Tensor) -> torch.Tensor:
         """Tokens ``[..., D]`` -> env actions (bin centers, un-normalized)."""
         return unnormalize(tokens_to_normalized(tokens, self.n_bins), self.q01, self.q99, self.mask)
@@ -158,7 +162,7 @@ class BinnedPolicy(TorsoPolicy):
         if deterministic:
             tokens, log_probs = logits.argmax(-1), None
         else:
-            logp = self._log_softmax(logits, temperature, top_k)
+            logp = tempered_log_softmax(logits, temperature, top_k)
             probs = logp.exp().reshape(-1, self.n_bins)
             tokens = torch.multinomial(probs, 1, generator=self._rng(probs.device)).reshape(logp.shape[:-1])
             log_probs = logp.gather(-1, tokens[..., None])[..., 0]
@@ -170,7 +174,7 @@ class BinnedPolicy(TorsoPolicy):
         prepared = self._prepare(self._replay_obs(replay))
         features = self.torso(prepared)
         logits = self.logits(features)
-        logp = self._log_softmax(logits, replay["temperature"], replay["top_k"].to(logits.device))
+        logp = tempered_log_softmax(logits, replay["temperature"], replay["top_k"].to(logits.device))
         tokens = replay["tokens"].to(logits.device).long()
         log_probs = logp.gather(-1, tokens[..., None])[..., 0]
         entropy = -(logp.exp() * logp).sum(-1)

@@ -24,7 +24,7 @@ wherever ``std == 0`` (e.g. the last CPS step).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -103,12 +103,91 @@ def gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
 def time_embedding(
     t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0
 ) -> torch.Tensor:
-    """Sinusoidal embedding ``[B, dim]`` of times ``t`` ``[B]`` (periods geometric in
-    ``[min_period, max_period]``, as pi0)."""
-    fraction = torch.linspace(0.0, 1.0, dim // 2, device=t.device)
+    """Sinusoidal embedding ``[B, dim]`` (float32) of times ``t`` ``[B]``: ``[sin, cos]`` of
+    ``t * 2 pi / period``, periods geometric in ``[min_period, max_period]``, in float64 (as pi0.5)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
-    angle = t[:, None].float() * (2 * math.pi / period)
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+    angle = t[:, None].double() * (2 * math.pi / period)
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
+
+
+def squashed_std(raw: torch.Tensor, logvar_min: torch.Tensor, logvar_max: torch.Tensor) -> torch.Tensor:
+    """flow_noise's std from a head output: ``exp(logvar / 2)`` with ``logvar`` squashed by tanh into
+    ``[logvar_min, logvar_max]`` (RLinf's ExploreNoiseNet)."""
+    o = torch.tanh(raw)
+    return torch.exp(0.5 * (logvar_min + (logvar_max - logvar_min) * (o + 1) / 2))
+
+
+Transition = Callable[[torch.Tensor, int | torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
+
+
+def denoise_indices(
+    num_steps: int,
+    deterministic: bool,
+    joint_logprob: bool,
+    ignore_last: bool,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Which steps are stochastic, ``[N]`` int64: all -1 (deterministic), ``0..N-1`` (joint), or one
+    uniformly drawn k repeated (k < N - 1 with ``ignore_last``)."""
+    if deterministic:
+        return torch.full((num_steps,), -1, dtype=torch.long)
+    if joint_logprob:
+        return torch.arange(num_steps)
+    high = num_steps - 1 if ignore_last else num_steps
+    k = int(torch.randint(0, high, (1,), generator=generator, device=device))
+    return torch.full((num_steps,), k, dtype=torch.long)
+
+
+def sample_chain(
+    x: torch.Tensor,
+    inds: torch.Tensor,
+    transition: Transition,
+    noise_method: str,
+    joint_logprob: bool,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the N denoising steps from the initial noise ``x``: step i uses ``noise_method`` if
+    ``inds`` says it is stochastic, else the ODE mean. ``transition(x, i, method)`` gives the step's
+    mean and std. Returns the chain ``[B, N+1, ...]`` and the element log-probs (None if no step was
+    stochastic): the mean over the stochastic terms, with ``log N(x_0; 0, I)`` first when
+    ``joint_logprob`` (and the call is not deterministic)."""
+    joint = joint_logprob and bool((inds >= 0).all())
+    terms = [gaussian_log_prob(x, torch.zeros_like(x), torch.ones_like(x))] if joint else []
+    chain = [x]
+    for i in range(len(inds)):
+        stochastic = int(inds[i]) == i
+        mean, std = transition(x, i, noise_method if stochastic else "flow_ode")
+        if stochastic:
+            x = mean + std * torch.randn(x.shape, generator=generator, device=x.device)
+            terms.append(gaussian_log_prob(x, mean, std))
+        else:
+            x = mean
+        chain.append(x)
+    log_probs = torch.stack(terms, dim=1).mean(dim=1) if terms else None
+    return torch.stack(chain, dim=1), log_probs
+
+
+def score_chain(
+    chains: torch.Tensor, inds: torch.Tensor, transition: Transition, noise_method: str, joint_logprob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recompute the element log-probs of a stored chain ``[B, N+1, ...]`` (and the matching Gaussian
+    entropies) at its stochastic steps ``inds`` ``[B, N]``; ``transition(x, idx [B], method)``."""
+    if bool((inds < 0).any()):
+        raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
+    rows = torch.arange(chains.shape[0], device=chains.device)
+    terms, entropies = [], []
+    if joint_logprob:
+        x0 = chains[:, 0]
+        terms.append(gaussian_log_prob(x0, torch.zeros_like(x0), torch.ones_like(x0)))
+        entropies.append(gaussian_entropy(torch.ones_like(x0)))
+    for j in range(inds.shape[1] if joint_logprob else 1):
+        idx = inds[:, j]
+        mean, std = transition(chains[rows, idx], idx, noise_method)
+        terms.append(gaussian_log_prob(chains[rows, idx + 1], mean, std))
+        entropies.append(gaussian_entropy(std))
+    return torch.stack(terms, dim=1).mean(dim=1), torch.stack(entropies, dim=1).mean(dim=1)
 
 
 class FlowPolicy(TorsoPolicy):
@@ -198,10 +277,9 @@ class FlowPolicy(TorsoPolicy):
         return self.velocity_out(hidden).reshape(x.shape), hidden
 
     def learned_std(self, hidden: torch.Tensor) -> torch.Tensor:
-        """flow_noise std ``[B, K, D]``: ``exp(logvar / 2)``, logvar squashed into the range."""
-        o = torch.tanh(self.noise_head(hidden))
-        logvar = self.logvar_min + (self.logvar_max - self.logvar_min) * (o + 1) / 2
-        return torch.exp(0.5 * logvar).reshape(-1, self.chunk_size, self.action_dim)
+        """flow_noise std ``[B, K, D]`` from the velocity net's last hidden features."""
+        std = squashed_std(self.noise_head(hidden), self.logvar_min, self.logvar_max)
+        return std.reshape(-1, self.chunk_size, self.action_dim)
 
     def transition(
         self,
@@ -231,41 +309,29 @@ class FlowPolicy(TorsoPolicy):
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         prepared = self._prepare(obs)
         context = self.torso(prepared)
-        b, n, device = context.shape[0], self.num_steps, context.device
+        b, device = context.shape[0], context.device
         rng = self._rng(device)
         shape = (b, self.chunk_size, self.action_dim)
         if deterministic and self.deterministic_init == "zeros":
             x = torch.zeros(shape, device=device)
         else:
             x = torch.randn(shape, generator=rng, device=device)
-        if deterministic:
-            inds = torch.full((n,), -1, dtype=torch.long)
-        elif self.joint_logprob:
-            inds = torch.arange(n)
-        else:
-            k = int(torch.randint(0, n - 1 if self.ignore_last else n, (1,), generator=rng, device=device))
-            inds = torch.full((n,), k, dtype=torch.long)
+        inds = denoise_indices(
+            self.num_steps, deterministic, self.joint_logprob, self.ignore_last, rng, device
+        )
         noise_level = torch.full((b,), self.noise_level, device=device)
-        chains, terms = [x], []
-        if self.joint_logprob and not deterministic:
-            terms.append(gaussian_log_prob(x, torch.zeros_like(x), torch.ones_like(x)))
-        for i in range(n):
-            stochastic = int(inds[i]) == i
-            method = self.noise_method if stochastic else "flow_ode"
+
+        def transition(x_i: torch.Tensor, i: int, method: str) -> tuple[torch.Tensor, torch.Tensor]:
             step = torch.full((b,), i, dtype=torch.long, device=device)
-            mean, std = self.transition(x, step, context, method, noise_level)
-            if stochastic:
-                x = mean + std * torch.randn(shape, generator=rng, device=device)
-                terms.append(gaussian_log_prob(x, mean, std))
-            else:
-                x = mean
-            chains.append(x)
-        log_probs = torch.stack(terms, dim=1).mean(dim=1) if terms else None
+            return self.transition(x_i, step, context, method, noise_level)
+
+        chains, log_probs = sample_chain(x, inds, transition, self.noise_method, self.joint_logprob, rng)
+        x = chains[:, -1]
         actions = torch.clamp(x, self.action_low, self.action_high) if self.clip_actions else x
         replay = {
             **self._obs_replay(prepared),
-            "chains": torch.stack(chains, dim=1),
-            "denoise_inds": inds.to(device).expand(b, n).clone(),
+            "chains": chains,
+            "denoise_inds": inds.to(device).expand(b, self.num_steps).clone(),
             "noise_level": noise_level,
         }
         return ActionChunk(actions, log_probs, self._value(prepared, context), replay)
@@ -276,24 +342,14 @@ class FlowPolicy(TorsoPolicy):
         prepared = self._prepare(self._replay_obs(replay))
         context = self.torso(prepared)
         device = context.device
-        chains = replay["chains"].to(device)
-        inds = replay["denoise_inds"].to(device).long()
         noise_level = replay["noise_level"].to(device)
-        if bool((inds < 0).any()):
-            raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
-        rows = torch.arange(chains.shape[0], device=device)
-        terms, entropies = [], []
-        if self.joint_logprob:
-            x0 = chains[:, 0]
-            terms.append(gaussian_log_prob(x0, torch.zeros_like(x0), torch.ones_like(x0)))
-            entropies.append(gaussian_entropy(torch.ones_like(x0)))
-        for j in range(self.num_steps if self.joint_logprob else 1):
-            idx = inds[:, j]
-            mean, std = self.transition(chains[rows, idx], idx, context, self.noise_method, noise_level)
-            terms.append(gaussian_log_prob(chains[rows, idx + 1], mean, std))
-            entropies.append(gaussian_entropy(std))
-        log_probs = torch.stack(terms, dim=1).mean(dim=1)
-        entropy = torch.stack(entropies, dim=1).mean(dim=1) if self.noise_method == "flow_noise" else None
+
+        def transition(x: torch.Tensor, idx: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.transition(x, idx, context, method, noise_level)
+
+        chains, inds = replay["chains"].to(device), replay["denoise_inds"].to(device).long()
+        log_probs, entropy = score_chain(chains, inds, transition, self.noise_method, self.joint_logprob)
+        entropy = entropy if self.noise_method == "flow_noise" else None
         return PolicyEval(log_probs, entropy, self._value(prepared, context))
 
     def imitation_loss(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import requires_libero
 
 from benchmarks.evaluate import summarize
@@ -94,3 +95,16 @@ def test_evaluate_writes_failure_videos(tmp_path):
     videos = list((tmp_path / "fail").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].name.endswith("_frame40.mp4")
     assert json.loads((tmp_path / "e.json").read_text())["args"]["init_states"] == [40, 41]
+
+
+def test_vla_latency_times_both_policies_on_tiny_checkpoints(tmp_path, capsys):
+    from benchmarks import vla_latency
+
+    rows = vla_latency.main(["--size", "tiny", "--batch", "2", "--repeats", "1", "--num-steps", "2",
+                             "--device", "cpu", "--json", str(tmp_path / "lat.json")])  # fmt: skip
+    assert [r["model"] for r in rows] == ["openvla_oft", "pi05"]
+    assert all(r["act_s_median"] > 0 and r["batch"] == 2 for r in rows)
+    assert json.loads((tmp_path / "lat.json").read_text())[1]["num_steps"] == 2
+    assert "VLA act latency" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert vla_latency.main(["--size", "real", "--device", "cpu"]) == []

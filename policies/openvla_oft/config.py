@@ -1,0 +1,146 @@
+"""OpenVLA / OpenVLA-OFT checkpoint configuration: the fields of the Hugging Face ``config.json``
+(``model_type: openvla``) this implementation reads, and the action statistics.
+
+Statistics come from ``config.json``'s ``norm_stats`` updated by the folder's
+``dataset_statistics.json`` (as RLinf loads them): ``{unnorm_key: {"action": {"q01", "q99", "mask",
+...}, "proprio": {...}}}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..pretrained import read_json
+from .vision import TIMM_VITS, ViTSpec
+
+CONFIG_FILE = "config.json"
+STATS_FILE = "dataset_statistics.json"
+
+
+@dataclass
+class OpenVLAConfig:
+    """What the model needs from ``config.json``.
+
+    ``vision_specs`` is this project's addition for towers that are not in ``TIMM_VITS`` (the tiny
+    test models); real checkpoints name their towers by ``timm_model_ids`` only.
+    """
+
+    timm_model_ids: list[str] = field(
+        default_factory=lambda: ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
+    )
+    use_fused_vision_backbone: bool = True
+    image_sizes: list[int] = field(default_factory=lambda: [224, 224])
+    text_config: dict[str, Any] = field(default_factory=lambda: {"model_type": "llama", "vocab_size": 32064})
+    pad_token_id: int = 32000
+    pad_to_multiple_of: int = 64
+    n_action_bins: int = 256
+    norm_stats: dict[str, Any] = field(default_factory=dict)
+    vision_specs: list[dict[str, Any]] | None = None
+
+    def towers(self) -> list[ViTSpec]:
+        """The ViT spec of each tower (one, or two when fused)."""
+        n = 2 if self.use_fused_vision_backbone else 1
+        if self.vision_specs is not None:
+            specs = [ViTSpec.from_dict(s) for s in self.vision_specs]
+        else:
+            unknown = [m for m in self.timm_model_ids[:n] if m not in TIMM_VITS]
+            if unknown:
+                raise ValueError(
+                    f"unsupported vision tower(s) {unknown}; supported timm_model_ids: {sorted(TIMM_VITS)}"
+                )
+            specs = [TIMM_VITS[m] for m in self.timm_model_ids[:n]]
+        if len(specs) != n:
+            raise ValueError(f"use_fused_vision_backbone={self.use_fused_vision_backbone} needs {n} towers")
+        for spec, size in zip(specs, self.image_sizes):
+            if spec.image_size != size:
+                raise ValueError(
+                    f"image_sizes {self.image_sizes} disagree with tower input size {spec.image_size}"
+                )
+        return specs
+
+    def llama_config(self):
+        """The backbone's ``transformers.LlamaConfig`` (transformers' defaults are Llama-2-7B's)."""
+        from transformers import LlamaConfig
+
+        text = {k: v for k, v in self.text_config.items() if k not in ("model_type", "torch_dtype", "dtype")}
+        text.setdefault("pad_token_id", self.pad_token_id)
+        return LlamaConfig(**text)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> OpenVLAConfig:
+        data = read_json(folder / CONFIG_FILE, "OpenVLA config")
+        if data.get("model_type", "openvla") != "openvla":
+            raise ValueError(
+                f"{folder / CONFIG_FILE}: model_type {data.get('model_type')!r}, expected 'openvla'"
+            )
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        config = cls(**known)
+        if (folder / STATS_FILE).is_file():
+            config.norm_stats = {**config.norm_stats, **read_json(folder / STATS_FILE, "dataset statistics")}
+        return config
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """``config.json`` content in the checkpoints' layout."""
+        data = {
+            "model_type": "openvla",
+            "architectures": ["OpenVLAForActionPrediction"],
+            "vision_backbone_id": "dinosiglip-vit-so-224px",
+            "llm_backbone_id": "llama2-7b-pure",
+            "arch_specifier": "no-align+fused-gelu-mlp",
+            "image_resize_strategy": "resize-naive",
+            "timm_model_ids": self.timm_model_ids,
+            "timm_override_act_layers": [None] * len(self.timm_model_ids),
+            "use_fused_vision_backbone": self.use_fused_vision_backbone,
+            "image_sizes": self.image_sizes,
+            "text_config": self.text_config,
+            "pad_token_id": self.pad_token_id,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "n_action_bins": self.n_action_bins,
+            "norm_stats": self.norm_stats,
+        }
+        if self.vision_specs is not None:
+            data["vision_specs"] = self.vision_specs
+        return data
+
+
+@dataclass(frozen=True)
+class ActionStats:
+    """BOUNDS_Q99 statistics of one dataset's actions ``[D]``."""
+
+    q01: torch.Tensor
+    q99: torch.Tensor
+    mask: torch.Tensor
+
+
+def action_stats(
+    norm_stats: dict[str, Any], unnorm_key: str | None, action_dim: int
+) -> tuple[str, ActionStats]:
+    """The ``(key, stats)`` to un-normalize with. ``unnorm_key`` None picks the only key; a key that is
+    absent falls back to ``<key>_no_noops`` (RLinf's rule) before failing with the keys there are."""
+    keys = sorted(norm_stats)
+    if not keys:
+        raise ValueError("the checkpoint has no norm_stats (config.json) and no dataset_statistics.json")
+    if unnorm_key is None:
+        if len(keys) != 1:
+            raise ValueError(f"the checkpoint has statistics for {keys}: pass unnorm_key= one of them")
+        unnorm_key = keys[0]
+    if unnorm_key not in norm_stats and f"{unnorm_key}_no_noops" in norm_stats:
+        unnorm_key = f"{unnorm_key}_no_noops"
+    if unnorm_key not in norm_stats:
+        raise ValueError(f"unnorm_key {unnorm_key!r} not in the checkpoint's statistics; available: {keys}")
+    stats = norm_stats[unnorm_key].get("action", {})
+    missing = [k for k in ("q01", "q99") if k not in stats]
+    if missing:
+        raise ValueError(f"statistics {unnorm_key!r}/action lack {missing}")
+    q01 = torch.tensor(stats["q01"], dtype=torch.float32)
+    q99 = torch.tensor(stats["q99"], dtype=torch.float32)
+    mask = torch.tensor(stats.get("mask", [True] * len(q01)), dtype=torch.bool)
+    if not len(q01) == len(q99) == len(mask) == action_dim:
+        raise ValueError(
+            f"statistics {unnorm_key!r} are for {len(q01)}-D actions, the env's actions are {action_dim}-D"
+        )
+    return unnorm_key, ActionStats(q01, q99, mask)

@@ -1,0 +1,113 @@
+"""The Prismatic VLA (OpenVLA's architecture): vision backbone -> MLP projector -> Llama-2, with
+OpenVLA-OFT's one-pass ("parallel") decoding of a whole action chunk.
+
+Module names are the checkpoints': ``vision_backbone.featurizer`` / ``fused_featurizer``,
+``projector.fc1..fc3``, ``language_model`` (``transformers.LlamaForCausalLM``).
+
+Sequence of one forward pass (text ids laid out by ``policy.PromptLayout``)::
+
+    [BOS] [image patches] [PAD ...] [prompt tokens ... '▁'] [A action placeholders] [STOP]
+
+Patches go right after BOS. Padding sits between the patches and the prompt (RLinf's layout),
+so every sample's action positions are at the same offsets from the end; pads are masked out as
+keys and position ids count real tokens only, so a padded sample computes exactly what it would
+alone. Placeholder embeddings are zeroed; the STOP token (``</s>``) is kept, as OpenVLA-OFT and
+SimpleVLA-RL train and decode (RLinf drops it: ``stop_id=None``). Attention is fully bidirectional
+over the real tokens: that is what the OpenVLA-OFT transformers fork does (its SDPA path drops the
+causal mask; openvla_facts: bc339d9a "Full bidirectional attention"). Element j of the chunk is
+read from the logits one position before its placeholder.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import OpenVLAConfig
+from .vision import VisionBackbone
+
+
+class PrismaticProjector(nn.Module):
+    """Vision features -> LLM width: ``fc1 (4x) -> GELU -> fc2 -> GELU -> fc3`` when fused,
+    ``fc1 -> GELU -> fc2`` otherwise."""
+
+    def __init__(self, vision_dim: int, llm_dim: int, fused: bool):
+        super().__init__()
+        self.fused = fused
+        if fused:
+            self.fc1 = nn.Linear(vision_dim, 4 * vision_dim)
+            self.fc2 = nn.Linear(4 * vision_dim, llm_dim)
+            self.fc3 = nn.Linear(llm_dim, llm_dim)
+        else:
+            self.fc1 = nn.Linear(vision_dim, llm_dim)
+            self.fc2 = nn.Linear(llm_dim, llm_dim)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc2(self.act(self.fc1(x)))
+        return self.fc3(self.act(x)) if self.fused else x
+
+
+class OpenVLAModel(nn.Module):
+    """Prismatic vision backbone, projector and Llama language model."""
+
+    def __init__(self, config: OpenVLAConfig):
+        super().__init__()
+        from transformers import LlamaForCausalLM
+
+        self.config = config
+        self.vision_backbone = VisionBackbone(config.towers())
+        llama_config = config.llama_config()
+        llama_config._attn_implementation = "sdpa"
+        self.projector = PrismaticProjector(
+            self.vision_backbone.embed_dim, llama_config.hidden_size, config.use_fused_vision_backbone
+        )
+        self.language_model = LlamaForCausalLM(llama_config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        num_actions: int,
+        stop_id: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One parallel-decoding pass.
+
+        Args:
+            input_ids: int64 ``[B, L]``, ``[BOS, PAD.., prompt.., "▁"]`` (placeholders, STOP added here).
+            attention_mask: ``[B, L]``, 1 for real tokens, 0 for padding.
+            pixel_values: ``[B, n_images, 3 * n_towers, S, S]`` (``VisionBackbone.pixel_values``).
+            num_actions: A, the number of action placeholders.
+            stop_id: the token appended after the placeholders (None: none).
+
+        Returns:
+            logits ``[B, A, vocab]`` (float32) predicting each action element, and the last hidden
+            state ``[B, hidden]`` at the last prompt token (the value-head feature).
+        """
+        lm = self.language_model.model
+        patches = self.projector(self.vision_backbone(pixel_values))
+        b, device = input_ids.shape[0], input_ids.device
+        if stop_id is not None:
+            input_ids = torch.cat([input_ids, input_ids.new_full((b, 1), stop_id)], dim=1)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(b, 1)], dim=1)
+        text = lm.embed_tokens(input_ids)
+        tail = int(stop_id is not None)  # tokens after the placeholders
+        placeholders = text.new_zeros(b, num_actions, text.shape[-1])  # zeroed action embeddings
+        cut = text.shape[1] - tail
+        embeds = torch.cat(
+            [text[:, :1], patches.to(text.dtype), text[:, 1:cut], placeholders, text[:, cut:]], 1
+        )
+        real = attention_mask.bool()
+        ones = torch.ones(b, patches.shape[1] + num_actions, dtype=torch.bool, device=device)
+        n_patch = patches.shape[1]
+        valid = torch.cat(
+            [real[:, :1], ones[:, :n_patch], real[:, 1:cut], ones[:, n_patch:], real[:, cut:]], 1
+        )
+        position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
+        mask = torch.zeros(b, 1, valid.shape[1], valid.shape[1], dtype=embeds.dtype, device=device)
+        mask = mask.masked_fill(~valid[:, None, None, :], torch.finfo(embeds.dtype).min)  # pad keys only
+        hidden = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids).last_hidden_state
+        first = hidden.shape[1] - tail - num_actions  # first placeholder
+        logits = self.language_model.lm_head(hidden[:, first - 1 : first - 1 + num_actions]).float()
+        return logits, hidden[:, first - 1]

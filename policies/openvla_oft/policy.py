@@ -1,0 +1,267 @@
+"""OpenVLA-OFT (discrete-token, parallel decoding) as an ``ActionChunkPolicy``.
+
+One forward pass scores all K*D action elements of a chunk over the 256 action-bin tokens (the
+top 256 ids of the text vocabulary). Sampling, log-probs, top-k and the bin/un-normalization math are
+``policies.binned``'s, shared with the small ``BinnedPolicy`` (policies_trainers.md §1.2-1.5):
+
+    p = softmax(top_k(logits[bins] / T));   token ~ p;   log-prob = log p[token]   (E = D per step)
+    action = unnormalize(bin_center(token), q01, q99, mask);   LIBERO gripper: -sign(2 g - 1)
+
+The replay keeps the tokenized prompt, the resized uint8 images and the sampled tokens, so
+``evaluate`` rescores exactly what ``act`` sampled (at each sample's temperature and top-k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
+from ..binned import tempered_log_softmax, tokens_to_normalized, unnormalize
+from ..common import box_chunk_shape
+from ..heads import ValueHead
+from ..images import resize_images
+from ..pretrained import (
+    check_observation_space,
+    empty_model,
+    find_checkpoint,
+    load_strict,
+    load_tokenizer,
+    read_state_dict,
+    resolve_dtype,
+)
+from .config import OpenVLAConfig, action_stats
+from .modeling import OpenVLAModel
+
+PROMPT = "In: What action should the robot take to {}?\nOut:"
+SPACE_TOKEN = "▁"  # sentencepiece's word boundary: id 29871 in Llama-2's vocabulary
+REQUIRED_FILES = (
+    "config.json",
+    "model.safetensors.index.json|model.safetensors",
+    "tokenizer.json|tokenizer.model",
+)
+# Module-name suffixes LoRA adapts (RLinf's list): the vision towers; the projector and Llama.
+LORA_VISION = ("qkv", "proj", "fc1", "fc2")
+LORA_LANGUAGE = (
+    "projector.fc1", "projector.fc2", "projector.fc3",
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
+)  # fmt: skip
+
+
+class PromptLayout:
+    """Tokenizes instructions into ``[BOS, PAD.., prompt.., '▁']`` of a fixed length
+    ``1 + max_prompt_tokens``, padding after BOS (so replays of different batches stack)."""
+
+    def __init__(self, tokenizer: Any, max_prompt_tokens: int):
+        self.tokenizer, self.max_prompt_tokens = tokenizer, max_prompt_tokens
+        self.bos = tokenizer.bos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.space = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
+        if self.bos is None or self.space is None or self.space == tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer needs a BOS token and the {SPACE_TOKEN!r} token (Llama-2 style)")
+        self._cache: dict[str, list[int]] = {}
+
+    def prompt_ids(self, instruction: str) -> list[int]:
+        ids = self._cache.get(instruction)
+        if ids is None:
+            ids = self.tokenizer(PROMPT.format(instruction.lower()), add_special_tokens=False)["input_ids"]
+            ids = ids if ids and ids[-1] == self.space else [*ids, self.space]
+            if len(ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"instruction {instruction!r} needs {len(ids)} prompt tokens; the policy was built with "
+                    f"max_prompt_tokens={self.max_prompt_tokens}: raise it"
+                )
+            self._cache[instruction] = ids
+        return ids
+
+    def __call__(self, instructions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` int64 and ``attention_mask`` int64, both ``[B, 1 + max_prompt_tokens]``."""
+        n = self.max_prompt_tokens
+        ids = torch.full((len(instructions), 1 + n), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        ids[:, 0], mask[:, 0] = self.bos, 1
+        for i, text in enumerate(instructions):
+            prompt = self.prompt_ids(str(text))
+            ids[i, 1 + n - len(prompt) :] = torch.tensor(prompt)
+            mask[i, 1 + n - len(prompt) :] = 1
+        return ids, mask
+
+
+class OpenVLAOFTPolicy(ActionChunkPolicy):
+    """OpenVLA-OFT with token actions, loaded from a checkpoint folder or hub id; E = D.
+
+    Args:
+        observation_space: a Dict with ``instruction`` and the uint8 ``[H, W, 3]`` images in ``image_keys``.
+        action_space: Box ``(K, D)`` (or ``(D,)``, K = 1); K * D placeholders are decoded per call.
+        model_path: checkpoint folder or hub id (Hugging Face cache) in OpenVLA's layout: ``config.json``,
+            safetensors, tokenizer files, optionally ``dataset_statistics.json``.
+        unnorm_key: which dataset's action statistics (e.g. ``libero_spatial_no_noops``); None when the
+            checkpoint has one.
+        temperature, top_k: sampling (SimpleVLA-RL / RLinf LIBERO GRPO: 1.6, 0); kept per sample in
+            the replay.
+        image_keys: observation images fed as the model's images, in order (OFT-token LIBERO: the
+            third-person view only).
+        center_crop: crop this fraction of the image area before resizing (RLinf LIBERO: 0.9); None off.
+        gripper: ``"libero"`` maps the last dim with ``-sign(2 g - 1)`` (-1 open, +1 close); None
+            leaves actions as un-normalized.
+        max_prompt_tokens: fixed prompt length (padding), so replays from different calls stack.
+        use_critic, value_type: RLinf's value head on the last prompt token's hidden state, one value
+            per chunk (``"chunk"``) or per step (``"step"``); GRPO builds the policy without it.
+        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights.
+        freeze_vision: keep the vision towers fixed (and without LoRA).
+        dtype: weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32),
+            ``"float32"`` or ``"bfloat16"``. Log-probs are always computed in float32.
+        append_stop: end the sequence with the STOP token ``</s>`` as OpenVLA-OFT and SimpleVLA-RL
+            do (False: as RLinf, which drops it; with bidirectional attention the two differ).
+        download: let a hub id download into the Hugging Face cache (default: cache only).
+
+    Replay: ``input_ids``, ``attention_mask`` ``[B, 1 + max_prompt_tokens]``, ``images`` uint8
+    ``[B, n, S, S, 3]``, ``tokens`` int64 ``[B, K, D]`` (0..255; id = vocab - 256 + token),
+    ``temperature`` ``[B]``, ``top_k`` ``[B]``.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        model_path: str | Path,
+        unnorm_key: str | None = None,
+        temperature: float = 1.6,
+        top_k: int = 0,
+        image_keys: Sequence[str] = ("image",),
+        center_crop: float | None = None,
+        gripper: str | None = "libero",
+        max_prompt_tokens: int = 64,
+        use_critic: bool = True,
+        value_type: str = "chunk",
+        lora_rank: int = 0,
+        freeze_vision: bool = False,
+        dtype: str = "auto",
+        append_stop: bool = True,
+        download: bool = False,
+    ):
+        super().__init__()
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        self.temperature, self.top_k = float(temperature), int(top_k)
+        self.image_keys, self.center_crop = tuple(image_keys), center_crop
+        if gripper not in ("libero", None):
+            raise ValueError(f"gripper must be 'libero' or None, got {gripper!r}")
+        if value_type not in ("chunk", "step"):
+            raise ValueError(f"value_type must be 'chunk' or 'step', got {value_type!r}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.gripper = gripper
+        check_observation_space(observation_space, self.image_keys)
+
+        folder = find_checkpoint(model_path, REQUIRED_FILES, what="OpenVLA-OFT checkpoint", download=download)
+        config = OpenVLAConfig.from_folder(folder)
+        self.unnorm_key, stats = action_stats(config.norm_stats, unnorm_key, self.action_dim)
+        self.register_buffer("q01", stats.q01)
+        self.register_buffer("q99", stats.q99)
+        self.register_buffer("mask", stats.mask)
+        self.n_bins = config.n_action_bins
+        self.model = load_model(folder, config, resolve_dtype(dtype))
+        self.layout = PromptLayout(load_tokenizer(folder), max_prompt_tokens)
+        self.stop_id = self.layout.tokenizer.eos_token_id if append_stop else None
+        self.bins_start = self.layout.tokenizer.vocab_size - self.n_bins  # first action-bin id
+        self.image_size = self.model.vision_backbone.image_size
+
+        hidden = self.model.language_model.config.hidden_size
+        kv = 1 if value_type == "chunk" else self.chunk_size
+        self.value_head = ValueHead(hidden, (512, 128), kv, "gelu") if use_critic else None
+        if freeze_vision:
+            self.model.vision_backbone.requires_grad_(False)
+        if lora_rank > 0:
+            add_lora(self.model, lora_rank, LORA_LANGUAGE + (() if freeze_vision else LORA_VISION))
+
+    # ------------------------------------------------------------------ observation -> model inputs
+    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        device = self.q01.device
+        images = torch.stack([torch.as_tensor(np.asarray(obs[k])) for k in self.image_keys], dim=1)
+        images = resize_images(images, self.image_size, self.center_crop).to(device)
+        input_ids, attention_mask = self.layout(list(obs["instruction"]))
+        return {
+            "input_ids": input_ids.to(device),
+            "attention_mask": attention_mask.to(device),
+            "images": images,
+        }
+
+    def _forward(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Action-bin logits ``[B, K, D, n_bins]`` (float32) and the value feature ``[B, hidden]``."""
+        pixels = self.model.vision_backbone.pixel_values(prepared["images"])
+        n = self.chunk_size * self.action_dim
+        logits, feature = self.model(
+            prepared["input_ids"], prepared["attention_mask"], pixels, n, self.stop_id
+        )
+        bins = logits[..., self.bins_start : self.bins_start + self.n_bins]
+        return bins.reshape(-1, self.chunk_size, self.action_dim, self.n_bins), feature
+
+    def _value(self, feature: torch.Tensor) -> torch.Tensor | None:
+        return None if self.value_head is None else self.value_head(feature)
+
+    def tokens_to_actions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens ``[..., D]`` -> env actions: bin centers, un-normalized, gripper mapped."""
+        actions = unnormalize(tokens_to_normalized(tokens, self.n_bins), self.q01, self.q99, self.mask)
+        if self.gripper == "libero":
+            actions = torch.cat([actions[..., :-1], -torch.sign(2 * actions[..., -1:] - 1)], dim=-1)
+        return actions
+
+    # ------------------------------------------------------------------ the policy contract
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        prepared = self._prepare(obs)
+        logits, feature = self._forward(prepared)
+        b, device = logits.shape[0], logits.device
+        temperature = torch.full((b,), self.temperature, device=device)
+        top_k = torch.full((b,), self.top_k, dtype=torch.long, device=device)
+        if deterministic:
+            tokens, log_probs = logits.argmax(-1), None
+        else:
+            logp = tempered_log_softmax(logits, temperature, top_k)
+            probs = logp.exp().reshape(-1, self.n_bins)
+            tokens = torch.multinomial(probs, 1, generator=self._rng(device)).reshape(logp.shape[:-1])
+            log_probs = logp.gather(-1, tokens[..., None])[..., 0]
+        replay = {**prepared, "tokens": tokens, "temperature": temperature, "top_k": top_k}
+        return ActionChunk(self.tokens_to_actions(tokens).float(), log_probs, self._value(feature), replay)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        """Log-probs and entropies of the stored tokens under the current weights."""
+        prepared = {k: replay[k] for k in ("input_ids", "attention_mask", "images")}
+        logits, feature = self._forward(prepared)
+        logp = tempered_log_softmax(logits, replay["temperature"], replay["top_k"].to(logits.device))
+        log_probs = logp.gather(-1, replay["tokens"].long()[..., None])[..., 0]
+        entropy = -(logp.exp() * logp).sum(-1)
+        return PolicyEval(log_probs, entropy, self._value(feature))
+
+    def value(self, obs: Any) -> torch.Tensor:
+        if self.value_head is None:
+            raise RuntimeError("OpenVLAOFTPolicy was built with use_critic=False")
+        return self._value(self._forward(self._prepare(obs))[1])
+
+
+def load_model(folder: Path, config: OpenVLAConfig, dtype: torch.dtype) -> OpenVLAModel:
+    """Build the model without allocating random weights and load the folder's weights strictly."""
+    model = empty_model(lambda: OpenVLAModel(config))
+    load_strict(model, read_state_dict(folder, dtype), f"OpenVLA checkpoint {folder}")
+    return model.eval()
+
+
+def add_lora(model: torch.nn.Module, rank: int, targets: Sequence[str]) -> None:
+    """Wrap the ``targets`` linears in LoRA adapters (peft) and train only those."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError('LoRA needs peft: pip install "vla-gym[vla]"') from e
+    config = LoraConfig(
+        r=rank, lora_alpha=rank, lora_dropout=0.0, init_lora_weights="gaussian", target_modules=list(targets)
+    )
+    inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)

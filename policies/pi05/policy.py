@@ -1,0 +1,316 @@
+"""pi0.5 as an ``ActionChunkPolicy``: flow-matching denoising with RL's stochastic steps.
+
+Inputs follow openpi's LIBERO / B1K pipelines: images resized with padding to 224 and scaled to
+[-1, 1] (cameras in ``cameras`` order; openpi's empty third LIBERO slot is masked out, so it is left
+out here, which computes the same); the prompt ``BOS + clean(instruction) + "\\n"`` or, with
+``discrete_state_input``, ``BOS + "Task: {clean}, State: {256-bin state};\\nAction: "``; the state
+quantile-normalized. The denoising chain runs in the model's normalized 32-D action space on the
+grid of ``policies.flow`` (N steps from t = 1 to 0) with the same samplers and log-prob math as
+``FlowPolicy`` (flow_ode / flow_sde / flow_cps / flow_noise, one random stochastic step or
+``joint_logprob``). Actions: un-normalized with the action quantiles, then the first K steps and D
+dims; log-probs are sliced the same way (``[B, K, D]``, E = D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
+from ..common import box_chunk_shape
+from ..flow import (
+    NOISE_METHODS,
+    denoise_indices,
+    flow_mean_std,
+    flow_timesteps,
+    sample_chain,
+    score_chain,
+    sde_sigma_ratios,
+    squashed_std,
+)
+from ..heads import ValueHead
+from ..images import resize_with_pad
+from ..pretrained import (
+    check_observation_space,
+    empty_model,
+    find_checkpoint,
+    load_strict,
+    read_state_dict,
+    resolve_dtype,
+)
+from ..torsos import mlp
+from .config import Pi05Config, find_norm_stats, load_norm_stats
+from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys
+
+TOKENIZER_FILES = ("tokenizer.model", "paligemma_tokenizer.model")
+REQUIRED_FILES = ("config.json", "model.safetensors.index.json|model.safetensors")
+
+
+class PromptTokenizer:
+    """openpi's PaliGemma prompt (sentencepiece), right-padded with 0 to ``max_len``."""
+
+    def __init__(self, model_file: Path, max_len: int, discrete_state: bool):
+        import sentencepiece
+
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+        self.max_len, self.discrete_state = max_len, discrete_state
+
+    def ids(self, instruction: str, state: np.ndarray | None) -> list[int]:
+        clean = str(instruction).strip().replace("_", " ").replace("\n", " ")
+        if self.discrete_state:
+            bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
+            text = f"Task: {clean}, State: {' '.join(map(str, bins.tolist()))};\nAction: "
+            ids = [self.sp.bos_id(), *self.sp.encode(text)]
+        else:
+            ids = [self.sp.bos_id(), *self.sp.encode(clean), *self.sp.encode("\n")]
+        if len(ids) > self.max_len:
+            raise ValueError(f"prompt for {clean!r} has {len(ids)} tokens > max_token_len={self.max_len}")
+        return ids
+
+    def __call__(
+        self, instructions: Sequence[str], states: np.ndarray | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.zeros(len(instructions), self.max_len, dtype=torch.long)
+        mask = torch.zeros_like(tokens, dtype=torch.bool)
+        for i, text in enumerate(instructions):
+            ids = self.ids(text, None if states is None else states[i])
+            tokens[i, : len(ids)], mask[i, : len(ids)] = torch.tensor(ids), True
+        return tokens, mask
+
+
+class Pi05Policy(ActionChunkPolicy):
+    """pi0.5 loaded from an openpi / lerobot PyTorch checkpoint folder or hub id; E = D.
+
+    Args:
+        observation_space: Dict with ``instruction``, the uint8 ``[H, W, 3]`` images named in
+            ``cameras`` and (if used) the state ``state_key``.
+        action_space: Box ``(K, D)``: K <= the model's horizon, D <= its action dims and statistics.
+        model_path: checkpoint folder (``config.json``, ``model.safetensors`` or shards, ``norm_stats.json``
+            under ``assets/<asset_id>/``) or hub id (Hugging Face cache).
+        asset_id: which ``norm_stats.json`` (e.g. ``physical-intelligence/libero``); None: the only one.
+        tokenizer_path: PaliGemma's sentencepiece model; default ``tokenizer.model`` or
+            ``paligemma_tokenizer.model`` in the checkpoint folder.
+        cameras: observation keys of the images, in the model's order (openpi LIBERO: agentview as
+            ``base_0_rgb``, wrist as ``left_wrist_0_rgb``; the masked third slot is omitted).
+        state_key: observation key of the robot state (quantile-normalized; used only with
+            ``discrete_state_input``).
+        discrete_state_input: put the 256-bin state in the prompt. None: the checkpoint's
+            ``config.json`` value, else False (openpi's ``pi05_libero``; cosmos-rl runs the LIBERO
+            checkpoint with True: check against reference outputs).
+        max_token_len: prompt length (openpi pi0.5: 200).
+        num_steps: denoising steps N (openpi inference 10; RLinf RL 3-5).
+        noise_method, noise_level, joint_logprob, ignore_last, noise_std_range: the RL sampler, as in
+            ``FlowPolicy`` (RLinf pi0.5: flow_sde, 0.5).
+        use_critic, value_vlm_mode: value head ``ValueHead(width, (1024, 512, 256), 1, relu)`` on the
+            PaliGemma prefix output, averaged over real tokens (``"mean_token"``) or the last one
+            (``"last_token"``), RLinf's ``value_after_vlm``.
+        train_expert_only: freeze PaliGemma (SigLIP + Gemma 2B); train the action expert and heads.
+        dtype: ``"auto"`` (bfloat16 with CUDA, else float32), ``"float32"`` or ``"bfloat16"``.
+        download: let a hub id download into the Hugging Face cache.
+
+    Replay: ``images`` uint8 ``[B, n, S, S, 3]``, ``tokens`` / ``token_mask`` ``[B, max_token_len]``,
+    ``chains`` float32 ``[B, N+1, H, A]`` (normalized model actions), ``denoise_inds`` ``[B, N]``,
+    ``noise_level`` ``[B]``.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        model_path: str | Path,
+        asset_id: str | None = None,
+        tokenizer_path: str | Path | None = None,
+        cameras: Sequence[str] = ("image", "wrist_image"),
+        state_key: str = "proprio",
+        discrete_state_input: bool | None = None,
+        max_token_len: int = 200,
+        num_steps: int = 10,
+        noise_method: str = "flow_sde",
+        noise_level: float = 0.5,
+        joint_logprob: bool = False,
+        ignore_last: bool = False,
+        noise_std_range: tuple[float, float] = (0.08, 0.16),
+        use_critic: bool = True,
+        value_vlm_mode: str = "mean_token",
+        train_expert_only: bool = False,
+        dtype: str = "auto",
+        download: bool = False,
+    ):
+        super().__init__()
+        if noise_method not in NOISE_METHODS:
+            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
+        if value_vlm_mode not in ("mean_token", "last_token"):
+            raise ValueError(f"value_vlm_mode must be 'mean_token' or 'last_token', got {value_vlm_mode!r}")
+        if ignore_last and num_steps < 2 and not joint_logprob:
+            raise ValueError("ignore_last needs num_steps >= 2")
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        self.cameras, self.state_key = tuple(cameras), state_key
+        self.num_steps, self.noise_method, self.noise_level = num_steps, noise_method, float(noise_level)
+        self.joint_logprob, self.ignore_last, self.value_vlm_mode = joint_logprob, ignore_last, value_vlm_mode
+        check_observation_space(observation_space, self.cameras)
+
+        folder = find_checkpoint(model_path, REQUIRED_FILES, what="pi0.5 checkpoint", download=download)
+        config = Pi05Config.from_folder(folder)
+        self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
+        if self.chunk_size > self.horizon or self.action_dim > self.model_action_dim:
+            raise ValueError(
+                f"action space {action_space.shape} exceeds the model's horizon {self.horizon} x "
+                f"{self.model_action_dim} action dims"
+            )
+        stats = load_norm_stats(find_norm_stats(folder, asset_id))
+        self.state_stats, self.action_stats = stats["state"], stats["actions"]
+        if len(self.action_stats.q01) < self.action_dim:
+            raise ValueError(
+                f"action statistics are {len(self.action_stats.q01)}-D, the env's actions {self.action_dim}-D"
+            )
+        discrete = config.discrete_state_input if discrete_state_input is None else discrete_state_input
+        self.discrete_state_input = bool(discrete)
+        if self.discrete_state_input and state_key not in observation_space.spaces:
+            raise ValueError(f"discrete_state_input needs the state {state_key!r} in the observations")
+        self.tokenizer = PromptTokenizer(
+            _tokenizer_file(folder, tokenizer_path), max_token_len, self.discrete_state_input
+        )
+
+        self.model = load_model(folder, config, resolve_dtype(dtype))
+        self.image_size = config.vision().image_size
+        self.register_buffer("timesteps", flow_timesteps(num_steps))
+        self.register_buffer("sigma_ratios", sde_sigma_ratios(num_steps))
+        width = config.expert().width
+        self.noise_head = None
+        if noise_method == "flow_noise":  # RLinf's ExploreNoiseNet on the expert output
+            self.noise_head = mlp([width, 128, 64, self.model_action_dim], "tanh", last_activation=False)
+            s_min, s_max = noise_std_range
+            self.register_buffer("logvar_min", torch.tensor(float(np.log(s_min**2))))
+            self.register_buffer("logvar_max", torch.tensor(float(np.log(s_max**2))))
+        pali_width = config.paligemma().width
+        self.value_head = (
+            ValueHead(pali_width, (1024, 512, 256), 1, "relu", bias_last=True) if use_critic else None
+        )
+        if train_expert_only:
+            self.model.paligemma_with_expert.paligemma.requires_grad_(False)
+
+    # ------------------------------------------------------------------ inputs
+    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        device = self.timesteps.device
+        images = torch.stack([torch.as_tensor(np.asarray(obs[k])) for k in self.cameras], dim=1)
+        states = None
+        if self.discrete_state_input:
+            raw = torch.as_tensor(np.asarray(obs[self.state_key]), dtype=torch.float32)
+            states = self.state_stats.normalize(raw).numpy()
+        tokens, token_mask = self.tokenizer(list(obs["instruction"]), states)
+        images = resize_with_pad(images, self.image_size).to(device)
+        return {"images": images, "tokens": tokens.to(device), "token_mask": token_mask.to(device)}
+
+    def _prefix(self, prepared: dict[str, torch.Tensor]) -> PrefixCache:
+        pixels = prepared["images"].permute(0, 1, 4, 2, 3).float() / 255.0 * 2 - 1
+        embeds, valid = self.model.embed_prefix(pixels, prepared["tokens"], prepared["token_mask"])
+        return self.model.prefix_cache(embeds, valid)
+
+    def _value(self, cache: PrefixCache) -> torch.Tensor | None:
+        if self.value_head is None:
+            return None
+        if self.value_vlm_mode == "mean_token":
+            w = cache.valid[..., None].to(cache.hidden.dtype)
+            feature = (cache.hidden * w).sum(1) / w.sum(1)
+        else:
+            last = cache.valid.long().cumsum(1).argmax(1)  # index of the last real token
+            feature = cache.hidden[torch.arange(len(last)), last]
+        return self.value_head(feature)
+
+    def _transition(self, cache: PrefixCache, noise_level: torch.Tensor):
+        """``transition(x, step, method)`` of the denoising chain for ``sample_chain`` / ``score_chain``."""
+
+        def transition(
+            x: torch.Tensor, idx: int | torch.Tensor, method: str
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            idx = torch.as_tensor(idx, device=x.device).expand(x.shape[0])
+            t, t_next = self.timesteps[idx], self.timesteps[idx + 1]
+            v, hidden = self.model.velocity(cache, x, t)
+            col = (slice(None), None, None)
+            learned = None
+            if method == "flow_noise":
+                raw = self.noise_head(hidden.float())
+                learned = squashed_std(raw, self.logvar_min, self.logvar_max)
+            sigma = noise_level[col] * self.sigma_ratios[idx][col]
+            return flow_mean_std(x, v, t[col], (t - t_next)[col], method, noise_level[col], sigma, learned)
+
+        return transition
+
+    def _to_env(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalized model actions ``[B, H, A]`` -> env actions ``[B, K, D]``."""
+        return self.action_stats.unnormalize(x)[:, : self.chunk_size, : self.action_dim]
+
+    # ------------------------------------------------------------------ the policy contract
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        prepared = self._prepare(obs)
+        cache = self._prefix(prepared)
+        b, device = cache.valid.shape[0], cache.valid.device
+        rng = self._rng(device)
+        x = torch.randn((b, self.horizon, self.model_action_dim), generator=rng, device=device)
+        inds = denoise_indices(
+            self.num_steps, deterministic, self.joint_logprob, self.ignore_last, rng, device
+        )
+        noise_level = torch.full((b,), self.noise_level, device=device)
+        transition = self._transition(cache, noise_level)
+        chains, log_probs = sample_chain(x, inds, transition, self.noise_method, self.joint_logprob, rng)
+        if log_probs is not None:
+            log_probs = log_probs[:, : self.chunk_size, : self.action_dim]
+        replay = {
+            **prepared,
+            "chains": chains,
+            "denoise_inds": inds.to(device).expand(b, self.num_steps).clone(),
+            "noise_level": noise_level,
+        }
+        return ActionChunk(self._to_env(chains[:, -1]), log_probs, self._value(cache), replay)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        """Log-probs of the stored chain's stochastic steps under the current weights (the prefix is
+        recomputed; without gradients when PaliGemma is frozen)."""
+        prepared = {k: replay[k] for k in ("images", "tokens", "token_mask")}
+        frozen = not any(p.requires_grad for p in self.model.paligemma_with_expert.paligemma.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+            cache = self._prefix(prepared)
+        transition = self._transition(cache, replay["noise_level"])
+        inds = replay["denoise_inds"].long()
+        log_probs, entropy = score_chain(
+            replay["chains"], inds, transition, self.noise_method, self.joint_logprob
+        )
+        k, d = self.chunk_size, self.action_dim
+        entropy = entropy[:, :k, :d] if self.noise_method == "flow_noise" else None
+        return PolicyEval(log_probs[:, :k, :d], entropy, self._value(cache))
+
+    def value(self, obs: Any) -> torch.Tensor:
+        if self.value_head is None:
+            raise RuntimeError("Pi05Policy was built with use_critic=False")
+        return self._value(self._prefix(self._prepare(obs)))
+
+
+def load_model(folder: Path, config: Pi05Config, dtype: torch.dtype) -> Pi05Model:
+    """Build pi0.5 without allocating random weights and load the folder's weights strictly."""
+    model = empty_model(lambda: Pi05Model(config))
+    state, _unused = from_checkpoint_keys(read_state_dict(folder, dtype))
+    load_strict(model, state, f"pi0.5 checkpoint {folder}")
+    return model.eval()
+
+
+def _tokenizer_file(folder: Path, tokenizer_path: str | Path | None) -> Path:
+    if tokenizer_path is not None:
+        path = Path(tokenizer_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer_path {path} does not exist")
+        return path
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(
+        f"no PaliGemma tokenizer in {folder} (looked for {', '.join(TOKENIZER_FILES)}): pass tokenizer_path= "
+        "(openpi downloads it from gs://big_vision/paligemma_tokenizer.model)"
+    )

@@ -1,0 +1,237 @@
+"""Pretrained VLA checkpoint folders: find them, read their safetensors strictly, write them.
+
+A checkpoint is a Hugging Face ``save_pretrained`` folder: ``config.json``, the weights as
+``model.safetensors`` or shards listed in ``model.safetensors.index.json``, plus whatever files
+the model needs (tokenizer, normalization statistics). ``find_checkpoint`` takes a local folder or a
+hub id; a hub id is looked up in the Hugging Face cache (downloaded first only with
+``download=True`` and ``HF_HUB_OFFLINE`` unset). Missing files raise an error that names them, where
+they were looked for and the command that gets them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def find_checkpoint(
+    name_or_path: str | os.PathLike,
+    required: Sequence[str],
+    *,
+    what: str = "checkpoint",
+    download: bool = False,
+) -> Path:
+    """The folder holding ``required`` files (``"a|b"`` means either), from a directory or a hub id."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        missing = missing_files(path, required)
+        if missing:
+            raise FileNotFoundError(f"{what} folder {path} lacks {', '.join(missing)}")
+        return path
+    repo = str(name_or_path)
+    if repo.count("/") != 1 or path.exists():
+        raise FileNotFoundError(f"{what} not found: {repo!r} is neither a folder nor a hub id 'owner/name'")
+    tried = []
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    for local_only in (True, False) if download and not offline else (True,):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(repo, local_files_only=local_only))
+        except Exception as e:  # not cached, offline, no network: all end in the same advice
+            tried.append(f"{'cache' if local_only else 'download'}: {type(e).__name__}")
+            continue
+        missing = missing_files(folder, required)
+        if not missing:
+            return folder
+        tried.append(f"{folder}: missing {', '.join(missing)}")
+    raise FileNotFoundError(
+        f"{what} {repo!r} not found in the Hugging Face cache ({'; '.join(tried)}). Looked for "
+        f"{', '.join(required)}. Get it with `hf download {repo} --local-dir <dir>` and pass the folder "
+        f"'<dir>' instead of the hub id (or set HF_HOME to the cache that has it)."
+    )
+
+
+def missing_files(folder: Path, required: Sequence[str]) -> list[str]:
+    """The entries of ``required`` absent from ``folder`` (``"a|b"``: present if either is)."""
+    return [name for name in required if not any((folder / n).is_file() for n in name.split("|"))]
+
+
+def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files of a checkpoint folder and the index's key -> file map (None if unsharded)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} lists shards that are missing: {', '.join(absent)}")
+        return files, weight_map
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE], None
+    raise FileNotFoundError(f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}")
+
+
+def read_state_dict(folder: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors (cast to ``dtype`` if given); the index must agree."""
+    from safetensors import safe_open
+
+    files, weight_map = weight_files(folder)
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key in state:
+                    raise ValueError(f"{file}: key {key!r} appears in two shards")
+                if weight_map is not None and weight_map.get(key) != file.name:
+                    raise ValueError(f"{file}: key {key!r} is not listed for this shard in {INDEX_FILE}")
+                tensor = f.get_tensor(key)
+                state[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+    if weight_map is not None and set(weight_map) - set(state):
+        raise ValueError(
+            f"{folder}: {INDEX_FILE} lists keys no shard has: {_short(set(weight_map) - set(state))}"
+        )
+    return state
+
+
+def empty_model(build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` with its parameters on the meta device (no memory, no random init) and its buffers
+    real (computed ones such as rotary frequencies are not in checkpoints); ``load_strict`` fills them."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        return build()
+
+
+def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], what: str) -> None:
+    """``module.load_state_dict(state)`` with every key matched, shapes equal, and an error naming
+    the missing, unexpected and wrongly shaped keys otherwise."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = sorted(
+        f"{k} (checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)})"
+        for k in set(own) & set(state)
+        if tuple(own[k].shape) != tuple(state[k].shape)
+    )
+    problems = [
+        f"{label}: {_short(keys)}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes))
+        if keys
+    ]
+    if problems:
+        raise ValueError(f"{what} does not match the model: " + "; ".join(problems))
+    module.load_state_dict(state, strict=True, assign=any(p.is_meta for p in own.values()))
+
+
+def save_state_dict(
+    state: Mapping[str, torch.Tensor], folder: str | os.PathLike, max_shard_bytes: int | None = None
+) -> None:
+    """Write ``state`` as ``model.safetensors``, or as shards plus ``model.safetensors.index.json``
+    when it is larger than ``max_shard_bytes``; each file is written to a temporary name first."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    sizes = {k: v.numel() * v.element_size() for k, v in tensors.items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for key, tensor in tensors.items():
+        if max_shard_bytes and shards[-1] and used + sizes[key] > max_shard_bytes:
+            shards.append({})
+            used = 0
+        shards[-1][key] = tensor
+        used += sizes[key]
+    if len(shards) == 1:
+        _atomic(folder / SINGLE_FILE, lambda p: save_file(shards[0], p, metadata={"format": "pt"}))
+        return
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        _atomic(folder / name, lambda p, shard=shard: save_file(shard, p, metadata={"format": "pt"}))
+    index = {
+        "metadata": {"total_size": sum(sizes.values())},
+        "weight_map": {k: name for name, shard in zip(names, shards) for k in shard},
+    }
+    _atomic(folder / INDEX_FILE, lambda p: Path(p).write_text(json.dumps(index, indent=2)))
+
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are shared files
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; a clear error when it is missing or malformed."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _short(keys, limit: int = 6) -> str:
+    keys = sorted(keys)
+    more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def load_tokenizer(folder: Path):
+    """The folder's tokenizer: ``tokenizer.json`` through ``PreTrainedTokenizerFast`` (it fully defines
+    the tokenizer; AutoTokenizer would also parse the model's config.json), else AutoTokenizer
+    (e.g. a sentencepiece ``tokenizer.model``)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if (folder / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """A VLA's weight dtype: ``"auto"`` is bfloat16 when CUDA is available, else float32."""
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if dtype not in choices:
+        raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+    return choices[dtype]
+
+
+def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> None:
+    """VLAs read a Dict observation with ``instruction`` and uint8 ``[H, W, 3]`` images at ``image_keys``."""
+    if not isinstance(space, spaces.Dict) or "instruction" not in space.spaces:
+        raise ValueError(f"a VLA needs a Dict observation space with 'instruction', got {space}")
+    for key in image_keys:
+        sub = space.spaces.get(key)
+        if not (
+            isinstance(sub, spaces.Box)
+            and sub.dtype == np.uint8
+            and len(sub.shape) == 3
+            and sub.shape[-1] == 3
+        ):
+            have = sorted(space.spaces)
+            raise ValueError(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
