@@ -25,6 +25,17 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
+def require_vla_extra(what: str) -> None:
+    """Fail early, naming the extra, when the VLA dependencies are not installed."""
+    import importlib.util
+
+    missing = [
+        m for m in ("transformers", "safetensors", "accelerate") if importlib.util.find_spec(m) is None
+    ]
+    if missing:
+        raise ImportError(f'{what} needs {", ".join(missing)}: pip install "vla-gym[vla]"')
+
+
 def find_checkpoint(
     name_or_path: str | os.PathLike,
     required: Sequence[str],
@@ -201,14 +212,12 @@ def _short(keys, limit: int = 6) -> str:
 
 
 def load_tokenizer(folder: Path):
-    """The folder's tokenizer: ``tokenizer.json`` through ``PreTrainedTokenizerFast`` (it fully defines
-    the tokenizer; AutoTokenizer would also parse the model's config.json), else AutoTokenizer
-    (e.g. a sentencepiece ``tokenizer.model``)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The folder's ``tokenizer.json`` as a fast tokenizer: it defines the tokenizer completely
+    (normalizer, pre-tokenizer, added ``<PAD>``), while converting a bare sentencepiece model depends
+    on transformers' converter; OpenVLA's folders ship both."""
+    from transformers import PreTrainedTokenizerFast
 
-    if (folder / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(str(folder))
-    return AutoTokenizer.from_pretrained(str(folder))
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:

@@ -59,16 +59,27 @@ def test_tiny_checkpoint_is_in_openpi_layout_and_loads_strictly(ckpt):
     torch.testing.assert_close(embed, read_state_dict(ckpt)["paligemma_with_expert.paligemma.lm_head.weight"])
 
 
-def test_lerobot_prefixed_checkpoint_loads_the_same_weights(ckpt, tmp_path):
+def test_lerobot_layout_loads_the_same_model_and_statistics(ckpt, tmp_path):
+    """lerobot's PI05Policy files: ``model.``-prefixed weights, quantiles in normalizer safetensors."""
+    from safetensors.torch import save_file
+
     folder = tmp_path / "lerobot"
     shutil.copytree(ckpt, folder)
     state = read_state_dict(ckpt)
     (folder / "model.safetensors").unlink()
     save_state_dict({f"model.{k}": v for k, v in state.items()}, folder)
+    shutil.rmtree(folder / "assets")
+    q = {k: {s: torch.tensor(v[s]) for s in ("q01", "q99")} for k, v in TINY_STATS.items()}
+    save_file({f"observation.state.{s}": q["state"][s] for s in ("q01", "q99")},
+              str(folder / "policy_preprocessor_step_2_normalizer_processor.safetensors"))  # fmt: skip
+    save_file({f"action.{s}": q["actions"][s] for s in ("q01", "q99")},
+              str(folder / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))  # fmt: skip
     a = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, **KW)
     b = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=folder, **KW)
     for (ka, va), (kb, vb) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
+    a.seed(0), b.seed(0)
+    assert torch.equal(a.act(_obs(), deterministic=True).actions, b.act(_obs(), deterministic=True).actions)
 
 
 def _joint_velocity(model, prefix, prefix_valid, x_t, t):
@@ -259,6 +270,11 @@ def test_bad_inputs_are_named(ckpt, tmp_path):
     with pytest.raises(ValueError, match=r"unexpected: extra\.weight.*wrong shape: action_in_proj\.weight"):
         Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=broken, **KW)
     config = json.loads((ckpt / "config.json").read_text())
+    (broken / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k != "action_horizon"})
+    )
+    with pytest.raises(ValueError, match="lacks action_horizon"):
+        Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=broken, **KW)
     (broken / "config.json").write_text(json.dumps({**config, "model_type": "pi0"}))
     with pytest.raises(ValueError, match="pi0 checkpoint"):
         Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=broken, **KW)

@@ -33,6 +33,7 @@ from ..pretrained import (
     load_strict,
     load_tokenizer,
     read_state_dict,
+    require_vla_extra,
     resolve_dtype,
 )
 from .config import OpenVLAConfig, action_stats
@@ -43,7 +44,7 @@ SPACE_TOKEN = "▁"  # sentencepiece's word boundary: id 29871 in Llama-2's voca
 REQUIRED_FILES = (
     "config.json",
     "model.safetensors.index.json|model.safetensors",
-    "tokenizer.json|tokenizer.model",
+    "tokenizer.json",
 )
 # Module-name suffixes LoRA adapts (RLinf's list): the vision towers; the projector and Llama.
 LORA_VISION = ("qkv", "proj", "fc1", "fc2")
@@ -147,6 +148,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         download: bool = False,
     ):
         super().__init__()
+        require_vla_extra("OpenVLAOFTPolicy")
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
         self.temperature, self.top_k = float(temperature), int(top_k)

@@ -22,6 +22,7 @@ from ..pretrained import read_json
 
 CONFIG_FILE = "config.json"
 STATS_FILE = "norm_stats.json"
+LEROBOT_STATS = "policy_*processor*.safetensors"  # lerobot: keys like "observation.state.q01", "action.q99"
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class Pi05Config:
             raise ValueError(f"{folder / CONFIG_FILE}: model_type {data['model_type']!r}, expected 'pi05'")
         if data.get("pi05") is False or data.get("model_type") == "pi0":
             raise ValueError(f"{folder}: a pi0 checkpoint; this implementation is pi0.5 (adaRMS time input)")
+        if "action_horizon" not in data:  # the weights do not depend on it, so it cannot be inferred
+            raise ValueError(
+                f"{folder / CONFIG_FILE} lacks action_horizon (openpi pi05_libero: 10, pi05_behavior: 32)"
+            )
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "extra"}
         config = cls(**known, extra={k: v for k, v in data.items() if k not in cls.__dataclass_fields__})
         pali, expert = config.paligemma(), config.expert()
@@ -151,7 +156,10 @@ class QuantileStats:
 
 def find_norm_stats(folder: Path, asset_id: str | None) -> Path:
     """The ``norm_stats.json`` of a checkpoint folder: ``assets/<asset_id>/`` or ``<asset_id>/``;
-    with ``asset_id`` None, the only one there is (``<asset_id>`` is ``org/name``)."""
+    with ``asset_id`` None, the only one there is (``<asset_id>`` is ``org/name``), else the folder
+    itself when it holds lerobot's ``policy_*processor*.safetensors`` normalizer files."""
+    if asset_id is None and not _found(folder) and list(folder.glob(LEROBOT_STATS)):
+        return folder
     if asset_id is not None:
         for path in (folder / "assets" / asset_id / STATS_FILE, folder / asset_id / STATS_FILE):
             if path.is_file():
@@ -180,7 +188,10 @@ def _found(folder: Path) -> list[str]:
 
 
 def load_norm_stats(path: Path) -> dict[str, QuantileStats]:
-    """``{"state": ..., "actions": ...}`` quantile statistics from an openpi ``norm_stats.json``."""
+    """``{"state": ..., "actions": ...}`` quantile statistics from an openpi ``norm_stats.json`` (or
+    from lerobot's normalizer files when ``path`` is their folder)."""
+    if path.is_dir():
+        return _lerobot_stats(path)
     data = read_json(path, "pi0.5 normalization statistics")
     stats = data.get("norm_stats", data)
     out = {}
@@ -197,4 +208,20 @@ def load_norm_stats(path: Path) -> dict[str, QuantileStats]:
                 f"{path}: norm_stats.{key} q01 {tuple(q01.shape)} and q99 {tuple(q99.shape)} differ"
             )
         out[key] = QuantileStats(q01, q99)
+    return out
+
+
+def _lerobot_stats(folder: Path) -> dict[str, QuantileStats]:
+    """State and action quantiles from lerobot's pre/post-processor normalizer safetensors (used
+    with openpi's formula; lerobot's own omits the 1e-6 in the denominator)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob(LEROBOT_STATS)):
+        tensors.update(load_file(str(file)))
+    out = {}
+    for key, prefix in (("state", "observation.state"), ("actions", "action")):
+        if f"{prefix}.q01" not in tensors or f"{prefix}.q99" not in tensors:
+            raise ValueError(f"{folder}: lerobot normalizer files lack {prefix}.q01 / {prefix}.q99")
+        out[key] = QuantileStats(tensors[f"{prefix}.q01"].float(), tensors[f"{prefix}.q99"].float())
     return out

@@ -41,6 +41,7 @@ from ..pretrained import (
     find_checkpoint,
     load_strict,
     read_state_dict,
+    require_vla_extra,
     resolve_dtype,
 )
 from ..torsos import mlp
@@ -143,6 +144,7 @@ class Pi05Policy(ActionChunkPolicy):
         download: bool = False,
     ):
         super().__init__()
+        require_vla_extra("Pi05Policy")
         if noise_method not in NOISE_METHODS:
             raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
         if value_vlm_mode not in ("mean_token", "last_token"):
