@@ -6,13 +6,16 @@ import envs
 vec = gym.make_vec("Libero-Spatial-v0", num_envs=4)   # native chunked vector env
 env = gym.make("Libero-Spatial-v0")                    # one-env view (a gymnasium.Env)
 wm = gym.make_vec("CosmosWM-LiberoSpatial-v0", num_envs=16, model_dir="/data/cosmos")  # world model
+b1k = gym.make_vec("B1K-TurningOnRadio-v0", num_envs=2)  # needs OmniGibson + an RTX GPU
 """
 
+from envs.b1k import register as _register_b1k
 from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame, load_initial_frames, save_initial_frames
 from envs.libero import register as _register_libero
 from envs.world_models import register as _register_world_models
 
 _register_libero()
 _register_world_models()
+_register_b1k()
 
 __all__ = ["ChunkResult", "ChunkedVectorEnv", "InitialFrame", "load_initial_frames", "save_initial_frames"]

@@ -135,6 +135,11 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         """Sub-step limit of an episode started from ``frame``."""
         raise NotImplementedError
 
+    def _episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Backend-specific statistics of episodes ending now in ``env_ids`` (their final state is
+        still current), added to ``info["episode"]``; e.g. B1K's partial-success q-score."""
+        return {}
+
     # ------------------------------------------------------------------ reset
     def reset(
         self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
@@ -291,6 +296,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             "success_once": self._success_once[done].copy(),
             "return": self._return[done].copy(),
             "length": self._length[done].copy(),
+            **self._episode_stats(done),
         }
         episode = infos.setdefault("episode", {})
         for key, value in stats.items():
