@@ -177,7 +177,7 @@ class OmniGibsonBackend:
         for key, value in self._instance_state(instance).items():
             if key == "robot_poses":
                 robot = env.robots[0]
-                pose = value[robot.model_name][0]
+                pose = value[getattr(robot, "model_name", "R1Pro")][0]
                 robot.set_position_orientation(pose["position"], pose["orientation"])
                 env.scene.write_task_metadata(key=key, data=value)
             else:
