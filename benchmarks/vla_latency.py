@@ -7,8 +7,9 @@
 temporary checkpoint folder in the real layout, loads it through the policy's own loader (the load
 time is reported too) and times ``act`` on a LIBERO-shaped batch: one 224 px image for OpenVLA-OFT
 (K = 8, 56 action tokens in one pass), agent view + wrist for pi0.5 (prefix cached, N denoising steps,
-K = 5 of a 10-step horizon). ``--size tiny`` uses the test checkpoints. Real size needs a CUDA GPU:
-without one it prints why it skipped.
+K = 5 of a 10-step horizon) and the Cosmos Policy (33-frame VAE encode + 5 DiT calls per 16-action
+chunk; the issue quotes 0.61 s on an H100, a figure we could not find in its sources). ``--size
+tiny`` uses the test checkpoints. Real size needs a CUDA GPU: without one it prints why it skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gymnasium import spaces
 
 from benchmarks.report import table, write_json
 
-MODELS = ("openvla_oft", "pi05")
+INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+MODELS = ("openvla_oft", "pi05", "cosmos_policy")
 
 
 def _spaces(model: str) -> tuple[spaces.Dict, spaces.Box]:
@@ -37,7 +39,7 @@ def _spaces(model: str) -> tuple[spaces.Dict, spaces.Box]:
             "instruction": spaces.Text(200),
         }  # fmt: skip
     )
-    chunk = 8 if model == "openvla_oft" else 5
+    chunk = {"openvla_oft": 8, "pi05": 5, "cosmos_policy": 16}[model]
     return obs, spaces.Box(-1, 1, (chunk, 7), np.float32)
 
 
@@ -45,6 +47,9 @@ def _real_checkpoint(model: str, folder: Path, device: str) -> None:
     """A public-size checkpoint with random bfloat16 weights (tokenizer and stats from the tiny one)."""
     from policies.pretrained import save_state_dict
 
+    if model == "cosmos_policy":
+        _real_cosmos_policy(folder, device)
+        return
     if model == "openvla_oft":
         from policies.openvla_oft.config import OpenVLAConfig
         from policies.openvla_oft.modeling import OpenVLAModel
@@ -77,6 +82,31 @@ def _real_checkpoint(model: str, folder: Path, device: str) -> None:
     del net, state
 
 
+def _real_cosmos_policy(folder: Path, device: str) -> None:
+    """Cosmos-Predict2-2B Video2World DiT and the Wan 2.1 VAE (base 96) with random bf16 weights, in
+    the Cosmos Policy folder layout; T5 embeddings [1, 512, 1024] for the benchmark's instruction."""
+    import pickle
+
+    from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+    from nets.cosmos_tiny import wan_vae_to_original
+    from nets.wan_vae import build_wan_vae
+    from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
+
+    write_tiny_cosmos_policy(folder)
+    (folder / "Cosmos-Policy-LIBERO-Tiny.pt").unlink()
+    with torch.device(device):
+        dit = CosmosDiT(CosmosDiTConfig(action_dim=None)).to(torch.bfloat16)
+    torch.save(
+        {f"net.{k}": v for k, v in dit.state_dict().items()}, folder / "Cosmos-Policy-LIBERO-Predict2-2B.pt"
+    )
+    del dit
+    torch.save(
+        wan_vae_to_original(build_wan_vae(base_dim=96).state_dict()), folder / "tokenizer" / "tokenizer.pth"
+    )
+    with open(folder / "libero_t5_embeddings.pkl", "wb") as f:
+        pickle.dump({INSTRUCTION: torch.randn(1, 512, 1024).to(torch.bfloat16)}, f)
+
+
 def measure(model: str, size: str, batch: int, repeats: int, device: str, num_steps: int) -> dict:
     from policies.registry import make_policy
 
@@ -89,6 +119,10 @@ def measure(model: str, size: str, batch: int, repeats: int, device: str, num_st
             from policies.openvla_oft.tiny import write_tiny_openvla
 
             write_tiny_openvla(folder)
+        elif model == "cosmos_policy":
+            from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
+
+            write_tiny_cosmos_policy(folder)
         else:
             from policies.pi05.tiny import write_tiny_pi05
 
@@ -96,6 +130,8 @@ def measure(model: str, size: str, batch: int, repeats: int, device: str, num_st
         kwargs = {"model_path": str(folder), "dtype": "bfloat16" if device == "cuda" else "float32"}
         if model == "pi05":
             kwargs.update(num_steps=num_steps, max_token_len=200 if size == "real" else 96)
+        elif model == "cosmos_policy":  # 5 denoising steps as in its LIBERO evaluation
+            kwargs.update(num_steps=5, image_size=224 if size == "real" else 32)
         else:
             kwargs.update(unnorm_key="libero_spatial")
         if device == "cuda":
@@ -126,7 +162,7 @@ def measure(model: str, size: str, batch: int, repeats: int, device: str, num_st
     return {
         "model": model, "size": size, "device": device, "batch": batch, "params_b": params / 1e9,
         "load_s": load_s, "act_s_median": float(np.median(times)), "act_s_min": float(np.min(times)),
-        "peak_gib": memory, "num_steps": num_steps if model == "pi05" else 1,
+        "peak_gib": memory, "num_steps": {"pi05": num_steps, "cosmos_policy": 5}.get(model, 1),
     }  # fmt: skip
 
 

@@ -43,11 +43,11 @@ def real_size_model(backend: str, device: torch.device, image_size: tuple[int, i
     torch.manual_seed(0)
     with torch.device(device):
         if backend == "cosmos":
-            from envs.world_models.cosmos.dit import CosmosActionDiT
             from envs.world_models.cosmos.model import CosmosWorldModel
-            from envs.world_models.cosmos.vae import WanVAE, build_wan_vae
+            from nets.cosmos_dit import CosmosDiT
+            from nets.wan_vae import WanVAE, build_wan_vae
 
-            dit = CosmosActionDiT().to(dtype).eval().requires_grad_(False)
+            dit = CosmosDiT().to(dtype).eval().requires_grad_(False)
             vae = WanVAE(build_wan_vae()).to(dtype).eval().requires_grad_(False)
             return CosmosWorldModel(dit, vae, image_size=image_size, dtype=dtype, **options)
         from diffusers import AutoencoderKL

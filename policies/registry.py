@@ -1,7 +1,7 @@
 """Build a policy by name, so command lines and checkpoints can name one.
 
 Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``libero_expert`` (scripted), ``openvla_oft``,
-``pi05`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
+``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
 (categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
 ``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
 ``(observation_space, action_space, **kwargs)``.
@@ -24,6 +24,7 @@ POLICIES = {
     "libero_expert": "policies.libero_expert:LiberoExpert",
     "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
     "pi05": "policies.pi05:Pi05Policy",
+    "cosmos_policy": "policies.cosmos_policy:CosmosPolicy",
 }
 
 

@@ -102,7 +102,7 @@ def test_vla_latency_times_both_policies_on_tiny_checkpoints(tmp_path, capsys):
 
     rows = vla_latency.main(["--size", "tiny", "--batch", "2", "--repeats", "1", "--num-steps", "2",
                              "--device", "cpu", "--json", str(tmp_path / "lat.json")])  # fmt: skip
-    assert [r["model"] for r in rows] == ["openvla_oft", "pi05"]
+    assert [r["model"] for r in rows] == ["openvla_oft", "pi05", "cosmos_policy"]
     assert all(r["act_s_median"] > 0 and r["batch"] == 2 for r in rows)
     assert json.loads((tmp_path / "lat.json").read_text())[1]["num_steps"] == 2
     assert "VLA act latency" in capsys.readouterr().out

@@ -15,6 +15,11 @@ openpi's patched transformers 4.53.2, ``rlinf-transformer-openpi``, saved by
 ``paligemma.lm_head.weight``; the expert's ``lm_head`` is a leftover of ``GemmaForCausalLM`` that the
 model never calls (and conversions never fill); the expert's adaRMS norms have only ``dense``.
 
+Cosmos Policy (``nvidia/Cosmos-Policy-LIBERO-Predict2-2B``): the unmodified Cosmos-Predict2-2B
+Video2World DiT (``MinimalV1LVGDiT``: 2048 channels, 28 blocks, 16 heads, 1x2x2 patches of 16 + 2
+mask channels, AdaLN-LoRA 256, T5 1024-d cross-attention), its ``net.*`` keys as listed for that
+checkpoint family (the world models' research notes, without the action MLPs).
+
 Repeated blocks are written once with ``{i}``.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
 from policies.openvla_oft.config import OpenVLAConfig
 from policies.openvla_oft.modeling import OpenVLAModel
 from policies.pi05.config import Pi05Config
@@ -160,6 +166,37 @@ PI05 = [
     ("time_mlp_out.bias", (1024,), 0),
 ]
 
+COSMOS_PREDICT2_2B = [
+    ("x_embedder.proj.1.weight", (2048, 72), 0),
+    ("t_embedder.1.linear_1.weight", (2048, 2048), 0),
+    ("t_embedder.1.linear_2.weight", (6144, 2048), 0),
+    ("t_embedding_norm.weight", (2048,), 0),
+    *[
+        (f"blocks.{{i}}.self_attn.{n}.weight", (2048, 2048), 28)
+        for n in ("q_proj", "k_proj", "v_proj", "output_proj")
+    ],
+    *[(f"blocks.{{i}}.cross_attn.{n}.weight", (2048, 2048), 28) for n in ("q_proj", "output_proj")],
+    *[(f"blocks.{{i}}.cross_attn.{n}.weight", (2048, 1024), 28) for n in ("k_proj", "v_proj")],
+    *[
+        (f"blocks.{{i}}.{a}.{n}.weight", (128,), 28)
+        for a in ("self_attn", "cross_attn")
+        for n in ("q_norm", "k_norm")
+    ],
+    ("blocks.{i}.mlp.layer1.weight", (8192, 2048), 28),
+    ("blocks.{i}.mlp.layer2.weight", (2048, 8192), 28),
+    *[
+        (f"blocks.{{i}}.adaln_modulation_{m}.1.weight", (256, 2048), 28)
+        for m in ("self_attn", "cross_attn", "mlp")
+    ],
+    *[
+        (f"blocks.{{i}}.adaln_modulation_{m}.2.weight", (6144, 256), 28)
+        for m in ("self_attn", "cross_attn", "mlp")
+    ],
+    ("final_layer.adaln_modulation.1.weight", (256, 2048), 0),
+    ("final_layer.adaln_modulation.2.weight", (4096, 256), 0),
+    ("final_layer.linear.weight", (64, 2048), 0),
+]
+
 
 def expand(facts: list[tuple[str, tuple[int, ...], int]]) -> dict[str, tuple[int, ...]]:
     out = {}
@@ -200,3 +237,11 @@ def test_pi05_key_layout_equals_the_openpi_checkpoint():
     assert unused == [EXPERT_LM_HEAD] and set(mapped) == set(model.state_dict())
     lerobot = {f"model.{k}": v for k, v in fake_file.items()}  # lerobot's PI05Policy prefix
     assert set(from_checkpoint_keys(lerobot)[0]) == set(model.state_dict())
+
+
+def test_cosmos_policy_dit_key_layout_equals_predict2_2b():
+    expected = expand(COSMOS_PREDICT2_2B)
+    assert len(expected) == 567
+    with torch.device("meta"):
+        model = CosmosDiT(CosmosDiTConfig(action_dim=None))  # the world model's DiT class, no action MLPs
+    assert shapes(model) == expected

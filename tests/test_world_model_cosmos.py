@@ -13,18 +13,18 @@ pytest.importorskip("diffusers")
 from diffusers import CosmosTransformer3DModel  # noqa: E402
 from diffusers.loaders.single_file_utils import convert_cosmos_transformer_checkpoint_to_diffusers  # noqa: E402
 
-from envs.world_models.cosmos.checkpoint import load_cosmos_dit  # noqa: E402
-from envs.world_models.cosmos.dit import CosmosActionDiT  # noqa: E402
 from envs.world_models.cosmos.model import CosmosWorldModel  # noqa: E402
-from envs.world_models.cosmos.sampler import guided_x0_fn, karras_sigmas, rf_x0, sample_2ab  # noqa: E402
-from envs.world_models.cosmos.tiny import (  # noqa: E402
+from nets.cosmos_checkpoint import load_cosmos_dit  # noqa: E402
+from nets.cosmos_dit import CosmosDiT  # noqa: E402
+from nets.cosmos_sampler import guided_x0_fn, karras_sigmas, rf_x0, sample_2ab  # noqa: E402
+from nets.cosmos_tiny import (  # noqa: E402
     build_tiny_dit,
     tiny_dit_config,
     wan_vae_to_original,
     write_tiny_dit_checkpoint,
     write_tiny_tokenizer,
 )
-from envs.world_models.cosmos.vae import WanVAE  # noqa: E402
+from nets.wan_vae import WanVAE  # noqa: E402
 
 H, W = 32, 48  # pixels; latents 4x6, DiT tokens 2x3 per latent frame
 PROJ_IN = 48  # tiny stand-in for Predict2.5's 100352-wide text embeddings
@@ -238,7 +238,7 @@ def test_dit_checkpoint_round_trip(files):
     assert {"net.pos_embedder.seq", "net_ema.blocks.0.self_attn._extra_state", "accum_iteration"} <= set(raw)
 
     dit = load_cosmos_dit(paths["global"], dtype=torch.float32)
-    assert isinstance(dit, CosmosActionDiT) and dit.dtype == torch.float32
+    assert isinstance(dit, CosmosDiT) and dit.dtype == torch.float32
     for key, value in models["global"].state_dict().items():
         assert torch.equal(dit.state_dict()[key], value), key
     x, t, action, context, cond_mask = _inputs()

@@ -105,7 +105,7 @@ def write_tiny_bundle(backend: str, directory: str | os.PathLike, *, seed: int =
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     if backend == "cosmos":
-        from envs.world_models.cosmos.tiny import write_tiny_dit_checkpoint, write_tiny_tokenizer
+        from nets.cosmos_tiny import write_tiny_dit_checkpoint, write_tiny_tokenizer
 
         write_tiny_dit_checkpoint(root / "libero-spatial-2b-19k.pt", seed=seed)
         (root / "tokenizer").mkdir(exist_ok=True)

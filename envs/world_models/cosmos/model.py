@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.cosmos.checkpoint import load_cosmos_dit
-from envs.world_models.cosmos.dit import TEXT_TOKENS, CosmosActionDiT
-from envs.world_models.cosmos.sampler import SIGMA_MAX, guided_x0_fn, karras_sigmas, sample_2ab
-from envs.world_models.cosmos.vae import LATENT_CHANNELS, SPATIAL_FACTOR, TEMPORAL_FACTOR, WanVAE
+from nets.cosmos_checkpoint import load_cosmos_dit
+from nets.cosmos_dit import TEXT_TOKENS, CosmosDiT
+from nets.cosmos_sampler import SIGMA_MAX, guided_x0_fn, karras_sigmas, sample_2ab
+from nets.wan_vae import LATENT_CHANNELS, SPATIAL_FACTOR, TEMPORAL_FACTOR, WanVAE
 
 ACTION_DIM = 7
 
@@ -74,7 +74,7 @@ class CosmosWorldModel:
 
     def __init__(
         self,
-        dit: CosmosActionDiT,
+        dit: CosmosDiT,
         vae: WanVAE,
         *,
         image_size: tuple[int, int] = (256, 320),

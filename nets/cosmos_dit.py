@@ -1,15 +1,17 @@
-"""The action-conditioned Cosmos video DiT, in the original checkpoint key layout.
+"""The Cosmos-Predict2 video DiT, in the original checkpoint key layout.
 
-This is Cosmos-Predict2's ``ActionConditionedMinimalV1LVGDiT`` (a MiniTrainDIT plus two action
-MLPs), and Predict2.5's per-latent-chunk variant. Parameter names match the ``net.`` entries of a
-training checkpoint exactly, so a state dict loads with ``strict=True`` after dropping buffers.
+``action_dim=None`` is the plain Video2World ``MinimalV1LVGDiT`` (what the Cosmos Policy fine-tunes:
+its actions live in latent frames); 84 or 28 is the action-conditioned
+``ActionConditionedMinimalV1LVGDiT`` of the world models (two action MLPs; 28 is Predict2.5's
+per-latent-chunk variant). Parameter names match the ``net.`` entries of a training checkpoint
+exactly, so a state dict loads with ``strict=True`` after dropping buffers.
 
 One forward pass (B samples, latent ``x [B, C, T, H, W]``):
 
 1. concatenate a condition-mask channel (1 on conditioned latent frames) and a zero padding-mask
    channel, cut into 1x2x2 patches and project (``x_embedder``);
 2. embed the per-latent-frame timestep ``t [B, T]`` as a sinusoid; an MLP of it gives the AdaLN-LoRA
-   term; the action MLPs add to both; RMSNorm of the sinusoid is the AdaLN input;
+   term; the action MLPs (if any) add to both; RMSNorm of the sinusoid is the AdaLN input;
 3. ``num_blocks`` blocks of self-attention (3-D RoPE), cross-attention (text context) and an MLP,
    each AdaLN-modulated per latent frame (broadcast over its H*W tokens);
 4. a modulated final layer and un-patchify to ``[B, out_channels, T, H, W]``.
@@ -41,7 +43,7 @@ class CosmosDiTConfig:
     patch_temporal: int = 1
     adaln_lora_dim: int = 256
     crossattn_emb_channels: int = 1024
-    action_dim: int = 84  # 84 = 12x7 global embedding; 28 = 4x7 per latent frame (Predict2.5 chunk)
+    action_dim: int | None = 84  # 84 = 12x7 global embedding; 28 = 4x7 per latent (Predict2.5); None: none
     crossattn_proj_in_channels: int | None = None  # 100352 for Predict2.5 (Reason1 embeddings)
     rope_scale: tuple[float, float, float] = (1.0, 3.0, 3.0)  # NTK extrapolation ratios (t, h, w)
     max_size: tuple[int, int, int] = (128, 240, 240)  # latent (frames, height, width) the RoPE covers
@@ -67,10 +69,10 @@ class CosmosDiTConfig:
             raise ValueError(f"head dim {self.head_dim} too small for 3-D RoPE (need at least 12)")
         if self.patch_temporal != 1:
             raise ValueError(f"expected patch_temporal 1 (per-frame timesteps), got {self.patch_temporal}")
-        if self.action_dim not in (84, 28):
+        if self.action_dim not in (84, 28, None):
             raise ValueError(
-                f"expected action_dim 84 (12 x 7 actions, global) or 28 (4 x 7 per latent), "
-                f"got {self.action_dim}"
+                f"expected action_dim 84 (12 x 7 actions, global), 28 (4 x 7 per latent) or None "
+                f"(no action input), got {self.action_dim}"
             )
 
 
@@ -243,7 +245,7 @@ class Block(nn.Module):
         self.adaln_modulation_self_attn = adaln_modulation(d, lora, 3)
         self.adaln_modulation_cross_attn = adaln_modulation(d, lora, 3)
         self.adaln_modulation_mlp = adaln_modulation(d, lora, 3)
-        # cross-attention output for a constant context (CosmosActionDiT.cache_cross_attention)
+        # cross-attention output for a constant context (CosmosDiT.cache_cross_attention)
         self.register_buffer("cross_attn_const", None, persistent=False)
 
     def _modulated(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,8 +293,8 @@ class FinalLayer(nn.Module):
         return self.linear(F.layer_norm(x, (d,), eps=self.eps) * (1 + scale) + shift)
 
 
-class CosmosActionDiT(nn.Module):
-    """The action-conditioned Cosmos DiT (original key layout; see the module docstring)."""
+class CosmosDiT(nn.Module):
+    """The Cosmos video DiT, with or without action input (original key layout; see the module docstring)."""
 
     def __init__(self, config: CosmosDiTConfig | None = None) -> None:
         super().__init__()
@@ -305,8 +307,9 @@ class CosmosActionDiT(nn.Module):
         self.t_embedding_norm = RMSNorm(d, config.eps)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_blocks))
         self.final_layer = FinalLayer(config)
-        self.action_embedder_B_D = Mlp(config.action_dim, 4 * d, d)
-        self.action_embedder_B_3D = Mlp(config.action_dim, 4 * d, 3 * d)
+        if config.action_dim is not None:
+            self.action_embedder_B_D = Mlp(config.action_dim, 4 * d, d)
+            self.action_embedder_B_3D = Mlp(config.action_dim, 4 * d, 3 * d)
         self.crossattn_proj = None
         if config.crossattn_proj_in_channels is not None:
             self.crossattn_proj = nn.Sequential(
@@ -396,7 +399,7 @@ class CosmosActionDiT(nn.Module):
         self,
         x: torch.Tensor,
         timesteps: torch.Tensor,
-        action: torch.Tensor,
+        action: torch.Tensor | None,
         context: torch.Tensor | None = None,
         cond_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -405,7 +408,8 @@ class CosmosActionDiT(nn.Module):
         Args:
             x: latents ``[B, in_channels, T, H, W]`` (H, W multiples of the patch size).
             timesteps: per-latent-frame RF time ``[B, T]`` in [0, 1] (or ``[B]`` for all frames).
-            action: ``[B, K, 7]`` (already scaled), K*7 = action_dim or per-latent chunks.
+            action: ``[B, K, 7]`` (already scaled), K*7 = action_dim or per-latent chunks; None
+                without action input (``action_dim=None``).
             context: ``[B, L, crossattn_emb_channels]``; ``None`` means the zero context, or the
                 cached constant when ``cache_cross_attention`` was called.
             cond_mask: ``[B, T]`` 1 on conditioned latent frames; default: latent 0 only.
@@ -423,7 +427,11 @@ class CosmosActionDiT(nn.Module):
             timesteps = timesteps[:, None].expand(b, t)
         if timesteps.shape != (b, t):
             raise ValueError(f"expected timesteps [{b}, {t}] or [{b}], got {list(timesteps.shape)}")
-        if action.ndim != 3 or action.shape[0] != b:
+        if (action is None) != (cfg.action_dim is None):
+            raise ValueError(
+                f"action_dim is {cfg.action_dim}: pass {'no' if cfg.action_dim is None else 'an'} action"
+            )
+        if action is not None and (action.ndim != 3 or action.shape[0] != b):
             raise ValueError(f"expected action [{b}, K, A], got {list(action.shape)}")
         if cond_mask is None:
             cond_mask = torch.zeros(b, t, device=x.device)
@@ -437,9 +445,10 @@ class CosmosActionDiT(nn.Module):
         x = self.x_embedder(x).flatten(2, 3)  # [B, T, S, D]
 
         emb, lora = self.t_embedder(timesteps * cfg.timestep_scale)  # [B, T, D], [B, T, 3D]
-        action_d, action_3d = self.embed_action(action, cond_mask.to(x.device))
-        emb = self.t_embedding_norm(emb + action_d)
-        lora = lora + action_3d
+        if action is not None:
+            action_d, action_3d = self.embed_action(action, cond_mask.to(x.device))
+            emb, lora = emb + action_d, lora + action_3d
+        emb = self.t_embedding_norm(emb)
 
         angles = rope_frequencies(cfg, t, h // p, w // p, x.device)[:, None, :]
         rope = (torch.cos(angles), torch.sin(angles))

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKLWan
 
-from envs.world_models.cosmos.dit import CosmosActionDiT, CosmosDiTConfig
-from envs.world_models.cosmos.vae import build_wan_vae
+from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+from nets.wan_vae import build_wan_vae
 
 TINY_VAE_BASE_DIM = 8
 
@@ -29,12 +29,12 @@ def tiny_dit_config(**overrides) -> CosmosDiTConfig:
     return CosmosDiTConfig(**{**base, **overrides})
 
 
-def build_tiny_dit(config: CosmosDiTConfig | None = None, *, seed: int = 0) -> CosmosActionDiT:
+def build_tiny_dit(config: CosmosDiTConfig | None = None, *, seed: int = 0) -> CosmosDiT:
     """A random fp32 DiT whose outputs are not degenerate: default Linear init everywhere (non-zero
     action MLPs, gates and final layer) and norm weights around 1."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = CosmosActionDiT(config or tiny_dit_config())
+        model = CosmosDiT(config or tiny_dit_config())
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):  # q_norm, k_norm, t_embedding_norm
@@ -61,7 +61,7 @@ def write_tiny_dit_checkpoint(
     crossattn_proj_in_channels: int | None = None,
     ema: bool = True,
     seed: int = 0,
-) -> CosmosActionDiT:
+) -> CosmosDiT:
     """Save a tiny DiT as a Cosmos training checkpoint and return the fp32 model under ``net.``.
 
     ``net_ema.`` holds a slightly different copy (weights + 1% noise) in bf16, so tests can tell the

@@ -1,8 +1,8 @@
-"""Loading an action-conditioned Cosmos DiT from a training checkpoint (``libero-spatial-2b-19k.pt``).
+"""Loading a Cosmos DiT from a training checkpoint (``libero-spatial-2b-19k.pt``, Cosmos Policy's ``.pt``).
 
 The file holds ``net.*`` (and usually ``net_ema.*``) weights next to RoPE buffers, TransformerEngine
 ``_extra_state`` and ``accum_*`` counters. One prefix is kept, the buffers and counters are dropped,
-the architecture (channels, blocks, heads, action variant, ``crossattn_proj``) is read from the
+the architecture (channels, blocks, heads, action variant or none, ``crossattn_proj``) is read from the
 tensor shapes, and the weights load with ``strict=True``. The file is memory-mapped, so a 12 GB
 checkpoint is never read whole.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.cosmos.dit import CosmosActionDiT, CosmosDiTConfig
+from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
 
 _DROPPED = ("pos_embedder.", "_extra_state", "accum_")  # buffers and counters, not weights
 
@@ -33,7 +33,7 @@ def infer_config(state: dict[str, torch.Tensor], where: str = "state dict") -> C
 
     def shape(key: str) -> tuple[int, ...]:
         if key not in state:
-            raise ValueError(f"{where}: missing {key!r} (expected a Cosmos action DiT checkpoint)")
+            raise ValueError(f"{where}: missing {key!r} (expected a Cosmos DiT checkpoint)")
         return tuple(state[key].shape)
 
     d, patch_in = shape("x_embedder.proj.1.weight")
@@ -50,7 +50,9 @@ def infer_config(state: dict[str, torch.Tensor], where: str = "state dict") -> C
         patch_spatial=patch,
         adaln_lora_dim=shape("blocks.0.adaln_modulation_self_attn.1.weight")[0],
         crossattn_emb_channels=shape("blocks.0.cross_attn.k_proj.weight")[1],
-        action_dim=shape("action_embedder_B_D.fc1.weight")[1],
+        action_dim=shape("action_embedder_B_D.fc1.weight")[1]
+        if "action_embedder_B_D.fc1.weight" in state
+        else None,
         crossattn_proj_in_channels=(
             shape("crossattn_proj.0.weight")[1] if "crossattn_proj.0.weight" in state else None
         ),
@@ -69,7 +71,7 @@ def load_cosmos_dit(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     **config_overrides,
-) -> CosmosActionDiT:
+) -> CosmosDiT:
     """Load a Cosmos action DiT from a training checkpoint ``.pt``.
 
     The file is memory-mapped; the entries under ``prefix`` (``"net."``: regular weights, what RLinf
@@ -97,7 +99,7 @@ def load_cosmos_dit(
             raise ValueError(f"unknown CosmosDiTConfig field {key!r}")
         setattr(config, key, value)
     with torch.device("meta"):
-        model = CosmosActionDiT(config)
+        model = CosmosDiT(config)
     state = {k: v.to(device=device, dtype=dtype) if torch.is_tensor(v) else v for k, v in state.items()}
     try:
         model.load_state_dict(state, strict=True, assign=True)

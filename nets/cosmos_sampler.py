@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from envs.world_models.cosmos.dit import CosmosActionDiT
+from nets.cosmos_dit import CosmosDiT
 
 SIGMA_MIN = 0.002
 SIGMA_MAX = 80.0
@@ -38,21 +38,23 @@ def karras_sigmas(
 
 
 def rf_x0(
-    dit: CosmosActionDiT,
+    dit: CosmosDiT,
     x_sigma: torch.Tensor,
     sigma: float,
     x0_cond: torch.Tensor,
     cond_mask: torch.Tensor,
-    action: torch.Tensor,
+    action: torch.Tensor | None,
     context: torch.Tensor | None = None,
+    sigma_conditional: float = SIGMA_CONDITIONAL,
 ) -> torch.Tensor:
     """One denoiser evaluation: the x0 estimate ``[B, C, T, H, W]`` (fp32) at noise level ``sigma``.
 
     ``cond_mask [B, T]`` marks latent frames that are replaced by ``x0_cond`` (frame-replace
-    conditioning). The DiT runs in its own dtype (inputs and per-frame timesteps are cast to it).
+    conditioning), labelled with the timestep of ``sigma_conditional`` (the Cosmos Policy: 0). The
+    DiT runs in its own dtype (inputs and per-frame timesteps are cast to it).
     """
     t = sigma / (1.0 + sigma)
-    t_cond = SIGMA_CONDITIONAL / (1.0 + SIGMA_CONDITIONAL)
+    t_cond = sigma_conditional / (1.0 + sigma_conditional)
     mask = cond_mask[:, None, :, None, None].to(x_sigma.dtype)
     net_in = mask * x0_cond + (1 - mask) * ((1 - t) * x_sigma)
     t_frame = cond_mask * t_cond + (1 - cond_mask) * t  # [B, T]
@@ -62,7 +64,7 @@ def rf_x0(
 
 
 def guided_x0_fn(
-    dit: CosmosActionDiT,
+    dit: CosmosDiT,
     x0_cond: torch.Tensor,
     cond_mask: torch.Tensor,
     action: torch.Tensor,
@@ -87,6 +89,22 @@ def guided_x0_fn(
     return x0_fn
 
 
+def step_2ab(
+    x: torch.Tensor, x0: torch.Tensor, x0_prev: torch.Tensor | None, sigmas: list[float], i: int
+) -> torch.Tensor:
+    """One 2AB step from ``sigmas[i]`` to ``sigmas[i + 1]``: Euler in x0 form when there is no
+    previous x0 estimate, else the second-order multistep update (the docstring above)."""
+    s_prev, s, s_next = (sigmas[i - 1] if i else None), sigmas[i], sigmas[i + 1]
+    if x0_prev is None:
+        ratio = s_next / s
+        return ratio * x + (1 - ratio) * x0
+    h = math.log(s / s_next)
+    r = math.log(s_prev / s) / h
+    phi1 = -math.expm1(-h) / h
+    phi2 = (1 - phi1) / h
+    return math.exp(-h) * x + h * (phi1 * x0 + (phi2 / r) * (x0 - x0_prev))
+
+
 def sample_2ab(x0_fn: X0Fn, x_init: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
     """Run the 2AB solver from ``x_init`` (at ``sigmas[0]``) and return the final clean x0 (fp32).
 
@@ -98,14 +116,6 @@ def sample_2ab(x0_fn: X0Fn, x_init: torch.Tensor, sigmas: torch.Tensor) -> torch
     x0_prev = None
     for i in range(len(s) - 1):
         x0 = x0_fn(x.float(), s[i]).double()
-        if x0_prev is None:  # first step: Euler in x0 form
-            ratio = s[i + 1] / s[i]
-            x = ratio * x + (1 - ratio) * x0
-        else:
-            h = math.log(s[i] / s[i + 1])
-            r = math.log(s[i - 1] / s[i]) / h
-            phi1 = -math.expm1(-h) / h
-            phi2 = (1 - phi1) / h
-            x = math.exp(-h) * x + h * (phi1 * x0 + (phi2 / r) * (x0 - x0_prev))
+        x = step_2ab(x, x0, x0_prev, s, i)
         x0_prev = x0
     return x0_fn(x.float(), s[-1]).float()

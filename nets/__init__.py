@@ -1,0 +1,3 @@
+"""Networks shared by ``envs`` and ``policies``: the Cosmos-Predict2 video DiT (``cosmos_dit``), which
+the Cosmos world-model env and the Cosmos Policy both host, and the Wan 2.1 VAE (``wan_vae``) both
+encode frames with. Depends on torch (and diffusers for the VAE) only; imports neither package."""

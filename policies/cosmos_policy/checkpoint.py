@@ -1,0 +1,101 @@
+"""The Cosmos Policy LIBERO checkpoint folder (``nvidia/Cosmos-Policy-LIBERO-Predict2-2B``):
+
+* the DiT: one ``*.pt`` training checkpoint (``net.*`` keys of Cosmos-Predict2-2B Video2World),
+  loaded strictly by ``nets.cosmos_checkpoint.load_cosmos_dit``;
+* ``*dataset_statistics.json``: ``actions_min/max`` and ``proprio_min/max`` lists (min/max scaling);
+* ``*t5_embeddings.pkl``: a pickled ``{instruction: tensor [1, L, 1024]}`` of T5-11B embeddings, so no
+  T5 model is needed (only load files you trust: it is a pickle);
+* the Wan 2.1 VAE: ``tokenizer.pth`` from Cosmos-Predict2-2B-Video2World, at ``tokenizer/tokenizer.pth``
+  in the folder or given as ``vae_path``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..pretrained import read_json
+
+VAE_FILES = ("tokenizer/tokenizer.pth", "tokenizer.pth")
+
+
+@dataclass
+class PolicyFiles:
+    dit: Path
+    stats: Path
+    t5: Path
+    vae: Path
+
+
+def locate(folder: Path, vae_path: str | Path | None = None) -> PolicyFiles:
+    """The four files of a checkpoint folder; a clear error naming what is missing."""
+
+    def one(pattern: str, what: str) -> Path:
+        found = sorted(folder.glob(pattern))
+        if len(found) != 1:
+            state = f"found {[f.name for f in found]}" if found else "found none"
+            raise FileNotFoundError(
+                f"Cosmos Policy folder {folder}: expected one {what} ({pattern}), {state}"
+            )
+        return found[0]
+
+    dit = one("*.pt", "DiT checkpoint")
+    stats = one("*dataset_statistics.json", "dataset statistics file")
+    t5 = one("*t5_embeddings.pkl", "T5 embeddings file")
+    if vae_path is not None:
+        vae = Path(vae_path)
+        if not vae.is_file():
+            raise FileNotFoundError(f"vae_path {vae} does not exist (the Wan 2.1 tokenizer.pth)")
+    else:
+        candidates = [folder / name for name in VAE_FILES if (folder / name).is_file()]
+        if not candidates:
+            raise FileNotFoundError(
+                f"no Wan 2.1 VAE in {folder} (looked for {', '.join(VAE_FILES)}): pass vae_path= the "
+                "tokenizer.pth of nvidia/Cosmos-Predict2-2B-Video2World"
+            )
+        vae = candidates[0]
+    return PolicyFiles(dit, stats, t5, vae)
+
+
+@dataclass(frozen=True)
+class MinMax:
+    low: torch.Tensor
+    high: torch.Tensor
+
+
+def load_stats(path: Path) -> dict[str, MinMax]:
+    """``{"actions": MinMax, "proprio": MinMax}`` from the dataset statistics json."""
+    data = read_json(path, "Cosmos Policy dataset statistics")
+    out = {}
+    for key in ("actions", "proprio"):
+        missing = [f"{key}_{s}" for s in ("min", "max") if f"{key}_{s}" not in data]
+        if missing:
+            raise ValueError(f"{path}: missing {missing} (expected actions_min/max and proprio_min/max)")
+        low = torch.tensor(data[f"{key}_min"], dtype=torch.float32)
+        high = torch.tensor(data[f"{key}_max"], dtype=torch.float32)
+        if low.shape != high.shape or low.ndim != 1:
+            raise ValueError(f"{path}: {key}_min {tuple(low.shape)} and {key}_max {tuple(high.shape)} differ")
+        out[key] = MinMax(low, high)
+    return out
+
+
+def load_t5_embeddings(path: Path) -> dict[str, torch.Tensor]:
+    """``{instruction: [L, D] float32}`` from the pickled T5 embeddings (``[1, L, D]`` per entry)."""
+    with open(path, "rb") as f:
+        data = pickle.load(f)  # noqa: S301  (a trusted local file: the checkpoint's own)
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path}: expected a non-empty dict of instruction -> T5 embedding tensor")
+    out = {}
+    for text, emb in data.items():
+        emb = torch.as_tensor(emb).float()
+        if emb.ndim == 3 and emb.shape[0] == 1:
+            emb = emb[0]
+        if emb.ndim != 2:
+            raise ValueError(
+                f"{path}: embedding of {text!r} has shape {tuple(emb.shape)}, expected [1, L, D]"
+            )
+        out[str(text)] = emb
+    return out

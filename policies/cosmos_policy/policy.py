@@ -1,0 +1,346 @@
+"""Cosmos Policy (a Cosmos-Predict2 video DiT post-trained into a policy) as an ``ActionChunkPolicy``.
+
+``act``: build the 33-frame video (``layout.build_video``), encode it with the Wan VAE, write the
+normalized proprio into latent frame 1, and denoise frames 4-8 with frames 0-3 clean: the Cosmos
+sampler (rectified-flow preconditioning, Karras sigmas from 80 to 4, the 2AB solver; N steps =
+N network calls; clean frames fed unscaled with timestep 0 and written back after every call).
+Actions are read from frame 4 (mean over their tiled copies), min/max un-normalized, the first K
+of 16 executed; the value V(s') from frame 8 (``(v + 1) / 2`` clamped to [0, 1]).
+
+Planning (``num_proposals`` > 1, deterministic calls): N proposals from different noise; each is
+scored by the value of its own pass (``planning="parallel"``) or, ``"autoregressive"``, by a
+world-model pass (frames 0-4 clean, ``num_future_samples`` futures) and a value pass per future
+(frames 0-7 clean, ``num_value_samples`` values), averaged; the highest value wins.
+
+RL: one denoising step k (uniform over the solver steps) is a Gaussian transition on the action
+frame, ``x_{k+1} = mean_k + noise_level * sigma_{k+1} * eps`` (mean_k the deterministic 2AB update);
+the element log-prob of action (t, d) sums the Gaussian log-densities of its tiled copies. The
+replay keeps x_k, the previous x0 estimate (the 2AB step's memory) and the sampled action frame, so
+``evaluate`` recomputes mean_k under the current weights, as for pi0.5's ``flow_sde``. No critic
+(GRPO); the model's own value prediction is in ``info``-free form via ``predicted_value``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from nets.cosmos_sampler import SIGMA_MAX, karras_sigmas, rf_x0, step_2ab
+
+from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
+from ..common import box_chunk_shape
+from ..images import resize_images
+from ..pretrained import check_observation_space, find_checkpoint, require_vla_extra, resolve_dtype
+from . import layout
+from .checkpoint import load_stats, load_t5_embeddings, locate
+
+SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
+CHUNK, ACTION_DIM, PROPRIO_DIM = 16, 7, 9
+
+
+def policy_sigmas(num_steps: int) -> list[float]:
+    """The sampler's noise levels: one network call per level (the last is the final x0 read)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if num_steps == 1:
+        return [SIGMA_MAX]
+    return [float(s) for s in karras_sigmas(num_steps - 1, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX)]
+
+
+def axis_angle_to_quat_xyzw(axis_angle: torch.Tensor) -> torch.Tensor:
+    """Axis-angle ``[..., 3]`` -> quaternion ``[..., 4]`` (x, y, z, w), the inverse of the LIBERO env's
+    proprio conversion (robosuite's ``quat2axisangle``)."""
+    angle = axis_angle.norm(dim=-1, keepdim=True)
+    axis = axis_angle / angle.clamp_min(1e-12)
+    return torch.cat([axis * torch.sin(angle / 2), torch.cos(angle / 2)], dim=-1)
+
+
+class CosmosPolicy(ActionChunkPolicy):
+    """Cosmos Policy on LIBERO (see the module docstring); E = D.
+
+    Args:
+        observation_space: Dict with ``instruction``, the uint8 images ``image_keys`` (wrist, primary)
+            and ``proprio_key``.
+        action_space: Box ``(K, 7)`` with K <= 16.
+        model_path: checkpoint folder or hub id (``checkpoint.py`` lists the files); ``vae_path``: the
+            Wan 2.1 ``tokenizer.pth`` when it is not in the folder.
+        image_size: the model's input size (224 for the released checkpoints).
+        num_steps: denoising steps (network calls) of the action pass (LIBERO evaluation: 5).
+        noise_level: RL exploration, the std of the stochastic step in units of the next sigma.
+        num_proposals, planning, num_future_samples, num_value_samples, future_state_steps,
+            value_steps: best-of-N planning (deterministic calls only).
+        image_keys: (wrist, primary) observation keys; ``flip_lr``: mirror the images left-right
+            (our LIBERO images are rotated 180 degrees; Cosmos Policy's are flipped vertically only);
+            ``center_crop``: area fraction kept before resizing (its evaluation: 0.9).
+        proprio_format: ``"libero_axis_angle"`` converts our LIBERO proprio (eef pos 3, axis-angle 3,
+            gripper 2) to the model's 9-D (gripper 2, eef pos 3, quaternion 4); ``"raw"`` passes 9-D through.
+        dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        model_path: str | Path,
+        vae_path: str | Path | None = None,
+        image_size: int = 224,
+        num_steps: int = 5,
+        noise_level: float = 0.5,
+        num_proposals: int = 1,
+        planning: str = "parallel",
+        num_future_samples: int = 3,
+        num_value_samples: int = 5,
+        future_state_steps: int = 1,
+        value_steps: int = 1,
+        image_keys: Sequence[str] = ("wrist_image", "image"),
+        proprio_key: str = "proprio",
+        proprio_format: str = "libero_axis_angle",
+        flip_lr: bool = True,
+        center_crop: float | None = 0.9,
+        use_critic: bool = False,
+        dtype: str = "auto",
+        download: bool = False,
+    ):
+        super().__init__()
+        require_vla_extra("CosmosPolicy")
+        from nets.cosmos_checkpoint import load_cosmos_dit
+        from nets.wan_vae import WanVAE
+
+        if use_critic:
+            raise ValueError("CosmosPolicy has no critic head: train it with GRPO (critic-free)")
+        if planning not in ("parallel", "autoregressive"):
+            raise ValueError(f"planning must be 'parallel' or 'autoregressive', got {planning!r}")
+        if proprio_format not in ("libero_axis_angle", "raw"):
+            raise ValueError(f"proprio_format must be 'libero_axis_angle' or 'raw', got {proprio_format!r}")
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        if self.chunk_size > CHUNK or self.action_dim != ACTION_DIM:
+            raise ValueError(
+                f"action space {action_space.shape}: expected (K, {ACTION_DIM}) with K <= {CHUNK}"
+            )
+        self.image_keys, self.proprio_key = tuple(image_keys), proprio_key
+        check_observation_space(observation_space, self.image_keys)
+        if proprio_key not in observation_space.spaces:
+            raise ValueError(f"observations lack the proprio key {proprio_key!r}")
+        self.image_size, self.flip_lr, self.center_crop = int(image_size), flip_lr, center_crop
+        self.proprio_format = proprio_format
+        self.num_steps, self.noise_level = int(num_steps), float(noise_level)
+        self.num_proposals, self.planning = int(num_proposals), planning
+        self.num_future_samples, self.num_value_samples = int(num_future_samples), int(num_value_samples)
+        self.future_state_steps, self.value_steps = int(future_state_steps), int(value_steps)
+        self.sigmas = policy_sigmas(self.num_steps)
+
+        folder = find_checkpoint(model_path, ("libero_dataset_statistics.json|dataset_statistics.json",),
+                                 what="Cosmos Policy checkpoint", download=download)  # fmt: skip
+        files = locate(folder, vae_path)
+        stats = load_stats(files.stats)
+        if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:
+            raise ValueError(
+                f"{files.stats}: expected {ACTION_DIM}-D actions and {PROPRIO_DIM}-D proprio statistics"
+            )
+        for key in ("actions", "proprio"):
+            self.register_buffer(f"{key}_low", stats[key].low)
+            self.register_buffer(f"{key}_high", stats[key].high)
+        self.texts = load_t5_embeddings(files.t5)
+        self._text_ids = {text: i for i, text in enumerate(self.texts)}
+        width = max(e.shape[0] for e in self.texts.values())
+        table = torch.zeros(len(self.texts), width, next(iter(self.texts.values())).shape[1])
+        for i, emb in enumerate(self.texts.values()):
+            table[i, : emb.shape[0]] = emb  # zero-padded like the T5 encoder's output
+        self.register_buffer("text_table", table)
+        weight_dtype = resolve_dtype(dtype)
+        self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype).requires_grad_(True)
+        if self.dit.config.action_dim is not None:
+            raise ValueError(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
+        if self.dit.config.crossattn_emb_channels != table.shape[-1]:
+            raise ValueError(
+                f"T5 embeddings are {table.shape[-1]}-D, the DiT's context "
+                f"{self.dit.config.crossattn_emb_channels}-D"
+            )
+        self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype)
+
+    # ------------------------------------------------------------------ inputs
+    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        """Clean latents of frames 0-3 ``[B, 16, 4, h, w]`` and the instructions' T5 table ids."""
+        device = self.text_table.device
+        images = [torch.as_tensor(np.asarray(obs[k])) for k in self.image_keys]
+        if self.flip_lr:
+            images = [img.flip(-2) for img in images]
+        wrist, primary = (
+            resize_images(img[:, None], self.image_size, self.center_crop)[:, 0].to(device) for img in images
+        )
+        video = layout.build_video(wrist, primary)
+        latents = self.vae.encode(video)
+        proprio = torch.as_tensor(np.asarray(obs[self.proprio_key]), dtype=torch.float32, device=device)
+        if self.proprio_format == "libero_axis_angle":
+            if proprio.shape[-1] != 8:
+                raise ValueError(
+                    f"libero_axis_angle proprio is 8-D (pos, axis-angle, gripper), got {tuple(proprio.shape)}"
+                )
+            quat = axis_angle_to_quat_xyzw(proprio[:, 3:6])
+            proprio = torch.cat([proprio[:, 6:8], proprio[:, :3], quat], dim=-1)
+        if proprio.shape[-1] != PROPRIO_DIM:
+            raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
+        normed = layout.minmax_normalize(proprio, self.proprio_low, self.proprio_high)
+        latents = layout.write_vector(latents, layout.INDEX["proprio"], normed)
+        ids = []
+        for text in obs["instruction"]:
+            if str(text) not in self._text_ids:
+                known = sorted(self._text_ids)[:5]
+                raise KeyError(
+                    f"no T5 embedding for instruction {str(text)!r} in the checkpoint (e.g. {known})"
+                )
+            ids.append(self._text_ids[str(text)])
+        cond = latents[:, :, : layout.POLICY_CONDITION_FRAMES].float()
+        return {"cond": cond, "text": torch.tensor(ids, dtype=torch.long, device=device)}
+
+    def _x0_fn(self, x0_cond: torch.Tensor, num_cond: int, text: torch.Tensor):
+        """The denoiser ``x0(x, sigma)`` with the first ``num_cond`` latent frames clean."""
+        b, t = x0_cond.shape[0], x0_cond.shape[2]
+        cond_mask = torch.zeros(b, t, device=x0_cond.device)
+        cond_mask[:, :num_cond] = 1.0
+        context = self.text_table[text]
+
+        def x0_fn(x: torch.Tensor, sigma: float) -> torch.Tensor:
+            return rf_x0(self.dit, x, sigma, x0_cond, cond_mask, None, context, sigma_conditional=0.0)
+
+        return x0_fn
+
+    def _full_cond(self, cond: torch.Tensor) -> torch.Tensor:
+        b, c, n, h, w = cond.shape
+        return torch.cat([cond, cond.new_zeros(b, c, layout.NUM_LATENT_FRAMES - n, h, w)], dim=2)
+
+    def _sample(self, x0_fn, shape, sigmas: list[float], stochastic_step: int = -1):
+        """Run the sampler; with ``stochastic_step`` k >= 0 step k is the Gaussian transition on the
+        action frame. Returns the final x0 and, for k >= 0, the record and log-density terms."""
+        rng = self._rng(self.text_table.device)
+        x = torch.randn(shape, generator=rng, device=self.text_table.device) * sigmas[0]
+        x0_prev, record = None, None
+        a = layout.INDEX["action"]
+        for i in range(len(sigmas) - 1):
+            x0 = x0_fn(x, sigmas[i])
+            mean = step_2ab(x, x0, x0_prev, sigmas, i)
+            if i == stochastic_step:
+                std = self.noise_level * sigmas[i + 1]
+                nxt = mean[:, :, a] + std * torch.randn(mean[:, :, a].shape, generator=rng, device=x.device)
+                record = {"x_k": x, "x0_prev": x0_prev if x0_prev is not None else torch.zeros_like(x),
+                          "next_action": nxt, "mean": mean[:, :, a], "std": std}  # fmt: skip
+                mean = mean.clone()
+                mean[:, :, a] = nxt
+            x0_prev, x = x0, mean
+        return x0_fn(x, sigmas[-1]), record
+
+    def _read(self, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Env actions ``[B, K, D]`` and values ``[B]`` from a final x0."""
+        flat = layout.read_vector(x0, layout.INDEX["action"], CHUNK * ACTION_DIM).reshape(
+            -1, CHUNK, ACTION_DIM
+        )
+        actions = layout.minmax_unnormalize(flat, self.actions_low, self.actions_high)
+        value = layout.read_vector(x0, layout.INDEX["value"], 1)[:, 0]
+        return actions[:, : self.chunk_size, : self.action_dim], ((value + 1) / 2).clamp(0, 1)
+
+    def _action_log_prob(self, sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """Element log-probs ``[B, K, D]``: Gaussian log-densities of the action frame, summed per
+        action element over its tiled copies."""
+        std = std.reshape(-1, *([1] * (sample.ndim - 1)))
+        dens = -0.5 * ((sample - mean) / std) ** 2 - torch.log(std) - 0.5 * math.log(2 * math.pi)
+        per_element = layout.group_sum(dens.flatten(1), CHUNK * ACTION_DIM).reshape(-1, CHUNK, ACTION_DIM)
+        return per_element[:, : self.chunk_size, : self.action_dim]
+
+    # ------------------------------------------------------------------ the policy contract
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        prepared = self._prepare(obs)
+        cond, text = prepared["cond"], prepared["text"]
+        b = cond.shape[0]
+        if not deterministic:
+            if self.num_proposals > 1:
+                raise ValueError("best-of-N planning is for deterministic (evaluation) calls only")
+            if len(self.sigmas) < 2:
+                raise ValueError("RL needs num_steps >= 2 (a denoising step to make stochastic)")
+        if deterministic and self.num_proposals > 1:
+            return self._plan(cond, text)
+        shape = (b, cond.shape[1], layout.NUM_LATENT_FRAMES, *cond.shape[3:])
+        k = -1
+        if not deterministic:
+            k = int(
+                torch.randint(
+                    0, len(self.sigmas) - 1, (1,), generator=self._rng(cond.device), device=cond.device
+                )
+            )
+        x0_fn = self._x0_fn(self._full_cond(cond), layout.POLICY_CONDITION_FRAMES, text)
+        x0, record = self._sample(x0_fn, shape, self.sigmas, k)
+        actions, value = self._read(x0)
+        replay = {**prepared, "step": torch.full((b,), k, dtype=torch.long, device=cond.device),
+                  "noise_level": torch.full((b,), self.noise_level, device=cond.device)}  # fmt: skip
+        log_probs = None
+        if record is not None:
+            std = torch.full((b,), record["std"], device=cond.device)
+            log_probs = self._action_log_prob(record["next_action"], record["mean"], std)
+            replay.update(x_k=record["x_k"], x0_prev=record["x0_prev"], next_action=record["next_action"])
+        self.predicted_value = value  # V(s') of the last call, [B]
+        return ActionChunk(actions.float(), log_probs, None, replay)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        """Log-probs of the stored stochastic action-frame step under the current weights."""
+        steps = replay["step"].long()
+        if bool((steps < 0).any()):
+            raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
+        cond, text, x_k, x0_prev = replay["cond"], replay["text"], replay["x_k"], replay["x0_prev"]
+        log_probs = torch.zeros(len(steps), self.chunk_size, self.action_dim, device=cond.device)
+        a = layout.INDEX["action"]
+        for k in steps.unique().tolist():
+            rows = (steps == k).nonzero()[:, 0]
+            x0_fn = self._x0_fn(self._full_cond(cond[rows]), layout.POLICY_CONDITION_FRAMES, text[rows])
+            x0 = x0_fn(x_k[rows], self.sigmas[k])
+            mean = step_2ab(x_k[rows], x0, x0_prev[rows] if k > 0 else None, self.sigmas, k)[:, :, a]
+            std = replay["noise_level"][rows] * self.sigmas[k + 1]
+            log_probs = log_probs.index_put(
+                (rows,), self._action_log_prob(replay["next_action"][rows], mean, std)
+            )
+        return PolicyEval(log_probs, None, None)
+
+    def value(self, obs: Any) -> torch.Tensor:
+        raise RuntimeError("CosmosPolicy has no critic (its V(s') prediction is act()'s predicted_value)")
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, cond: torch.Tensor, text: torch.Tensor) -> ActionChunk:
+        """Best-of-N: N proposals per env, each scored by its (ensemble) value; the best is returned."""
+        b, n = cond.shape[0], self.num_proposals
+        cond_n, text_n = cond.repeat_interleave(n, 0), text.repeat_interleave(n, 0)
+        shape = (b * n, cond.shape[1], layout.NUM_LATENT_FRAMES, *cond.shape[3:])
+        x0, _ = self._sample(self._x0_fn(self._full_cond(cond_n), layout.POLICY_CONDITION_FRAMES, text_n),
+                             shape, self.sigmas)  # fmt: skip
+        actions, value = self._read(x0)
+        if self.planning == "autoregressive":
+            value = self._planned_value(x0, text_n, shape)
+        best = value.reshape(b, n).argmax(1)
+        rows = torch.arange(b, device=cond.device) * n + best
+        self.predicted_value = value[rows]
+        self.proposal_values = value.reshape(b, n)
+        steps = torch.full((b,), -1, dtype=torch.long, device=cond.device)
+        replay = {
+            "cond": cond,
+            "text": text,
+            "step": steps,
+            "noise_level": torch.zeros(b, device=cond.device),
+        }
+        return ActionChunk(actions[rows].float(), None, None, replay)
+
+    def _planned_value(self, x0: torch.Tensor, text: torch.Tensor, shape) -> torch.Tensor:
+        """Mean over futures (world-model passes, frames 0-4 clean) of the mean over value passes
+        (frames 0-7 clean) of each proposal's value."""
+        values = []
+        for _ in range(self.num_future_samples):
+            future = self._sample(self._x0_fn(x0, 5, text), shape, policy_sigmas(self.future_state_steps))[0]
+            for _ in range(self.num_value_samples):
+                scored = self._sample(self._x0_fn(future, 8, text), shape, policy_sigmas(self.value_steps))[0]
+                values.append(self._read(scored)[1])
+        return torch.stack(values).mean(0)
