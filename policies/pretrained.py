@@ -25,15 +25,14 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-def require_vla_extra(what: str) -> None:
-    """Fail early, naming the extra, when the VLA dependencies are not installed."""
+def require_vla_extra(what: str, also: tuple[str, ...] = (), extras: str = "vla") -> None:
+    """Fail early, naming the extra(s) to install, when the VLA dependencies are not installed."""
     import importlib.util
 
-    missing = [
-        m for m in ("transformers", "safetensors", "accelerate") if importlib.util.find_spec(m) is None
-    ]
+    modules = ("transformers", "safetensors", "accelerate", *also)
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ImportError(f'{what} needs {", ".join(missing)}: pip install "vla-gym[vla]"')
+        raise ImportError(f'{what} needs {", ".join(missing)}: pip install "vla-gym[{extras}]"')
 
 
 def find_checkpoint(

@@ -109,7 +109,7 @@ class CosmosPolicy(ActionChunkPolicy):
         download: bool = False,
     ):
         super().__init__()
-        require_vla_extra("CosmosPolicy")
+        require_vla_extra("CosmosPolicy", also=("diffusers",), extras="vla,wm")
         from nets.cosmos_checkpoint import load_cosmos_dit
         from nets.wan_vae import WanVAE
 
