@@ -131,9 +131,12 @@ def test_act_and_evaluate_agree_on_the_stochastic_step(folder):
     for seed in range(4):
         policy.seed(seed)
         out = policy.act(_obs(seed=seed))
-        assert out.actions.shape == (3, 8, 7) and out.log_probs.shape == (3, 8, 7) and out.value is None
+        assert (
+            out.actions.shape == (3, 8, 7) and out.log_probs.shape == (3, 8, 7) and out.value.shape == (3, 1)
+        )
         ev = policy.evaluate(out.replay)
         torch.testing.assert_close(ev.log_probs, out.log_probs, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(ev.value, out.value)  # the critic: the value frame at step k
         replays.append(out.replay)
     steps = {int(r["step"][0]) for r in replays}
     assert len(steps) > 1  # different stochastic steps across calls
@@ -144,6 +147,9 @@ def test_act_and_evaluate_agree_on_the_stochastic_step(folder):
     assert policy.dit.final_layer.linear.weight.grad is not None
     deterministic = policy.act(_obs(), deterministic=True)
     assert deterministic.log_probs is None and 0 <= float(policy.predicted_value.min()) <= 1
+    assert torch.equal(deterministic.value[:, 0], policy.predicted_value)
+    assert policy.value(_obs()).shape == (3, 1)
+    assert make(folder, use_critic=False).act(_obs()).value is None
     with pytest.raises(ValueError, match="deterministic"):
         policy.evaluate(deterministic.replay)
 
@@ -178,8 +184,6 @@ def test_bad_input_is_named(folder, tmp_path):
         make(folder, num_steps=1).act(_obs())
     with pytest.raises(ValueError, match="best-of-N planning is for deterministic"):
         make(folder, num_proposals=2).act(_obs())
-    with pytest.raises(ValueError, match="no critic head"):
-        make(folder, use_critic=True)
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     shutil.rmtree(broken / "tokenizer")
@@ -205,8 +209,9 @@ def test_bad_input_is_named(folder, tmp_path):
 
 
 @requires_libero
-def test_grpo_iteration_on_libero(folder, tmp_path):
+def test_grpo_and_ppo_iterations_on_libero(folder, tmp_path):
     from trainers.grpo import train as grpo_train
+    from trainers.ppo import train as ppo_train
 
     env = {"chunk_size": 8, "image_size": 32, "max_episode_steps": 16, "task_ids": [0], "envs_per_worker": 2}
     policy = {"model_path": str(folder), "image_size": 32, "num_steps": 2}
@@ -218,3 +223,12 @@ def test_grpo_iteration_on_libero(folder, tmp_path):
     ])  # fmt: skip
     assert result["iteration"] == 1 and math.isfinite(result["train/loss"])
     assert result["train/approx_kl"] == pytest.approx(0.0, abs=1e-4)  # stored replays rescore exactly
+    ppo = ppo_train.main([
+        "--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps(env), "--policy", "cosmos_policy",
+        "--policy-kwargs", json.dumps(policy), "--num-envs", "2", "--n-steps", "2", "--batch-size", "2",
+        "--time-unit", "chunk", "--total-steps", "32", "--eval-episodes", "1",
+        "--run-dir", str(tmp_path / "ppo"), "--no-progress", "--torch-threads", "1",
+    ])  # fmt: skip
+    assert (
+        ppo["iteration"] == 1 and math.isfinite(ppo["train/value_loss"]) and math.isfinite(ppo["train/loss"])
+    )

@@ -16,8 +16,12 @@ RL: one denoising step k (uniform over the solver steps) is a Gaussian transitio
 frame, ``x_{k+1} = mean_k + noise_level * sigma_{k+1} * eps`` (mean_k the deterministic 2AB update);
 the element log-prob of action (t, d) sums the Gaussian log-densities of its tiled copies. The
 replay keeps x_k, the previous x0 estimate (the 2AB step's memory) and the sampled action frame, so
-``evaluate`` recomputes mean_k under the current weights, as for pi0.5's ``flow_sde``. No critic
-(GRPO); the model's own value prediction is in ``info``-free form via ``predicted_value``.
+``evaluate`` recomputes mean_k under the current weights, as for pi0.5's ``flow_sde``.
+
+Critic (``use_critic``, for PPO): the model's own value frame. The value of a stochastic call is read
+from the x0 estimate of the stochastic step (which ``evaluate`` recomputes, so the value loss trains
+the DiT's value frame); ``value(obs)`` runs a deterministic pass and reads its final x0. The last
+call's V(s') is also kept in ``predicted_value`` ``[B]``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class CosmosPolicy(ActionChunkPolicy):
         image_keys: (wrist, primary) observation keys; ``flip_lr``: mirror the images left-right
             (our LIBERO images are rotated 180 degrees; Cosmos Policy's are flipped vertically only);
             ``center_crop``: area fraction kept before resizing (its evaluation: 0.9).
+        use_critic: the model's value frame as the critic (module docstring); GRPO builds it off.
         proprio_format: ``"libero_axis_angle"`` converts our LIBERO proprio (eef pos 3, axis-angle 3,
             gripper 2) to the model's 9-D (gripper 2, eef pos 3, quaternion 4); ``"raw"`` passes 9-D through.
         dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
@@ -104,7 +109,7 @@ class CosmosPolicy(ActionChunkPolicy):
         proprio_format: str = "libero_axis_angle",
         flip_lr: bool = True,
         center_crop: float | None = 0.9,
-        use_critic: bool = False,
+        use_critic: bool = True,
         dtype: str = "auto",
         download: bool = False,
     ):
@@ -113,8 +118,7 @@ class CosmosPolicy(ActionChunkPolicy):
         from nets.cosmos_checkpoint import load_cosmos_dit
         from nets.wan_vae import WanVAE
 
-        if use_critic:
-            raise ValueError("CosmosPolicy has no critic head: train it with GRPO (critic-free)")
+        self.use_critic = bool(use_critic)
         if planning not in ("parallel", "autoregressive"):
             raise ValueError(f"planning must be 'parallel' or 'autoregressive', got {planning!r}")
         if proprio_format not in ("libero_axis_angle", "raw"):
@@ -231,7 +235,7 @@ class CosmosPolicy(ActionChunkPolicy):
                 std = self.noise_level * sigmas[i + 1]
                 nxt = mean[:, :, a] + std * torch.randn(mean[:, :, a].shape, generator=rng, device=x.device)
                 record = {"x_k": x, "x0_prev": x0_prev if x0_prev is not None else torch.zeros_like(x),
-                          "next_action": nxt, "mean": mean[:, :, a], "std": std}  # fmt: skip
+                          "next_action": nxt, "mean": mean[:, :, a], "std": std, "x0": x0}  # fmt: skip
                 mean = mean.clone()
                 mean[:, :, a] = nxt
             x0_prev, x = x0, mean
@@ -243,8 +247,12 @@ class CosmosPolicy(ActionChunkPolicy):
             -1, CHUNK, ACTION_DIM
         )
         actions = layout.minmax_unnormalize(flat, self.actions_low, self.actions_high)
-        value = layout.read_vector(x0, layout.INDEX["value"], 1)[:, 0]
-        return actions[:, : self.chunk_size, : self.action_dim], ((value + 1) / 2).clamp(0, 1)
+        return actions[:, : self.chunk_size, : self.action_dim], self._value_of(x0)
+
+    @staticmethod
+    def _value_of(x0: torch.Tensor) -> torch.Tensor:
+        """V(s') ``[B]`` in [0, 1] from the value frame of an x0 estimate."""
+        return ((layout.read_vector(x0, layout.INDEX["value"], 1)[:, 0] + 1) / 2).clamp(0, 1)
 
     def _action_log_prob(self, sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """Element log-probs ``[B, K, D]``: Gaussian log-densities of the action frame, summed per
@@ -280,13 +288,15 @@ class CosmosPolicy(ActionChunkPolicy):
         actions, value = self._read(x0)
         replay = {**prepared, "step": torch.full((b,), k, dtype=torch.long, device=cond.device),
                   "noise_level": torch.full((b,), self.noise_level, device=cond.device)}  # fmt: skip
-        log_probs = None
+        log_probs, critic = None, value
         if record is not None:
             std = torch.full((b,), record["std"], device=cond.device)
             log_probs = self._action_log_prob(record["next_action"], record["mean"], std)
             replay.update(x_k=record["x_k"], x0_prev=record["x0_prev"], next_action=record["next_action"])
+            critic = self._value_of(record["x0"])
         self.predicted_value = value  # V(s') of the last call, [B]
-        return ActionChunk(actions.float(), log_probs, None, replay)
+        critic = critic[:, None].float() if self.use_critic else None
+        return ActionChunk(actions.float(), log_probs, critic, replay)
 
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Log-probs of the stored stochastic action-frame step under the current weights."""
@@ -295,6 +305,7 @@ class CosmosPolicy(ActionChunkPolicy):
             raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
         cond, text, x_k, x0_prev = replay["cond"], replay["text"], replay["x_k"], replay["x0_prev"]
         log_probs = torch.zeros(len(steps), self.chunk_size, self.action_dim, device=cond.device)
+        values = torch.zeros(len(steps), device=cond.device)
         a = layout.INDEX["action"]
         for k in steps.unique().tolist():
             rows = (steps == k).nonzero()[:, 0]
@@ -305,10 +316,15 @@ class CosmosPolicy(ActionChunkPolicy):
             log_probs = log_probs.index_put(
                 (rows,), self._action_log_prob(replay["next_action"][rows], mean, std)
             )
-        return PolicyEval(log_probs, None, None)
+            values = values.index_put((rows,), self._value_of(x0))
+        return PolicyEval(log_probs, None, values[:, None] if self.use_critic else None)
 
     def value(self, obs: Any) -> torch.Tensor:
-        raise RuntimeError("CosmosPolicy has no critic (its V(s') prediction is act()'s predicted_value)")
+        """V(s') ``[B, 1]`` of a deterministic pass (the PPO bootstrap of truncated episodes)."""
+        if not self.use_critic:
+            raise RuntimeError("CosmosPolicy was built with use_critic=False")
+        self.act(obs, deterministic=True)
+        return self.predicted_value[:, None].float()
 
     # ------------------------------------------------------------------ planning
     def _plan(self, cond: torch.Tensor, text: torch.Tensor) -> ActionChunk:
@@ -332,7 +348,8 @@ class CosmosPolicy(ActionChunkPolicy):
             "step": steps,
             "noise_level": torch.zeros(b, device=cond.device),
         }
-        return ActionChunk(actions[rows].float(), None, None, replay)
+        critic = self.predicted_value[:, None].float() if self.use_critic else None
+        return ActionChunk(actions[rows].float(), None, critic, replay)
 
     def _planned_value(self, x0: torch.Tensor, text: torch.Tensor, shape) -> torch.Tensor:
         """Mean over futures (world-model passes, frames 0-4 clean) of the mean over value passes
