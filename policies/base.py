@@ -52,6 +52,9 @@ class ActionChunkPolicy(nn.Module):
     log_prob_dim: int  # E
     # Sampling draws from this generator when set (``seed``), else from torch's global RNG.
     generator: torch.Generator | None = None
+    # True when the constructor loads the frozen parameters itself (pretrained VLAs): trainer
+    # checkpoints then store only the trainable ones (``trainers.checkpoint.policy_state``).
+    rebuilds_frozen_weights: bool = False
 
     def seed(self, seed: int) -> None:
         """Give this policy its own seeded ``torch.Generator`` for sampling (on the policy's device).

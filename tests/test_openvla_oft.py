@@ -593,3 +593,26 @@ def test_grpo_and_ppo_on_libero_spatial(folder, tmp_path):
     key = "projector.fc3.weight"
     pretrained = load_file(str(folder / _shard_with(folder, key)))[key]
     assert not torch.equal(state[f"model.{key}"], pretrained)  # PPO fine-tuned the pretrained weights
+
+
+def test_checkpoints_leave_out_frozen_pretrained_weights(folder, tmp_path):
+    from trainers.checkpoint import load_policy_state, policy_state
+
+    lora = _policy(folder, lora_rank=4, freeze_vision=True)
+    state, omitted = policy_state(lora)
+    assert omitted and all("lora_" not in k and "value_head" not in k for k in omitted)
+    assert all("lora_" in k or "value_head" in k for k in state if k in dict(lora.named_parameters()))
+    full = sum(v.numel() for v in lora.state_dict().values())
+    assert sum(v.numel() for v in state.values()) < 0.5 * full  # the frozen tiny model is most of it
+    with torch.no_grad():
+        for p in lora.parameters():
+            if p.requires_grad:
+                p.add_(0.01)  # "training"
+    fresh = _policy(folder, lora_rank=4, freeze_vision=True)
+    load_policy_state(fresh, {"state_dict": state, "omitted": omitted}, "ckpt")
+    obs = _obs()
+    torch.testing.assert_close(fresh._forward(fresh._prepare(obs))[0], lora._forward(lora._prepare(obs))[0])
+    del state[next(k for k in state if "lora_" in k)]
+    with pytest.raises(ValueError, match="missing"):
+        load_policy_state(fresh, {"state_dict": state, "omitted": omitted}, "ckpt")
+    assert policy_state(_policy(folder))[1] == []  # full fine-tuning keeps everything

@@ -126,6 +126,33 @@ def policy_observation_space(spec: dict[str, Any], observation_space: Any, sourc
     return spaces.Dict({k: observation_space.spaces[k] for k in keys})
 
 
+def policy_state(policy: Any) -> tuple[dict[str, Any], list[str]]:
+    """What a checkpoint keeps of a policy: its state dict, less the frozen parameters that its
+    constructor loads again from pretrained files (policies with ``rebuilds_frozen_weights``: the
+    VLAs' frozen vision / backbone / LoRA base weights, several GB), and the names left out."""
+    state = policy.state_dict()
+    if not getattr(policy, "rebuilds_frozen_weights", False):
+        return state, []
+    frozen = sorted(name for name, p in policy.named_parameters() if not p.requires_grad)
+    return {k: v for k, v in state.items() if k not in set(frozen)}, frozen
+
+
+def load_policy_state(
+    policy: Any, spec: dict[str, Any], where: Any = "", optional: tuple[str, ...] = ()
+) -> None:
+    """Load a checkpoint's ``spec["state_dict"]`` into ``policy``: every key must match except the
+    frozen pretrained ones the checkpoint left out (``spec["omitted"]``) and names starting with
+    ``optional`` prefixes."""
+    omitted = set(spec.get("omitted", ()))
+    result = policy.load_state_dict(spec["state_dict"], strict=False)
+    missing = [k for k in result.missing_keys if k not in omitted and not k.startswith(optional)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{where}: the policy weights do not fit the policy built for this env "
+            f"(missing {missing}, unexpected {list(result.unexpected_keys)})"
+        )
+
+
 def load_policy(source: str | Path, observation_space: Any, action_space: Any) -> Any:
     """The trained policy of a checkpoint (or of a run directory's newest one), rebuilt for the
     given single-env spaces (only the observation keys it was trained on) with the class and
@@ -136,23 +163,18 @@ def load_policy(source: str | Path, observation_space: Any, action_space: Any) -
     spec = data["policy"]
     space = policy_observation_space(spec, observation_space, path)
     policy = make_policy(spec["name"], space, action_space, **spec["kwargs"])
-    policy.load_state_dict(spec["state_dict"])
+    load_policy_state(policy, spec, path)
     return policy
 
 
 CRITIC_PREFIXES = ("critic_torso.", "value_head.")
 
 
-def load_initial_weights(policy: Any, path: str | Path, state_dict: dict[str, Any]) -> None:
+def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) -> None:
     """Load another run's policy weights to start from. Only a critic may be missing (behaviour
-    cloning trains none; PPO adds a fresh one); anything else that does not match is an error."""
-    result = policy.load_state_dict(state_dict, strict=False)
-    missing = [k for k in result.missing_keys if not k.startswith(CRITIC_PREFIXES)]
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"{path}: the policy weights do not fit the policy built for this env "
-            f"(missing {missing}, unexpected {list(result.unexpected_keys)})"
-        )
+    cloning trains none; PPO adds a fresh one), besides frozen pretrained weights the checkpoint
+    left out; anything else that does not match is an error."""
+    load_policy_state(policy, spec, path, optional=CRITIC_PREFIXES)
 
 
 def export_policy(source: str | Path, path: str | Path, note: dict[str, Any] | None = None) -> Path:

@@ -248,7 +248,7 @@ class Run:
             # whether there is a critic is this trainer's choice (BC trains none; PPO needs one)
             kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
             name, kwargs = spec["name"], {**kept, **kwargs}
-            state = (path, spec["state_dict"])
+            state = (path, spec)
             space = ckpt.policy_observation_space(spec, space, path)
         policy = make_policy(name, space, env.single_action_space, **kwargs)
         if state is not None:
@@ -267,10 +267,11 @@ class Run:
         if self._policy_spec is None:
             raise RuntimeError("Run.save needs a policy built with Run.make_policy (its class and arguments)")
         generators = {"policy": policy.generator, **self.generators}
+        state, omitted = ckpt.policy_state(policy)
         payload = {
             "algo": self.algo,
             "config": to_dict(self.configs),
-            "policy": {**self._policy_spec, "state_dict": policy.state_dict()},
+            "policy": {**self._policy_spec, "state_dict": state, "omitted": omitted},
             "optimizer": optimizer.state_dict(),
             "rng": ckpt.rng_state(generators),
             "counters": {**self.counters, "elapsed": self._elapsed()},
@@ -303,7 +304,7 @@ class Run:
                 raise ValueError(f"{path} holds a policy only (exported): start from it with --init-policy")
             if data["algo"] != self.algo:
                 raise ValueError(f"{path} is a {data['algo']} checkpoint, not {self.algo}")
-            policy.load_state_dict(data["policy"]["state_dict"])
+            ckpt.load_policy_state(policy, data["policy"], path)
             optimizer.load_state_dict(data["optimizer"])
             ckpt.restore_rng_state(data["rng"], {"policy": policy.generator, **generators})
             self.counters.update(data["counters"])

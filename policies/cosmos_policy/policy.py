@@ -88,6 +88,9 @@ class CosmosPolicy(ActionChunkPolicy):
         dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
     """
 
+    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
+    rebuilds_frozen_weights = True
+
     def __init__(
         self,
         observation_space: spaces.Space,

@@ -126,6 +126,9 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
     ``temperature`` ``[B]``, ``top_k`` ``[B]``.
     """
 
+    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
+    rebuilds_frozen_weights = True
+
     def __init__(
         self,
         observation_space: spaces.Space,

@@ -119,6 +119,9 @@ class Pi05Policy(ActionChunkPolicy):
     ``noise_level`` ``[B]``.
     """
 
+    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
+    rebuilds_frozen_weights = True
+
     def __init__(
         self,
         observation_space: spaces.Space,
