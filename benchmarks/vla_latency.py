@@ -15,6 +15,7 @@ tiny`` uses the test checkpoints. Real size needs a CUDA GPU: without one it pri
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -76,8 +77,6 @@ def _real_checkpoint(model: str, folder: Path, device: str) -> None:
     for old in folder.glob("model*.safetensors*"):
         old.unlink()
     save_state_dict(state, folder, max_shard_bytes=5 * 2**30)
-    import json
-
     (folder / "config.json").write_text(json.dumps(data))
     del net, state
 

@@ -15,6 +15,7 @@ vision utilities allocate a CUDA tensor at import), not an ``ImportError``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -101,6 +102,8 @@ class OmniGibsonBackend:
         self.task: str | None = None
 
     # ---------------------------------------------------------------- task data
+    # Read once per task: the env asks for these at every episode start.
+    @functools.cache  # noqa: B019  (one backend per process; it lives as long as the simulator)
     def _task_cfg(self, task: str) -> dict:
         from gello.robots.sim_robot.og_teleop_utils import load_available_tasks
 
@@ -112,6 +115,7 @@ class OmniGibsonBackend:
         scene = self._task_cfg(task)["scene_model"]
         return Path(get_task_instance_path(scene)) / "json" / f"{scene}_task_{task}_instances"
 
+    @functools.cache  # noqa: B019
     def instances(self, task: str) -> list[int]:
         # files "{scene}_task_{task}_{definition}_{instance}_template-tro_state.json"
         files = self._instance_dir(task).glob("*-tro_state.json")
@@ -120,6 +124,7 @@ class OmniGibsonBackend:
     def instruction(self, task: str) -> str:
         return self._instructions.get(task, default_instruction(task))
 
+    @functools.cache  # noqa: B019
     def max_steps(self, task: str) -> int:
         index = CHALLENGE_TASKS.index(task)
         lengths = []
