@@ -4,6 +4,13 @@ Defaults reproduce Stable-Baselines3's ``MlpPolicy`` for K = 1 on vector observa
 64-64 tanh actor and critic MLPs, orthogonal init (sqrt(2) hidden, 0.01 mean head, 1.0 value head),
 state-independent ``log_std`` initialised to 0, actions sampled and returned unclipped (the env
 or the trainer clips them to the Box).
+
+Noise inside a chunk is independent per sub-step by default. ``noise_correlation = rho`` makes it
+an AR(1) process over the K sub-steps (one per action dimension): ``eta_0 ~ N(0, 1)``,
+``eta_k = rho eta_{k-1} + sqrt(1 - rho^2) xi_k``, ``u_k = mean_k + std_k eta_k``. Each sub-step is
+still N(mean_k, std_k^2) on its own, but the chunk drifts coherently instead of jittering; rho near
+1 is one noise sample per chunk. Element log-probs are the conditionals ``log p(u_k | u_{k-1})``,
+so summing them over any executed prefix of the chunk gives its exact joint log-probability.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ class GaussianPolicy(TorsoPolicy):
         squash: ``a = center + scale * tanh(u)`` maps the Gaussian sample ``u`` into the Box
             (finite bounds needed); log-probs include the Jacobian. Without it actions are the
             raw samples, not clipped.
+        noise_correlation: ``rho`` in [0, 1): correlation of the noise of consecutive sub-steps
+            of a chunk (module docstring); 0 is independent noise.
         **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
@@ -57,6 +66,7 @@ class GaussianPolicy(TorsoPolicy):
         log_std_init: float = 0.0,
         log_std_bounds: tuple[float, float] | None = None,
         squash: bool = False,
+        noise_correlation: float = 0.0,
         **torso_options: Any,
     ):
         super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
@@ -72,6 +82,9 @@ class GaussianPolicy(TorsoPolicy):
                 raise ValueError(f"log_std_bounds must be (low, high) with low <= high, got {log_std_bounds}")
             log_std_bounds = (lo, hi)
         self.log_std_bounds = log_std_bounds
+        if not 0.0 <= float(noise_correlation) < 1.0:
+            raise ValueError(f"noise_correlation must be in [0, 1), got {noise_correlation}")
+        self.noise_correlation = float(noise_correlation)
         self.squash = squash
         low, high = box_bounds(action_space)
         if squash and not (torch.isfinite(low).all() and torch.isfinite(high).all()):
@@ -89,13 +102,42 @@ class GaussianPolicy(TorsoPolicy):
         return mean, log_std.reshape(shape[1:]).expand(shape)
 
     def _log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-        """``log N(u; mean, exp(log_std)^2)`` per element (written out: no torch.distributions
-        object per call, the same numbers), plus the tanh Jacobian term when squashed."""
+        """``log p(u_k | u_{k-1})`` per element (written out: no torch.distributions object per call;
+        with independent noise that is ``log N(u; mean, exp(log_std)^2)``), plus the tanh Jacobian
+        term when squashed."""
         z = (u - mean) * torch.exp(-log_std)
         log_prob = -0.5 * z * z - log_std - HALF_LOG_2PI
+        rho = self.noise_correlation
+        if rho > 0 and z.shape[1] > 1:  # AR(1) conditionals for sub-steps 1..K-1
+            innovation = (z[:, 1:] - rho * z[:, :-1]) / math.sqrt(1.0 - rho * rho)
+            later = -0.5 * innovation * innovation - 0.5 * math.log(1.0 - rho * rho)
+            log_prob = torch.cat([log_prob[:, :1], later - log_std[:, 1:] - HALF_LOG_2PI], dim=1)
         if self.squash:  # density of a = center + scale * tanh(u)
             log_prob = log_prob - tanh_log_abs_det(u) - self.action_scale.log()
         return log_prob
+
+    def _noise(self, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """Standard normal noise ``[B, K, D]``, AR(1)-correlated over K when ``noise_correlation``."""
+        noise = torch.randn(shape, generator=self._rng(device), device=device)
+        rho = self.noise_correlation
+        if rho > 0:
+            scale = math.sqrt(1.0 - rho * rho)
+            steps = [noise[:, 0]]
+            for k in range(1, shape[1]):
+                steps.append(rho * steps[-1] + scale * noise[:, k])
+            noise = torch.stack(steps, dim=1)
+        return noise
+
+    def _entropy(self, log_std: torch.Tensor) -> torch.Tensor | None:
+        """Per-element entropy of the conditionals, or None when squashed (no closed form)."""
+        if self.squash:
+            return None
+        entropy = (0.5 + HALF_LOG_2PI) + log_std
+        rho = self.noise_correlation
+        if rho > 0 and entropy.shape[1] > 1:
+            later = entropy[:, 1:] + 0.5 * math.log(1.0 - rho * rho)
+            entropy = torch.cat([entropy[:, :1], later], dim=1)
+        return entropy
 
     def _to_action(self, u: torch.Tensor) -> torch.Tensor:
         return self.action_center + self.action_scale * torch.tanh(u) if self.squash else u
@@ -108,8 +150,7 @@ class GaussianPolicy(TorsoPolicy):
         if deterministic:
             u, log_probs = mean, None
         else:
-            noise = torch.randn(mean.shape, generator=self._rng(features.device), device=features.device)
-            u = mean + log_std.exp() * noise
+            u = mean + log_std.exp() * self._noise(mean.shape, features.device)
             log_probs = self._log_prob(u, mean, log_std)
         replay = {**self._obs_replay(prepared), "raw_action": u}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
@@ -121,8 +162,9 @@ class GaussianPolicy(TorsoPolicy):
         features = self.torso(prepared)
         mean, log_std = self._mean_log_std(features)
         u = replay["raw_action"].to(features.device)
-        entropy = None if self.squash else (0.5 + HALF_LOG_2PI) + log_std
-        return PolicyEval(self._log_prob(u, mean, log_std), entropy, self._value(prepared, features))
+        return PolicyEval(
+            self._log_prob(u, mean, log_std), self._entropy(log_std), self._value(prepared, features)
+        )
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None

@@ -69,7 +69,8 @@ class RunConfig:
     resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
     # start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its
     # policy class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic,
-    # override them), --policy is ignored
+    # override them) and --policy is ignored, except --policy residual: a ResidualPolicy learns a
+    # correction over that policy, kept frozen as its base
     init_policy: str | None = None
     # evaluate on another env, e.g. train in a world model and evaluate in the simulator; the
     # kwargs default to env_kwargs when eval_env is unset, else to none
@@ -247,12 +248,15 @@ class Run:
             spec = data["policy"]
             # whether there is a critic is this trainer's choice (BC trains none; PPO needs one)
             kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
-            name, kwargs = spec["name"], {**kept, **kwargs}
+            if name == "residual":  # the checkpoint's policy becomes the frozen base
+                kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
+            else:
+                name, kwargs = spec["name"], {**kept, **kwargs}
             state = (path, spec)
             space = ckpt.policy_observation_space(spec, space, path)
         policy = make_policy(name, space, env.single_action_space, **kwargs)
         if state is not None:
-            ckpt.load_initial_weights(policy, *state)
+            ckpt.load_initial_weights(policy.base if name == "residual" else policy, *state)
         policy = policy.to(cfg.device)
         policy.seed(cfg.seed)
         self._policy_spec = {"name": resolve_policy(name, env.single_action_space), "kwargs": kwargs}
@@ -388,6 +392,7 @@ class Run:
             seed=cfg.seed + 10**6,
             video_path=video,
             video_fps=cfg.video_fps,
+            progress=cfg.progress,
         )
         with open(self.dir / EVAL_EPISODES_FILE, "a") as f:
             for ep in episodes:

@@ -53,6 +53,9 @@ class GRPOConfig:
     score_high: float | None = None
     resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
     rollout_steps: int = 0  # policy steps per round; 0: until every env finished its episode
+    # groups keep their start's task for this many iterations (new starts within it): envs that
+    # rebuild a scene on a task switch (LIBERO) reset several times faster; 1: starts drawn freely
+    same_task_iters: int = 1
     n_epochs: int = 1
     batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
     learning_rate: float = 2e-5
@@ -74,6 +77,8 @@ class GRPOConfig:
         for name in ("resample_rounds", "rollout_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.same_task_iters < 1:
+            raise ValueError(f"same_task_iters must be >= 1, got {self.same_task_iters}")
 
 
 def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:

@@ -72,6 +72,9 @@ class PPOConfig:
     huber_delta: float = 10.0
     clip_value: float | None = None  # clip V around the rollout's V (max of both losses)
     vf_coef: float = 0.5
+    # first iterations train the critic only (the actor is frozen): a critic added to a pretrained
+    # actor starts random, and its advantages would only push the actor around
+    critic_warmup_iters: int = 0
     # safety
     max_bad_updates: int = 10  # raise after this many non-finite updates in a row
 
@@ -88,6 +91,8 @@ class PPOConfig:
         for name in ("n_steps", "batch_size", "n_epochs", "max_bad_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.critic_warmup_iters < 0:
+            raise ValueError(f"critic_warmup_iters must be >= 0, got {self.critic_warmup_iters}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
 
@@ -249,11 +254,13 @@ def ppo_update(
     *,
     generator: torch.Generator | None = None,
     guard: BadUpdateGuard | None = None,
+    train_actor: bool = True,
 ) -> dict[str, float]:
     """``n_epochs`` passes of shuffled minibatches of chunk-steps over one rollout.
 
-    Returns the mean of each minibatch metric plus rollout-level ones (explained variance,
-    advantage and return statistics, updates done and skipped).
+    ``train_actor=False`` (critic warm-up) minimizes the value loss alone: the actor gets no
+    gradient and its ratios stay 1. Returns the mean of each minibatch metric plus rollout-level
+    ones (explained variance, advantage and return statistics, updates done and skipped).
     """
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
@@ -316,7 +323,9 @@ def ppo_update(
             ent, ent_mask = to_level(elem, mb["valid"], config.log_prob_level)
             entropy = masked_mean(ent, ent_mask)
 
-            loss = pg_loss - config.ent_coef * entropy + config.vf_coef * v_loss
+            loss = config.vf_coef * v_loss
+            if train_actor:
+                loss = loss + pg_loss - config.ent_coef * entropy
 
             if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
                 stop = True

@@ -47,7 +47,10 @@ def train(run_config: RunConfig, config: PPOConfig) -> dict[str, float]:
             step_config = scheduled(config, left)
             for group in optimizer.param_groups:
                 group["lr"] = step_config.learning_rate
-            metrics = ppo_update(policy, optimizer, rollout, step_config, generator=shuffle, guard=guard)
+            actor_on = run.counters["iteration"] >= config.critic_warmup_iters  # after the warm-up
+            metrics = ppo_update(
+                policy, optimizer, rollout, step_config, generator=shuffle, guard=guard, train_actor=actor_on
+            )
             metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
             run.end_iteration(env_steps, rollout.episodes, {f"train/{k}": v for k, v in metrics.items()})
         env.close()  # frees the simulators before the final evaluation starts its own
