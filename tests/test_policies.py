@@ -540,3 +540,49 @@ def test_flow_noise_level_change_uses_the_stored_level():
     out = policy.act(_obs(VEC_SPACE))
     policy.noise_level = 0.2
     torch.testing.assert_close(policy.evaluate(out.replay).log_probs, out.log_probs)
+
+
+# ---------------------------------------------------------------------------------- correlated noise
+def test_gaussian_correlated_noise_log_probs_are_the_joint_density():
+    """AR(1) noise over the chunk: element log-probs are the conditionals, so their sum over the
+    chunk is the multivariate normal density with covariance std_j std_k rho^|j-k| per action dim,
+    and act and evaluate agree."""
+    K, D, rho = 4, 3, 0.8
+    policy = GaussianPolicy(VEC_SPACE, spaces.Box(-1, 1, (K, D), np.float32), noise_correlation=rho)
+    with torch.no_grad():
+        policy.log_std.copy_(torch.linspace(-1.0, 0.5, K * D))
+    policy.seed(0)
+    obs = _obs(VEC_SPACE)
+    out = policy.act(obs)
+    torch.testing.assert_close(policy.evaluate(out.replay).log_probs, out.log_probs)
+    with torch.no_grad():
+        mean, log_std = policy._mean_log_std(policy.torso(policy._prepare(obs)))
+    u, joint = out.replay["raw_action"], torch.zeros(B)
+    lags = torch.arange(K)
+    corr = rho ** (lags[:, None] - lags[None, :]).abs().double()
+    for d in range(D):
+        std = log_std[0, :, d].double().exp()
+        mvn = torch.distributions.MultivariateNormal(
+            mean[:, :, d].double(), corr * std[:, None] * std[None, :]
+        )
+        joint += mvn.log_prob(u[:, :, d].double()).float()
+    torch.testing.assert_close(out.log_probs.sum((1, 2)), joint, atol=1e-4, rtol=1e-5)
+
+
+def test_gaussian_correlated_noise_has_the_stated_correlation_and_marginals():
+    policy = GaussianPolicy(VEC_SPACE, spaces.Box(-1, 1, (3, 1), np.float32), noise_correlation=0.9)
+    policy.seed(1)
+    obs = np.zeros((20000, 5), np.float32)
+    u = policy.act(obs).replay["raw_action"][:, :, 0] - policy.act(obs, deterministic=True).actions[:, :, 0]
+    c = np.corrcoef(u.T.numpy())
+    assert abs(c[0, 1] - 0.9) < 0.01 and abs(c[1, 2] - 0.9) < 0.01 and abs(c[0, 2] - 0.81) < 0.015
+    assert np.allclose(u.std(0).numpy(), 1.0, atol=0.02)  # log_std 0: every sub-step is N(mean, 1)
+    with pytest.raises(ValueError, match=r"noise_correlation must be in \[0, 1\)"):
+        GaussianPolicy(VEC_SPACE, CHUNK_BOX, noise_correlation=1.0)
+
+
+def test_gaussian_correlated_noise_entropy_of_the_conditionals():
+    policy = GaussianPolicy(VEC_SPACE, spaces.Box(-1, 1, (2, 1), np.float32), noise_correlation=0.6)
+    ent = policy.evaluate(policy.act(_obs(VEC_SPACE)).replay).entropy
+    gaussian = 0.5 * math.log(2 * math.pi * math.e)
+    torch.testing.assert_close(ent[0, :, 0], torch.tensor([gaussian, gaussian + 0.5 * math.log(1 - 0.36)]))

@@ -310,3 +310,46 @@ def test_module_entry_points_print_help():
             [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
         )
         assert "--total-steps" in out.stdout and "--resume" in out.stdout
+
+
+def test_ppo_critic_warmup_trains_the_critic_only():
+    from policies import GaussianPolicy
+    from trainers.ppo import make_optimizer, ppo_update
+
+    env = gym.make_vec("Pendulum-v1", 4, vectorization_mode="sync")
+    policy = GaussianPolicy(env.single_observation_space, env.single_action_space)
+    policy.seed(0)
+    col = Collector(env, policy)
+    col.reset(seed=0)
+    rollout = col.collect(16)
+    config = PPOConfig(batch_size=16, n_epochs=2, critic_warmup_iters=1)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    ppo_update(policy, make_optimizer(policy, config), rollout, config, train_actor=False)
+    changed = {k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith(("critic_torso.", "value_head.")) for k in changed), changed
+    with pytest.raises(ValueError, match="critic_warmup_iters must be >= 0"):
+        PPOConfig(critic_warmup_iters=-1)
+
+
+def test_group_reset_keeps_each_groups_task_for_same_task_iters():
+    class WithTasks:
+        num_envs = 6
+        initial_frames = list(range(30))  # frames 10 t .. 10 t + 9 belong to task t
+
+    tasks = [f"task{i // 10}" for i in range(30)]
+    env, seen = WithTasks(), []
+    for it in range(6):
+        ids = grpo_train.group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"][
+            "initial_frames"
+        ]
+        assert ids[0::2] == ids[1::2]  # groups of 2 share a start
+        seen.append([i // 10 for i in ids[0::2]])
+    assert seen[0] == seen[1] == seen[2] and seen[3] == seen[4] == seen[5]
+    # starts still vary inside the block, and every frame stays equally likely
+    counts = np.zeros(30)
+    for it in range(3000):
+        for i in grpo_train.group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"][
+            "initial_frames"
+        ]:
+            counts[i] += 1
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()

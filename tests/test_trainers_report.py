@@ -111,3 +111,24 @@ def test_policies_load_on_their_own_keys_and_resume_as_built(tmp_path):
     final = grpo_train.main([*b, "--total-steps", "80", "--resume", str(tmp_path / "b")])
     assert final["iteration"] > 1
     assert load_policy(tmp_path / "b", wider, env.single_action_space).torso.trunk[0].out_features == 16
+
+
+def test_evaluation_refills_finished_envs_and_runs_no_extra_episode(tmp_path):
+    """DISABLED mode: a finished env starts the next frame at once; nothing runs beyond the
+    frames asked for, and the video shows each env's first episode (frozen once it ended)."""
+    import imageio.v3 as iio
+
+    env = CountingVectorEnv(num_envs=2, autoreset_mode="Disabled")  # goals 3 4 5 6 20
+    policy = GaussianPolicy(env.single_observation_space, env.single_action_space, log_std_init=-5.0)
+    with torch.no_grad():
+        policy.mean_head.bias.fill_(1.0)  # always forward: episode length = goal (20: 10, truncated)
+    video = tmp_path / "eval.mp4"
+    episodes = evaluate_episodes(policy, env, 3, frame_ids=[4, 1, 0], video_path=video, progress=True)
+    assert sorted((ep["frame"], ep["length"], ep["success"]) for ep in episodes) == [
+        (0, 3, 1.0),
+        (1, 4, 1.0),
+        (4, 10, 0.0),
+    ]
+    assert env.steps_run.sum() == 3 + 4 + 10  # no env played an episode nobody asked for
+    frames = iio.imread(video)
+    assert len(frames) == 2  # the start, then the chunk in which both first episodes ended

@@ -194,6 +194,33 @@ class _Renderer:
             self.gl.free()
 
 
+class _ForwardOnce:
+    """Skips robosuite's second ``mj_forward`` of each physics sub-step (bit-identical, ~15% faster).
+
+    robosuite's step loop calls ``sim.forward()`` and then, before anything changes the state, the
+    OSC controller's ``update()`` calls it again. ``mj_forward`` is a pure function of the state
+    (qpos, qvel, act, ctrl, warm start...) and writes only derived quantities, so the second call
+    recomputes exactly what is already there. While ``active`` (inside ``_Scene.step`` only: resets
+    and ``set_init_state`` write the state directly and always get a real forward), a forward is
+    skipped when no ``mj_step`` ran since the last one.
+    """
+
+    def __init__(self, sim: Any) -> None:
+        self.sim, self.active, self.fresh = sim, False, False
+        self._forward, self._step = sim.forward, sim.step
+        sim.forward, sim.step = self.forward, self.step  # instance attributes shadow the methods
+
+    def forward(self) -> None:
+        if self.active and self.fresh:
+            return
+        self._forward()
+        self.fresh = self.active
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        self.fresh = False
+        self._step(*args, **kwargs)
+
+
 class _Scene:
     """A built LIBERO env plus what we keep next to it."""
 
@@ -217,6 +244,7 @@ class _Scene:
         self._snap_model: Any = None
         self.renderer: _Renderer | None = None
         self.raw_obs: dict[str, Any] = {}
+        self._forward_once: _ForwardOnce | None = None
 
         @sensor(modality="vla_gym")
         def probe(obs_cache: dict) -> np.ndarray:  # ~20 us per step
@@ -257,6 +285,17 @@ class _Scene:
         if hard and self.renderer is not None:  # the model was rebuilt
             self.renderer.close()
             self.renderer = None
+
+    def step(self, action: np.ndarray) -> tuple[Any, ...]:
+        """``env.step(action)`` of LIBERO, without robosuite's redundant forward (``_ForwardOnce``)."""
+        sim = self.inner.sim
+        if self._forward_once is None or self._forward_once.sim is not sim:  # new after a hard reset
+            self._forward_once = _ForwardOnce(sim)
+        self._forward_once.active, self._forward_once.fresh = True, False
+        try:
+            return self.inner.step(action)
+        finally:
+            self._forward_once.active = False
 
     def render(self, camera: str, size: int) -> np.ndarray:
         if self.renderer is None:
@@ -329,7 +368,7 @@ class LiberoSim:
             scene.reset(int(scene_seed), hard=not self.fast_reset)
             scene.raw_obs = scene.env.set_init_state(np.asarray(init_state, dtype=np.float64))
             for _ in range(self.settle_steps):
-                scene.raw_obs = scene.inner.step(NOOP_ACTION.copy())[0]
+                scene.raw_obs = scene.step(NOOP_ACTION.copy())[0]
         finally:
             np.random.set_state(rng_state)
         self._episode_step = 0
@@ -350,7 +389,7 @@ class LiberoSim:
         executed = 0
         for i in range(min(k, max(0, int(max_steps)))):
             # LIBERO's step returns done = _check_success() (ignore_done=True: never the horizon).
-            scene.raw_obs, _, done, _ = scene.inner.step(acts[i])
+            scene.raw_obs, _, done, _ = scene.step(acts[i])
             executed += 1
             if frames is not None:
                 frames.append(self._image(scene, "agentview"))
