@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,7 @@ from typing import Any
 from benchmarks.evaluate import frame_ids, rate_cell, run_frames, summarize
 from benchmarks.libero_expert import evaluate_suite
 from benchmarks.report import plot_lines, table, write_json
-
-
-def mcnemar_p(gained: int, lost: int) -> float:
-    """Two-sided exact McNemar p-value: pairs that turned into successes vs into failures."""
-    n = gained + lost
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n
-    return min(1.0, 2 * tail)
+from trainers.metrics import mcnemar_p
 
 
 def suite_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int) -> Any:

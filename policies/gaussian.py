@@ -16,6 +16,7 @@ so summing them over any executed prefix of the chunk gives its exact joint log-
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -51,6 +52,10 @@ class GaussianPolicy(TorsoPolicy):
             raw samples, not clipped.
         noise_correlation: ``rho`` in [0, 1): correlation of the noise of consecutive sub-steps
             of a chunk (module docstring); 0 is independent noise.
+        noise_dims: the action dimensions that are sampled (default all); the others always take
+            their mean and carry no log-prob (E = ``len(noise_dims)``). RL from a clone: the
+            dimensions the demonstrations hold still (LIBERO-Spatial's rotations, std ~0.007)
+            need no exploration, and their tiny stds would dominate the policy gradient (~1/std).
         **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
@@ -67,11 +72,21 @@ class GaussianPolicy(TorsoPolicy):
         log_std_bounds: tuple[float, float] | None = None,
         squash: bool = False,
         noise_correlation: float = 0.0,
+        noise_dims: Sequence[int] | None = None,
         **torso_options: Any,
     ):
         super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.log_prob_dim = self.action_dim
+        dims = list(range(self.action_dim)) if noise_dims is None else [int(d) for d in noise_dims]
+        if not dims or len(set(dims)) != len(dims) or not all(0 <= d < self.action_dim for d in dims):
+            raise ValueError(
+                f"noise_dims must be distinct action dimensions in [0, {self.action_dim}), got {noise_dims}"
+            )
+        self.noise_dims = sorted(dims)
+        self.log_prob_dim = len(self.noise_dims)
+        mask = torch.zeros(self.action_dim)
+        mask[self.noise_dims] = 1.0
+        self.register_buffer("_noise_mask", mask, persistent=False)
         n = self.chunk_size * self.action_dim
         self.mean_head = nn.Linear(self.torso.out_dim, n)
         self._init_head(self.mean_head, 0.01)
@@ -139,6 +154,21 @@ class GaussianPolicy(TorsoPolicy):
             entropy = torch.cat([entropy[:, :1], later], dim=1)
         return entropy
 
+    def _sample(self, mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pre-squash sample ``u`` (the mean on dimensions outside ``noise_dims``) and its
+        log-probs ``[B, K, E]``."""
+        noise = self._noise(mean.shape, mean.device)
+        if self.log_prob_dim < self.action_dim:
+            noise = noise * self._noise_mask
+        u = mean + log_std.exp() * noise
+        return u, self._explored(self._log_prob(u, mean, log_std))
+
+    def _explored(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """Per-element values ``[B, K, D]`` -> the sampled dimensions ``[B, K, E]``."""
+        if x is None or self.log_prob_dim == self.action_dim:
+            return x
+        return x[..., self.noise_dims]
+
     def _to_action(self, u: torch.Tensor) -> torch.Tensor:
         return self.action_center + self.action_scale * torch.tanh(u) if self.squash else u
 
@@ -147,11 +177,7 @@ class GaussianPolicy(TorsoPolicy):
         prepared = self._prepare(obs)
         features = self.torso(prepared)
         mean, log_std = self._mean_log_std(features)
-        if deterministic:
-            u, log_probs = mean, None
-        else:
-            u = mean + log_std.exp() * self._noise(mean.shape, features.device)
-            log_probs = self._log_prob(u, mean, log_std)
+        u, log_probs = (mean, None) if deterministic else self._sample(mean, log_std)
         replay = {**self._obs_replay(prepared), "raw_action": u}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 
@@ -162,9 +188,8 @@ class GaussianPolicy(TorsoPolicy):
         features = self.torso(prepared)
         mean, log_std = self._mean_log_std(features)
         u = replay["raw_action"].to(features.device)
-        return PolicyEval(
-            self._log_prob(u, mean, log_std), self._entropy(log_std), self._value(prepared, features)
-        )
+        log_probs = self._explored(self._log_prob(u, mean, log_std))
+        return PolicyEval(log_probs, self._explored(self._entropy(log_std)), self._value(prepared, features))
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None

@@ -34,7 +34,8 @@ class ResidualPolicy(GaussianPolicy):
         hidden_sizes, activation: the correction's MLP (its own torso).
         log_std_init: None (default): the std starts as the base's fitted one, and the policy
             learns an offset to it; a float: a constant initial ``log_std`` of its own.
-        log_std_bounds, noise_correlation: as ``GaussianPolicy``.
+        log_std_bounds, noise_correlation, noise_dims: as ``GaussianPolicy``; dimensions outside
+            ``noise_dims`` get no correction either (they follow the base exactly).
         **torso_options: ``use_critic``, ``share_torso``, ``torso_kwargs`` (see ``TorsoPolicy``).
 
     Replay: ``obs/<key>``, ``raw_action`` (pre-squash sample) and ``base_mean`` ``[B, K, D]`` (the
@@ -52,6 +53,7 @@ class ResidualPolicy(GaussianPolicy):
         log_std_init: float | None = None,
         log_std_bounds: tuple[float, float] | None = None,
         noise_correlation: float = 0.0,
+        noise_dims: Sequence[int] | None = None,
         **torso_options: Any,
     ):
         if not isinstance(base, Mapping) or "name" not in base:
@@ -72,6 +74,7 @@ class ResidualPolicy(GaussianPolicy):
             log_std_bounds=log_std_bounds,
             squash=base_policy.squash,
             noise_correlation=noise_correlation,
+            noise_dims=noise_dims,
             hidden_sizes=hidden_sizes,
             activation=activation,
             **torso_options,
@@ -92,6 +95,8 @@ class ResidualPolicy(GaussianPolicy):
         """The correction ``[B, K, D]`` and the log-std used (the base's plus the offset, clamped)."""
         shape = (features.shape[0], self.chunk_size, self.action_dim)
         correction = self.mean_head(features).reshape(shape)
+        if self.log_prob_dim < self.action_dim:  # dimensions without noise follow the base exactly
+            correction = correction * self._noise_mask
         log_std = self.log_std + self.base.log_std.detach() if self.log_std_from_base else self.log_std
         if self.log_std_bounds is not None:
             log_std = log_std.clamp(*self.log_std_bounds)
@@ -109,11 +114,7 @@ class ResidualPolicy(GaussianPolicy):
         correction, log_std = self._mean_log_std(features)
         base_mean = self.base_mean(obs)
         mean = base_mean + correction
-        if deterministic:
-            u, log_probs = mean, None
-        else:
-            u = mean + log_std.exp() * self._noise(mean.shape, features.device)
-            log_probs = self._log_prob(u, mean, log_std)
+        u, log_probs = (mean, None) if deterministic else self._sample(mean, log_std)
         replay = {**self._obs_replay(prepared), "raw_action": u, "base_mean": base_mean}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 
@@ -123,9 +124,8 @@ class ResidualPolicy(GaussianPolicy):
         correction, log_std = self._mean_log_std(features)
         mean = replay["base_mean"].to(features.device) + correction
         u = replay["raw_action"].to(features.device)
-        return PolicyEval(
-            self._log_prob(u, mean, log_std), self._entropy(log_std), self._value(prepared, features)
-        )
+        log_probs = self._explored(self._log_prob(u, mean, log_std))
+        return PolicyEval(log_probs, self._explored(self._entropy(log_std)), self._value(prepared, features))
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None

@@ -36,7 +36,7 @@ def test_summarize_per_task_and_overall():
 
 
 def test_mcnemar_exact_p_values():
-    from benchmarks.sft_then_rl import mcnemar_p
+    from trainers.metrics import mcnemar_p
 
     assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
     assert mcnemar_p(5, 0) == pytest.approx(2 / 32) and mcnemar_p(0, 5) == pytest.approx(2 / 32)

@@ -586,3 +586,21 @@ def test_gaussian_correlated_noise_entropy_of_the_conditionals():
     ent = policy.evaluate(policy.act(_obs(VEC_SPACE)).replay).entropy
     gaussian = 0.5 * math.log(2 * math.pi * math.e)
     torch.testing.assert_close(ent[0, :, 0], torch.tensor([gaussian, gaussian + 0.5 * math.log(1 - 0.36)]))
+
+
+def test_gaussian_noise_dims_sample_only_those_dimensions():
+    box = spaces.Box(-1.0, 1.0, (3, 4), np.float32)
+    policy = GaussianPolicy(VEC_SPACE, box, squash=True, noise_dims=[3, 0], noise_correlation=0.5)
+    assert policy.noise_dims == [0, 3] and policy.log_prob_dim == 2
+    policy.seed(0)
+    obs = _obs(VEC_SPACE)
+    out, mode = policy.act(obs), policy.act(obs, deterministic=True).actions
+    assert out.log_probs.shape == (B, 3, 2)
+    torch.testing.assert_close(out.actions[..., 1:3], mode[..., 1:3])  # no noise there
+    assert (out.actions[..., [0, 3]] - mode[..., [0, 3]]).abs().min() > 0
+    torch.testing.assert_close(policy.evaluate(out.replay).log_probs, out.log_probs)
+    full = GaussianPolicy(VEC_SPACE, box, squash=True, noise_correlation=0.5)
+    full.load_state_dict(policy.state_dict())  # same parameters: the mask is not saved
+    torch.testing.assert_close(full.evaluate(out.replay).log_probs[..., [0, 3]], out.log_probs)
+    with pytest.raises(ValueError, match="noise_dims must be distinct"):
+        GaussianPolicy(VEC_SPACE, box, noise_dims=[4])

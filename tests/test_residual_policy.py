@@ -93,3 +93,17 @@ def test_trainer_builds_a_residual_over_the_init_policy_and_reloads_it(tmp_path)
     for name, value in first.state_dict().items():
         if not name.startswith(("critic_torso", "value_head")):
             assert torch.equal(res.base.state_dict()[name], value), name
+
+
+def test_residual_noise_dims_leave_the_other_dimensions_to_the_base():
+    policy = ResidualPolicy(OBS, ACT, base=BASE, log_std_init=-1.0, noise_dims=[1])
+    with torch.no_grad():
+        policy.mean_head.bias.fill_(0.3)  # a correction on every output...
+    obs = _obs()
+    base_mode = policy.base.act(obs, deterministic=True).actions
+    mode = policy.act(obs, deterministic=True).actions
+    torch.testing.assert_close(mode[..., 0], base_mode[..., 0])  # ...used only where there is noise
+    assert (mode[..., 1] - base_mode[..., 1]).abs().min() > 0
+    out = policy.act(obs)
+    assert out.log_probs.shape == (5, 3, 1)
+    torch.testing.assert_close(out.actions[..., 0], base_mode[..., 0])

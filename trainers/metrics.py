@@ -161,6 +161,16 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     return (max(0.0, center - half), min(1.0, center + half))
 
 
+def mcnemar_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value of a paired before/after comparison: ``gained`` pairs turned
+    into successes, ``lost`` into failures (pairs that did not change carry no information)."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 def fmt(value: Any) -> str:
     """Numbers to 4 significant digits; anything else as ``str``."""
     if isinstance(value, float):

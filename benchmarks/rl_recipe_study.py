@@ -1,0 +1,252 @@
+"""The RL recipe study: which settings let RL raise the held-out success of the cloned LIBERO-Spatial
+policy at a CPU budget. Every variant is the main job's recipe (``configs/libero_spatial_grpo.json``)
+with some settings changed; all start from the same cloned policy.
+
+    python -m benchmarks.rl_recipe_study                          # every variant, seed 0 (hours)
+    python -m benchmarks.rl_recipe_study --variants recipe --seeds 0 1 2
+    python -m benchmarks.rl_recipe_study --variants recipe --steps 2000 --eval-init-states 40  # smoke
+    python -m benchmarks.rl_recipe_study --define '{"mine": {"grpo": {"learning_rate": 1e-3}}}'
+
+For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
+without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
+recipe's evaluation env once, deterministically, rendering off. The starting policy is evaluated
+once on the same pairs (its deterministic actions are every variant's starting point; a residual
+policy starts at exactly its base's). One table: training budget and wall clock, sampled success
+during training (mean over the first and the last quarter of the iterations), held-out success
+before and after with 95% Wilson intervals, and the exact McNemar test on the pairs whose outcome
+changed. Plus ``learning_curves.png`` (sampled success per iteration, a moving mean over 5) and
+``rl_recipe_study.json``. A finished (variant, seed) keeps its ``result.json`` under ``--out`` and
+is reused when the study runs again (``--fresh`` retrains).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import plot_lines, table, write_json
+from trainers.metrics import mcnemar_p, wilson_interval
+
+# name -> what it is, the algorithm, and the recipe settings it changes ("run" / algorithm sections)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
+}
+
+
+def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, dict, dict]:
+    """The variant's algorithm, run settings and algorithm settings (recipe + changes)."""
+    algo = spec.get("algo", "grpo")
+    run = {**copy.deepcopy(recipe["run"]), **spec.get("run", {})}
+    run["policy_kwargs"] = {
+        **recipe["run"].get("policy_kwargs", {}),
+        **spec.get("run", {}).get("policy_kwargs", {}),
+    }
+    return algo, run, {**recipe.get(algo, {}), **spec.get(algo, {})}
+
+
+def train_variant(algo: str, run: dict[str, Any], algo_settings: dict[str, Any], run_dir: Path) -> float:
+    """Train one variant into ``run_dir``; returns the wall-clock seconds."""
+    from trainers.grpo.algorithm import GRPOConfig
+    from trainers.grpo.train import train as train_grpo
+    from trainers.ppo.algorithm import PPOConfig
+    from trainers.ppo.train import train as train_ppo
+    from trainers.run import RunConfig
+
+    config = RunConfig(
+        **{
+            **run,
+            "run_dir": str(run_dir),
+            "eval_every": -1,  # evaluated here, on every held-out pair
+            "eval_at_start": False,
+            "video": False,
+            "checkpoint_every": 0,
+            "resume": None,
+        }
+    )
+    t0 = time.perf_counter()
+    if algo == "grpo":
+        train_grpo(config, GRPOConfig(**algo_settings))
+    elif algo == "ppo":
+        train_ppo(config, PPOConfig(**algo_settings))
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo' or 'ppo'")
+    return time.perf_counter() - t0
+
+
+def evaluate_held_out(source: str | Path, env_id: str, env_kwargs: dict, num_envs: int) -> list[dict]:
+    """One deterministic episode per initial frame of the held-out env (rendering off)."""
+    import gymnasium as gym
+
+    from trainers.checkpoint import load_policy
+    from trainers.evaluation import evaluate_episodes
+
+    kwargs = {**env_kwargs, "cameras": []}
+    env = gym.make_vec(env_id, num_envs=num_envs, autoreset_mode="Disabled", **kwargs)
+    try:
+        policy = load_policy(source, env.single_observation_space, env.single_action_space).eval()
+        ids = list(range(len(env.unwrapped.initial_frames)))
+        episodes = evaluate_episodes(policy, env, len(ids), frame_ids=ids, progress=True)
+    finally:
+        env.close()
+    return [{"frame": ep["frame"], "task": ep["task"], "success": bool(ep["success"])} for ep in episodes]
+
+
+def sampled_success(run_dir: Path) -> tuple[list[float], list[float]]:
+    """(env steps, sampled success of the iteration's training episodes) from the run's metrics."""
+    steps, success = [], []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "env/success_once" in row:
+            steps.append(float(row["step"]))
+            success.append(float(row["env/success_once"]))
+    return steps, success
+
+
+def quarter_means(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter (at least one value each)."""
+    if not values:
+        return float("nan"), float("nan")
+    q = max(1, len(values) // 4)
+    return sum(values[:q]) / q, sum(values[-q:]) / q
+
+
+def rate(episodes: list[dict]) -> dict[str, Any]:
+    k, n = sum(ep["success"] for ep in episodes), len(episodes)
+    return {"successes": k, "trials": n, "rate": k / max(n, 1), "ci95": list(wilson_interval(k, n))}
+
+
+def paired(before: list[dict], after: list[dict]) -> dict[str, Any]:
+    """Gained / lost pairs and the McNemar p-value (pairs matched by frame id)."""
+    outcome = {ep["frame"]: ep["success"] for ep in before}
+    gained = sum(ep["success"] and not outcome[ep["frame"]] for ep in after)
+    lost = sum(outcome[ep["frame"]] and not ep["success"] for ep in after)
+    return {"gained": gained, "lost": lost, "p": mcnemar_p(gained, lost)}
+
+
+def cell(r: dict[str, Any]) -> str:
+    return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
+
+
+def moving_mean(values: list[float], width: int = 5) -> list[float]:
+    return [
+        sum(values[max(0, i - width + 1) : i + 1]) / (i + 1 - max(0, i - width + 1))
+        for i in range(len(values))
+    ]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="configs/libero_spatial_grpo.json")
+    parser.add_argument("--variants", nargs="*", default=None, help=f"default: all of {list(VARIANTS)}")
+    parser.add_argument("--define", type=json.loads, default={}, help="extra variants: JSON {name: spec}")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the recipe's)")
+    parser.add_argument("--eval-init-states", type=int, nargs="+", default=None, help="default: the recipe's")
+    parser.add_argument("--eval-envs", type=int, default=4)
+    parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
+    parser.add_argument("--out", default="runs/benchmarks/rl_recipe_study")
+    args = parser.parse_args(argv)
+    import envs  # noqa: F401  (registers the ids)
+    from trainers.checkpoint import latest_checkpoint
+
+    recipe = json.loads(Path(args.recipe).read_text())
+    variants = {**VARIANTS, **args.define}
+    names = args.variants or list(variants)
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(variants)}")
+    base_run = recipe["run"]
+    eval_kwargs = dict(base_run.get("eval_env_kwargs") or base_run["env_kwargs"])
+    if args.eval_init_states:
+        eval_kwargs["init_states"] = args.eval_init_states
+    train_states = set(base_run["env_kwargs"].get("init_states", []))
+    if not train_states or set(eval_kwargs.get("init_states", [])) & train_states:
+        parser.error("the held-out init states must be set and disjoint from the training ones")
+    env_id = base_run["env"].split(":")[-1]
+    out = Path(args.out)
+
+    start = base_run["init_policy"]
+    before_file = out / "before.json"
+    before = json.loads(before_file.read_text()) if before_file.exists() and not args.fresh else None
+    if before is None or before["held_out"] != eval_kwargs.get("init_states") or before["policy"] != start:
+        print(f"evaluating the starting policy {start} on the held-out pairs")
+        before = {
+            "policy": start,
+            "held_out": eval_kwargs.get("init_states"),
+            "episodes": evaluate_held_out(start, env_id, eval_kwargs, args.eval_envs),
+        }
+        write_json(before_file, before)
+
+    results = []
+    for name in names:
+        for seed in args.seeds:
+            run_dir = out / f"{name}-s{seed}"
+            result_file = run_dir / "result.json"
+            if result_file.exists() and not args.fresh:
+                results.append(json.loads(result_file.read_text()))
+                continue
+            algo, run, algo_settings = recipe_variant(recipe, variants[name])
+            run.update(seed=seed, total_steps=args.steps or run["total_steps"])
+            print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
+            wall = train_variant(algo, run, algo_settings, run_dir)
+            _, data = latest_checkpoint(run_dir)
+            after = evaluate_held_out(run_dir, env_id, eval_kwargs, args.eval_envs)
+            steps, success = sampled_success(run_dir)
+            result = {
+                "variant": name,
+                "seed": seed,
+                "about": variants[name].get("about", ""),
+                "algo": algo,
+                "changes": {k: v for k, v in variants[name].items() if k != "about"},
+                "env_steps": data["counters"]["env_steps"],
+                "train_wall_s": wall,
+                "curve": {"env_steps": steps, "sampled_success": success},
+                "after": after,
+            }
+            write_json(result_file, result)
+            results.append(result)
+
+    before_rate = rate(before["episodes"])
+    header = ["variant", "seed", "env steps", "train min", "sampled first->last", "held-out before",
+              "held-out after", "change", "+/- pairs", "McNemar p"]  # fmt: skip
+    rows, series = [], {}
+    for r in results:
+        after_rate, pairs = rate(r["after"]), paired(before["episodes"], r["after"])
+        first, last = quarter_means(r["curve"]["sampled_success"])
+        r.update(before=before_rate, after_rate=after_rate, pairs=pairs)
+        rows.append(
+            [
+                r["variant"], r["seed"], r["env_steps"], r["train_wall_s"] / 60, f"{first:.2f} -> {last:.2f}",
+                cell(before_rate), cell(after_rate), f"{after_rate['rate'] - before_rate['rate']:+.0%}",
+                f"+{pairs['gained']} -{pairs['lost']}", pairs["p"],
+            ]
+        )  # fmt: skip
+        series[f"{r['variant']} s{r['seed']}"] = (
+            r["curve"]["env_steps"],
+            moving_mean(r["curve"]["sampled_success"]),
+        )
+    title = (
+        f"RL from {start} on {env_id} (training init states {min(train_states)}-{max(train_states)}); "
+        f"held-out init states {eval_kwargs['init_states']}: one deterministic episode per (task, state)"
+    )
+    text = table(header, rows, title)
+    print(text)
+    if series:
+        plot_lines(
+            out / "learning_curves.png",
+            series,
+            xlabel="env steps",
+            ylabel="sampled success (moving mean of 5 iterations)",
+            title="RL recipe study: training episodes",
+        )
+    summary = {"table": text, "before": before_rate, "results": results, "args": vars(args)}
+    write_json(out / "rl_recipe_study.json", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
