@@ -73,6 +73,7 @@ def test_run_writes_summary_learning_curve_and_evaluations_before_and_after(tmp_
     summary = (run_dir / "summary.md").read_text()
     assert "## Evaluation before training (5 episodes" in summary
     assert f"## Evaluation after {steps[1]} env steps" in summary
+    assert "**Change on the 5 initial frames evaluated before and after:" in summary
     assert "| 20 | 0/1 = 0.0%" in summary  # the 20-cell walk cannot succeed within 10 steps
     assert "[`learning_curve.png`](learning_curve.png)" in summary
     png = (run_dir / "learning_curve.png").read_bytes()
@@ -132,3 +133,14 @@ def test_evaluation_refills_finished_envs_and_runs_no_extra_episode(tmp_path):
     assert env.steps_run.sum() == 3 + 4 + 10  # no env played an episode nobody asked for
     frames = iio.imread(video)
     assert len(frames) == 2  # the start, then the chunk in which both first episodes ended
+
+
+def test_paired_change_counts_frames_that_flipped():
+    from trainers.report import paired_change
+
+    before = [{"frame": i, "success_once": float(i < 2)} for i in range(6)]  # 0 1 succeed
+    after = [{"frame": i, "success_once": float(i in (1, 2, 3, 4))} for i in range(6)]
+    (line,) = paired_change(before, after)
+    assert "+33.3%" in line and "3 turned into successes, 1 into failures" in line
+    assert "p = 0.625" in line  # exact two-sided McNemar, 3 vs 1
+    assert paired_change(before, [{"frame": 9, "success_once": 1.0}]) == []

@@ -167,6 +167,53 @@ def load_policy(source: str | Path, observation_space: Any, action_space: Any) -
     return policy
 
 
+def build_policy(
+    name: str,
+    kwargs: dict[str, Any],
+    observation_space: Any,
+    action_space: Any,
+    *,
+    init_policy: str | Path | None = None,
+    resume: str | Path | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The policy a run trains, and its spec (``name``, ``kwargs``, ``observation_keys``: what
+    ``load_policy`` needs to rebuild it).
+
+    ``name``/``kwargs`` build a new policy. With ``init_policy`` (a checkpoint or run directory) it
+    starts from that policy: its class and arguments (``kwargs`` override them; whether there is
+    a critic stays the caller's choice) and weights, or, with ``name="residual"``, a
+    ``ResidualPolicy`` whose frozen base is that policy. With ``resume`` the policy is rebuilt as
+    the resumed run built it (the caller loads its weights).
+    """
+    from gymnasium import spaces
+
+    from policies.registry import make_policy, resolve_policy
+
+    state = None
+    if resume:
+        path, data = latest_checkpoint(resume)
+        spec = data["policy"]
+        name, kwargs = spec["name"], spec["kwargs"]
+        observation_space = policy_observation_space(spec, observation_space, path)
+    elif init_policy:
+        path, data = latest_checkpoint(init_policy)
+        spec = data["policy"]
+        kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
+        if name == "residual":  # the checkpoint's policy becomes the frozen base
+            kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
+        else:
+            name, kwargs = spec["name"], {**kept, **kwargs}
+        state = (path, spec)
+        observation_space = policy_observation_space(spec, observation_space, path)
+    policy = make_policy(name, observation_space, action_space, **kwargs)
+    if state is not None:
+        load_initial_weights(policy.base if name == "residual" else policy, *state)
+    built = {"name": resolve_policy(name, action_space), "kwargs": kwargs}
+    if isinstance(observation_space, spaces.Dict):  # what it reads: load_policy rebuilds it on these keys
+        built["observation_keys"] = list(observation_space.spaces)
+    return policy, built
+
+
 CRITIC_PREFIXES = ("critic_torso.", "value_head.")
 
 

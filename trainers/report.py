@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainers.metrics import fmt, read_jsonl, read_metrics, wilson_interval
+from trainers.metrics import fmt, mcnemar_p, read_jsonl, read_metrics, wilson_interval
 
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"  # one row per evaluation episode, with the env step
 
@@ -80,6 +80,24 @@ def evaluation_table(episodes: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paired_change(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines on the change between two evaluations of the same initial frames: the
+    difference in success and the exact McNemar test on the frames whose outcome changed."""
+    key = "success_once" if any("success_once" in e for e in after) else "success"
+    first = {e["frame"]: bool(e.get(key, 0)) for e in before if "frame" in e}
+    pairs = [(first[e["frame"]], bool(e.get(key, 0))) for e in after if e.get("frame") in first]
+    if not pairs:
+        return []
+    gained = sum(b < a for b, a in pairs)
+    lost = sum(b > a for b, a in pairs)
+    change = (sum(a for _, a in pairs) - sum(b for b, _ in pairs)) / len(pairs)
+    p = mcnemar_p(gained, lost)
+    return [
+        f"**Change on the {len(pairs)} initial frames evaluated before and after: {change:+.1%}** "
+        f"({gained} turned into successes, {lost} into failures; exact McNemar p = {p:.3g})."
+    ]
+
+
 def write_summary(
     run_dir: str | Path, title: str, rows: list[tuple[str, Any]], files: dict[str, str]
 ) -> Path:
@@ -95,6 +113,8 @@ def write_summary(
         when = "before training" if step == 0 else f"after {step} env steps"
         lines += ["", f"## Evaluation {when} ({len(eps)} episodes, deterministic actions)", ""]
         lines += evaluation_table(eps)
+    if 0 in by_step and len(by_step) > 1:
+        lines += ["", *paired_change(by_step[0], by_step[max(by_step)])]
     if files:
         lines += ["", "## Files", ""]
         lines += [f"- {name}: [`{path}`]({path})" for name, path in files.items()]

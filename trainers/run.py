@@ -30,7 +30,6 @@ from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunkPolicy
-from policies.registry import make_policy, resolve_policy
 from trainers import checkpoint as ckpt
 from trainers.config import save_config, to_dict
 from trainers.evaluation import evaluate_episodes
@@ -62,6 +61,7 @@ class RunConfig:
     policy: str = "auto"  # gaussian, categorical, binned, flow, auto, or module:Class
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)
+    max_iterations: int = 0  # also stop after this many iterations (0: no limit)
     seed: int = 0
     device: str = "cpu"
     torch_threads: int = 0  # 0: torch's default
@@ -92,6 +92,8 @@ class RunConfig:
         for name in ("num_envs", "total_steps", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_iterations < 0:
+            raise ValueError(f"max_iterations must be >= 0, got {self.max_iterations}")
         if self.autoreset_mode not in ("auto", *AUTORESET):
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
@@ -200,7 +202,8 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return self.counters["env_steps"] >= self.config.total_steps
+        c, most = self.counters, self.config.max_iterations
+        return c["env_steps"] >= self.config.total_steps or (most > 0 and c["iteration"] >= most)
 
     # ------------------------------------------------------------------ env and policy
     def make_env(
@@ -236,32 +239,16 @@ class Run:
         With ``init_policy`` it starts from that checkpoint's policy; on resume it is rebuilt as
         the resumed run built it."""
         cfg = self.config
-        name, kwargs, state = cfg.policy, {**defaults, **cfg.policy_kwargs}, None
-        space = env.single_observation_space
-        if cfg.resume:  # the policy as the run built it (its weights are loaded by restore)
-            path, data = ckpt.latest_checkpoint(cfg.resume)
-            spec = data["policy"]
-            name, kwargs = spec["name"], spec["kwargs"]
-            space = ckpt.policy_observation_space(spec, space, path)
-        elif cfg.init_policy:
-            path, data = ckpt.latest_checkpoint(cfg.init_policy)
-            spec = data["policy"]
-            # whether there is a critic is this trainer's choice (BC trains none; PPO needs one)
-            kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
-            if name == "residual":  # the checkpoint's policy becomes the frozen base
-                kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
-            else:
-                name, kwargs = spec["name"], {**kept, **kwargs}
-            state = (path, spec)
-            space = ckpt.policy_observation_space(spec, space, path)
-        policy = make_policy(name, space, env.single_action_space, **kwargs)
-        if state is not None:
-            ckpt.load_initial_weights(policy.base if name == "residual" else policy, *state)
+        policy, self._policy_spec = ckpt.build_policy(
+            cfg.policy,
+            {**defaults, **cfg.policy_kwargs},
+            env.single_observation_space,
+            env.single_action_space,
+            init_policy=cfg.init_policy,
+            resume=cfg.resume,
+        )
         policy = policy.to(cfg.device)
         policy.seed(cfg.seed)
-        self._policy_spec = {"name": resolve_policy(name, env.single_action_space), "kwargs": kwargs}
-        if isinstance(space, gym.spaces.Dict):  # what it reads: load_policy rebuilds it on these keys
-            self._policy_spec["observation_keys"] = list(space.spaces)
         return policy
 
     # ------------------------------------------------------------------ checkpoints
