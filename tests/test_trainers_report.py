@@ -144,3 +144,18 @@ def test_paired_change_counts_frames_that_flipped():
     assert "+33.3%" in line and "3 turned into successes, 1 into failures" in line
     assert "p = 0.625" in line  # exact two-sided McNemar, 3 vs 1
     assert paired_change(before, [{"frame": 9, "success_once": 1.0}]) == []
+
+
+def test_evaluation_refill_resets_finished_envs_together():
+    env = CountingVectorEnv(num_envs=4, autoreset_mode="Disabled")  # goals 3 4 5 6 20
+    policy = GaussianPolicy(env.single_observation_space, env.single_action_space, log_std_init=-5.0)
+    with torch.no_grad():
+        policy.mean_head.bias.fill_(1.0)
+    calls = []
+    reset = env.reset
+    env.reset = lambda **kw: calls.append(kw) or reset(**kw)
+    episodes = evaluate_episodes(policy, env, 9, frame_ids=[0, 1, 2, 3, 4, 0, 1, 2, 3])
+    assert sorted(ep["frame"] for ep in episodes) == [0, 0, 1, 1, 2, 2, 3, 3, 4]
+    assert env.steps_run.sum() == sum(ep["length"] for ep in episodes)
+    masks = [c["options"]["reset_mask"] for c in calls[1:]]
+    assert all(m.sum() >= 2 for m in masks[:-1])  # finished envs wait for one another

@@ -96,7 +96,9 @@ def _refill(
     recorder: _VideoRecorder | None,
     bar: Any,
 ) -> list[dict[str, Any]]:
-    """Frames ``ids`` played as a queue: each env takes the next frame as soon as it is free."""
+    """Frames ``ids`` played as a queue: a finished env takes the next frame. A reset holds up every
+    env (one call to the vector env), so finished envs wait until they are half of the envs (or
+    the only ones left) and are reset together, in parallel."""
     n = collector.num_envs
     playing = [ids[i % len(ids)] for i in range(n)]  # more envs than frames: the extra ones idle
     busy = np.arange(n) < len(ids)
@@ -105,8 +107,9 @@ def _refill(
     if recorder is not None:
         recorder.start(min(n, len(ids)))
     steps = np.zeros(n, np.int64)
+    idle = np.zeros(n, bool)  # finished, waiting for the next frame
     episodes: list[dict[str, Any]] = []
-    while busy.any():
+    while busy.any():  # (after a step with no env busy, the idle ones were reset)
         rollout = collector.collect(1, deterministic=deterministic)
         if recorder is not None:
             recorder.grab()
@@ -121,14 +124,15 @@ def _refill(
         if recorder is not None:
             recorder.freeze(ended)
         busy &= ~ended
-        restart = np.flatnonzero(ended)[: len(queue)]
-        if len(restart):
+        idle |= ended
+        restart = np.flatnonzero(idle)[: len(queue)]
+        if len(restart) and (2 * idle.sum() >= n or not busy.any()):
             mask = np.zeros(n, bool)
             mask[restart] = True
             for i in restart:
                 playing[i] = queue.pop(0)
             collector.reset(options={"reset_mask": mask, "initial_frames": [playing[i] for i in restart]})
-            busy[restart], steps[restart] = True, 0
+            busy[restart], idle[restart], steps[restart] = True, False, 0
         _advance(bar, episodes, int(ended.sum()))
     return episodes
 
