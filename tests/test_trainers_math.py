@@ -363,6 +363,22 @@ def test_grpo_update_learns_masks_filtered_groups_and_kl():
         grpo_update(policy, opt, ro, GRPOConfig(group_size=4, kl_beta=0.1))
 
 
+def test_grpo_target_kl_stops_the_update_early():
+    torch.manual_seed(0)
+    policy = TableBandit(8)
+    ro = _bandit_rollout(policy, 8, seed=1)
+    ro.rewards[0, :, 0] = torch.tensor([1.0, 0, 0, 0, 0, 1, 0, 0])
+    config = GRPOConfig(group_size=4, learning_rate=0.5, weight_decay=0.0, n_epochs=20, target_kl=0.01)
+    m = grpo_update(policy, grpo_optimizer(policy, config), ro, config)
+    assert m["early_stop"] == 1.0 and 1 <= m["updates"] < 20
+    free = GRPOConfig(group_size=4, learning_rate=0.5, weight_decay=0.0, n_epochs=20)
+    policy = TableBandit(8)
+    m = grpo_update(policy, grpo_optimizer(policy, free), ro, free)
+    assert m["early_stop"] == 0.0 and m["updates"] == 20
+    with pytest.raises(ValueError, match="target_kl must be > 0"):
+        GRPOConfig(target_kl=0.0)
+
+
 def test_bad_updates_are_skipped_then_raise():
     policy = TableBandit(4, fail=True)
     config = PPOConfig(n_epochs=1, batch_size=4, max_bad_updates=3)

@@ -58,6 +58,7 @@ class GRPOConfig:
     same_task_iters: int = 1
     n_epochs: int = 1
     batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
+    target_kl: float | None = None  # stop the update once a minibatch's approx_kl > 1.5 * target_kl (SB3)
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
@@ -77,6 +78,8 @@ class GRPOConfig:
         for name in ("resample_rounds", "rollout_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
         if self.same_task_iters < 1:
             raise ValueError(f"same_task_iters must be >= 1, got {self.same_task_iters}")
 
@@ -228,6 +231,7 @@ def grpo_update(
     # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
     sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
+    stop = False
     for _ in range(config.n_epochs):
         for idx in minibatches(rows.numel(), config.batch_size, generator):
             mb = {k: v[idx].to(device) for k, v in data.items()}
@@ -244,6 +248,9 @@ def grpo_update(
                 config.dual_clip,
                 weights,
             )
+            if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
+                stop = True
+                break
             loss = pg_loss
             kl = torch.zeros(())
             if config.kl_beta > 0:
@@ -270,9 +277,16 @@ def grpo_update(
                 "grad_norm": grad_norm,
             }.items():
                 sums[key] = sums.get(key, 0.0) + value.detach()
+        if stop:
+            break
 
     metrics.update({key: float(value) / max(updates, 1) for key, value in sums.items()})
     metrics.update(
-        {"updates": float(updates), "skipped_updates": float(skipped), "samples": float(rows.numel())}
+        {
+            "updates": float(updates),
+            "skipped_updates": float(skipped),
+            "early_stop": float(stop),
+            "samples": float(rows.numel()),
+        }
     )
     return metrics
