@@ -16,6 +16,7 @@ import torch
 
 from trainers import checkpoint as ckpt
 from trainers.config import parse
+from trainers.grpo import GroupStarts, group_reset
 from trainers.grpo import train as grpo_train
 from trainers.metrics import read_metrics
 from trainers.ppo import PPOConfig
@@ -237,20 +238,20 @@ def test_grpo_lifts_cartpole(tmp_path):
 
 def test_group_reset_gives_each_group_one_start():
     env = gym.make_vec("CartPole-v1", 6, vectorization_mode="sync")
-    kwargs = grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=0)
+    kwargs = group_reset(env, 3, seed=0, iteration=5, rnd=0)
     obs, _ = env.reset(**kwargs)
     assert (
         np.array_equal(obs[0], obs[2])
         and np.array_equal(obs[3], obs[5])
         and not np.array_equal(obs[0], obs[3])
     )
-    assert kwargs == grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=0)  # a function of its inputs
-    assert kwargs != grpo_train.group_reset(env, 3, seed=0, iteration=5, rnd=1)
+    assert kwargs == group_reset(env, 3, seed=0, iteration=5, rnd=0)  # a function of its inputs
+    assert kwargs != group_reset(env, 3, seed=0, iteration=5, rnd=1)
 
     class WithFrames:
         num_envs, initial_frames = 4, list(range(50))
 
-    ids = grpo_train.group_reset(WithFrames(), 2, 0, 0, 0)["options"]["initial_frames"]
+    ids = group_reset(WithFrames(), 2, 0, 0, 0)["options"]["initial_frames"]
     assert ids[0] == ids[1] and ids[2] == ids[3] and all(0 <= i < 50 for i in ids)
 
 
@@ -339,17 +340,38 @@ def test_group_reset_keeps_each_groups_task_for_same_task_iters():
     tasks = [f"task{i // 10}" for i in range(30)]
     env, seen = WithTasks(), []
     for it in range(6):
-        ids = grpo_train.group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"][
-            "initial_frames"
-        ]
+        ids = group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"]["initial_frames"]
         assert ids[0::2] == ids[1::2]  # groups of 2 share a start
         seen.append([i // 10 for i in ids[0::2]])
     assert seen[0] == seen[1] == seen[2] and seen[3] == seen[4] == seen[5]
     # starts still vary inside the block, and every frame stays equally likely
     counts = np.zeros(30)
     for it in range(3000):
-        for i in grpo_train.group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"][
-            "initial_frames"
-        ]:
+        for i in group_reset(env, 2, 0, it, 0, same_task_iters=3, tasks=tasks)["options"]["initial_frames"]:
             counts[i] += 1
     assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+
+
+def test_informative_starts_favour_tasks_whose_groups_carried_signal():
+    class Frame:
+        def __init__(self, i):
+            self.task = f"task{i // 10}"
+
+    class WithTasks:
+        num_envs = 4
+        initial_frames = [Frame(i) for i in range(30)]  # three tasks of 10 frames
+
+    starts = GroupStarts(WithTasks(), 2, seed=0, weighting="informative")
+    seen = {"task0": 0, "task1": 0, "task2": 0}
+    for it in range(400):
+        ids = starts.reset_kwargs(it, 0)["options"]["initial_frames"]
+        groups = [f"task{i // 10}" for i in ids[0::2]]
+        for task in groups:
+            seen[task] += 1
+        starts.record(torch.tensor([task == "task1" for task in groups]))  # only task1 has signal
+    assert seen["task1"] > 3 * max(seen["task0"], seen["task2"])
+    restored = GroupStarts(WithTasks(), 2, seed=0, weighting="informative")
+    restored.load_state_dict(starts.state_dict())
+    assert restored.reset_kwargs(400, 0) == starts.reset_kwargs(400, 0)
+    with pytest.raises(ValueError, match="needs an env whose initial_frames say their task"):
+        GroupStarts(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), 2, 0, weighting="informative")

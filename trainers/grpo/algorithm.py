@@ -53,9 +53,11 @@ class GRPOConfig:
     score_high: float | None = None
     resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
     rollout_steps: int = 0  # policy steps per round; 0: until every env finished its episode
-    # groups keep their start's task for this many iterations (new starts within it): envs that
-    # rebuild a scene on a task switch (LIBERO) reset several times faster; 1: starts drawn freely
+    # where groups start (trainers/grpo/starts.py): groups keep their start's task for this many
+    # iterations (envs that rebuild a scene on a task switch, LIBERO, reset several times faster);
+    # "informative" draws tasks by the share of their groups that carried signal
     same_task_iters: int = 1
+    start_weighting: Literal["uniform", "informative"] = "uniform"
     n_epochs: int = 1
     batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
     target_kl: float | None = None  # stop the update once a minibatch's approx_kl > 1.5 * target_kl (SB3)
@@ -80,6 +82,10 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.target_kl is not None and self.target_kl <= 0:
             raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
+        if self.start_weighting not in ("uniform", "informative"):
+            raise ValueError(
+                f"start_weighting must be 'uniform' or 'informative', got {self.start_weighting!r}"
+            )
         if self.same_task_iters < 1:
             raise ValueError(f"same_task_iters must be >= 1, got {self.same_task_iters}")
 

@@ -6,18 +6,15 @@
 Each iteration is one round (or, with ``resample_rounds``, several) of group rollouts: the envs are
 reset so that every group of ``group_size`` consecutive envs starts from the same state, each env
 plays one episode (what follows its first done is masked), and ``grpo_update`` trains on
-group-normalized episode scores. Starts are drawn from ``(seed, iteration, round)`` alone, so a
-resumed run repeats exactly what the uninterrupted run would have done.
+group-normalized episode scores. Where groups start is ``trainers/grpo/starts.py``: a function of
+``(seed, iteration, round)`` and of checkpointed counts, so a resumed run repeats exactly what the
+uninterrupted run would have done.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
 
 from trainers.common import BadUpdateGuard
@@ -25,74 +22,19 @@ from trainers.config import parse_cli
 from trainers.grpo.algorithm import (
     GRPOConfig,
     episode_scores,
-    group_seeds,
     grpo_update,
     keep_groups,
     make_optimizer,
 )
+from trainers.grpo.starts import GroupStarts
 from trainers.rollout import Collector, Rollout, select_envs
 from trainers.run import Run, RunConfig
 
 MAX_ROUND_STEPS = 100_000  # policy steps of one round when rollout_steps = 0 (episodes must end)
 
 
-def group_reset(
-    env: gym.vector.VectorEnv,
-    group_size: int,
-    seed: int,
-    iteration: int,
-    rnd: int,
-    same_task_iters: int = 1,
-    tasks: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """``reset`` arguments that give each group of envs one common start.
-
-    Envs with an ``initial_frames`` set (this project's) get one frame id per group through the
-    ``initial_frames`` reset option; any other env gets one seed per group (``group_seeds``),
-    which gymnasium's Sync/Async vector envs pass to each sub-env. With ``same_task_iters = M > 1``
-    and ``tasks`` (the task of each frame, ``frame_tasks``) group g keeps one task for M
-    iterations, drawing a new start of that task each time: every frame stays equally likely,
-    and an env that must rebuild its scene on a task switch (LIBERO: 0.8 s instead of 0.14 s)
-    rarely does.
-    """
-    rng = np.random.default_rng([seed, iteration, rnd])
-    n = env.num_envs
-    frames = getattr(env, "initial_frames", None)
-    if frames is not None and len(frames) > 0:
-        num_groups = n // group_size
-        if same_task_iters > 1 and tasks is not None:
-            # the block's anchor frames fix each group's task; starts are drawn within it
-            anchors = np.random.default_rng([seed, iteration // same_task_iters, 1]).integers(
-                len(frames), size=num_groups
-            )
-            members: dict[str, list[int]] = {}
-            for i, task in enumerate(tasks):
-                members.setdefault(task, []).append(i)
-            pools = [members[tasks[a]] for a in anchors]
-            ids = np.array([pool[rng.integers(len(pool))] for pool in pools])
-        else:
-            ids = rng.integers(len(frames), size=num_groups)
-        ids = ids.repeat(group_size)
-        return {"seed": int(rng.integers(2**31)), "options": {"initial_frames": ids.tolist()}}
-    return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)}
-
-
-def frame_tasks(env: gym.vector.VectorEnv) -> list[str] | None:
-    """The task of every initial frame of ``env`` (``frame.task``), or None when it has no frames
-    or they do not say."""
-    frames = getattr(env, "initial_frames", None)
-    if not frames:
-        return None
-    tasks = [getattr(frames[i], "task", "") for i in range(len(frames))]
-    return tasks if all(tasks) else None
-
-
 def collect_groups(
-    collector: Collector,
-    config: GRPOConfig,
-    seed: int,
-    iteration: int,
-    tasks: Sequence[str] | None = None,
+    collector: Collector, config: GRPOConfig, starts: GroupStarts, iteration: int
 ) -> tuple[Rollout, int, list[dict[str, float]], dict[str, float]]:
     """One iteration's group rollouts, with DAPO resampling of groups that carry no signal.
 
@@ -107,7 +49,7 @@ def collect_groups(
     env_steps, episodes, first_kept = 0, [], float("nan")
     rounds = 0
     while True:
-        collector.reset(**group_reset(env, G, seed, iteration, rounds, config.same_task_iters, tasks))
+        collector.reset(**starts.reset_kwargs(iteration, rounds))
         rollout = collector.collect(steps, until_all_done=config.rollout_steps == 0)
         env_steps += int(rollout.valid.sum())
         first: dict[int, dict[str, float]] = {}
@@ -116,6 +58,7 @@ def collect_groups(
         episodes += list(first.values())
         scores = episode_scores(rollout.rewards, rollout.first_episode)
         keep = keep_groups(scores, G, config.score_low, config.score_high)
+        starts.record(keep)
         if rounds == 0:
             first_kept = keep.float().mean().item()
         if not config.dynamic_sampling or config.resample_rounds == 0:
@@ -148,21 +91,27 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
         ref_policy = None
         if config.kl_beta > 0:  # frozen copy of the initial policy (restored as such on resume)
             ref_policy = copy.deepcopy(policy).requires_grad_(False)
+        starts = GroupStarts(
+            env, config.group_size, run_config.seed, config.same_task_iters, config.start_weighting
+        )
         extra = run.restore(policy, optimizer, generators)
         if ref_policy is not None:
             ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
-            run.extra = {"ref_policy": ref_policy.state_dict()}  # checkpointed with the run
+        if "starts" in extra:
+            starts.load_state_dict(extra["starts"])
         guard = BadUpdateGuard(config.max_bad_updates)
         collector = Collector(env, policy, bootstrap="none", reset_finished=False)
-        tasks = frame_tasks(env) if config.same_task_iters > 1 else None
 
         while not run.finished:
             batch, env_steps, episodes, sampling = collect_groups(
-                collector, config, run_config.seed, run.counters["iteration"], tasks
+                collector, config, starts, run.counters["iteration"]
             )
             metrics = grpo_update(
                 policy, optimizer, batch, config, ref_policy=ref_policy, generator=shuffle, guard=guard
             )
+            run.extra = {"starts": starts.state_dict()}  # checkpointed with the run
+            if ref_policy is not None:
+                run.extra["ref_policy"] = ref_policy.state_dict()
             run.end_iteration(
                 env_steps, episodes, {**sampling, **{f"train/{k}": v for k, v in metrics.items()}}
             )

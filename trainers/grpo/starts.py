@@ -1,0 +1,141 @@
+"""Where GRPO's groups start: one common start per group of ``group_size`` consecutive envs.
+
+Envs with an ``initial_frames`` set (this project's) get one frame id per group through the
+``initial_frames`` reset option; any other env gets one seed per group (``group_seeds``), which
+gymnasium's Sync/Async vector envs pass to each sub-env. Starts are a function of (seed, iteration,
+round) and of the per-task counts below, which are checkpointed, so a resumed run draws what the
+uninterrupted run would have drawn.
+
+Two options need the task of each frame (``frame.task``):
+
+* ``same_task_iters = M > 1``: group g keeps one task for M iterations, with a new start of that
+  task each time. Every frame stays equally likely; an env that rebuilds its scene on a task switch
+  (LIBERO: 0.8 s instead of 0.14 s for a reset within the task) rarely has to.
+* ``weighting="informative"``: tasks are drawn in proportion to the share of their past groups that
+  carried signal (scores not all equal), Laplace-smoothed: ``(kept + 1) / (groups + 2)``. Starts
+  where the policy always succeeds or always fails then take fewer env steps. The weights change
+  at the start of each M-iteration block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from trainers.grpo.algorithm import group_seeds
+
+Weighting = Literal["uniform", "informative"]
+
+
+def frame_tasks(env: gym.vector.VectorEnv) -> list[str] | None:
+    """The task of every initial frame of ``env`` (``frame.task``), or None when it has no frames
+    or they do not say."""
+    frames = getattr(env, "initial_frames", None)
+    if not frames:
+        return None
+    tasks = [getattr(frames[i], "task", "") for i in range(len(frames))]
+    return tasks if all(tasks) else None
+
+
+def group_reset(
+    env: gym.vector.VectorEnv,
+    group_size: int,
+    seed: int,
+    iteration: int,
+    rnd: int,
+    same_task_iters: int = 1,
+    tasks: Sequence[str] | None = None,
+    task_weights: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """``reset`` arguments that give each group of envs one common start (module docstring).
+
+    ``tasks``: the task of each frame (``frame_tasks``), needed by ``same_task_iters > 1`` and
+    ``task_weights`` (task -> relative weight; default: each task in proportion to its frames).
+    """
+    rng = np.random.default_rng([seed, iteration, rnd])
+    n = env.num_envs
+    frames = getattr(env, "initial_frames", None)
+    if frames is None or len(frames) == 0:
+        return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)}
+    num_groups = n // group_size
+    if tasks is None or (same_task_iters == 1 and task_weights is None):
+        ids = rng.integers(len(frames), size=num_groups)
+    else:
+        pools: dict[str, list[int]] = {}
+        for i, task in enumerate(tasks):
+            pools.setdefault(task, []).append(i)
+        names = sorted(pools)
+        weights = np.array([len(pools[t]) * (task_weights or {}).get(t, 1.0) for t in names], float)
+        block = np.random.default_rng([seed, iteration // same_task_iters, 1])  # one task per block
+        chosen = block.choice(len(names), size=num_groups, p=weights / weights.sum())
+        ids = np.array([pools[names[c]][rng.integers(len(pools[names[c]]))] for c in chosen])
+    ids = ids.repeat(group_size)
+    return {"seed": int(rng.integers(2**31)), "options": {"initial_frames": ids.tolist()}}
+
+
+class GroupStarts:
+    """The starts of every round of a GRPO run, and the per-task counts that ``informative``
+    weighting draws from (``state_dict`` / ``load_state_dict`` for checkpoints)."""
+
+    def __init__(
+        self,
+        env: gym.vector.VectorEnv,
+        group_size: int,
+        seed: int,
+        same_task_iters: int = 1,
+        weighting: Weighting = "uniform",
+    ) -> None:
+        if weighting not in ("uniform", "informative"):
+            raise ValueError(f"start weighting must be 'uniform' or 'informative', got {weighting!r}")
+        self.env, self.group_size, self.seed = env, group_size, seed
+        self.same_task_iters, self.weighting = same_task_iters, weighting
+        needs_tasks = same_task_iters > 1 or weighting == "informative"
+        self.tasks = frame_tasks(env) if needs_tasks else None
+        if weighting == "informative" and self.tasks is None:
+            raise ValueError(
+                "start weighting 'informative' needs an env whose initial_frames say their task "
+                "(frame.task); use 'uniform'"
+            )
+        self.counts: dict[str, list[int]] = {}  # task -> [groups with signal, groups]
+        self._weights: dict[str, float] | None = None  # of the current block
+        self._block = -1
+        self._last_ids: list[int] | None = None
+
+    def reset_kwargs(self, iteration: int, rnd: int) -> dict[str, Any]:
+        """``reset`` arguments for round ``rnd`` of ``iteration``."""
+        if self.weighting == "informative" and iteration // self.same_task_iters != self._block:
+            self._block = iteration // self.same_task_iters
+            self._weights = {t: (k + 1) / (n + 2) for t, (k, n) in self.counts.items()}
+        kwargs = group_reset(
+            self.env,
+            self.group_size,
+            self.seed,
+            iteration,
+            rnd,
+            self.same_task_iters,
+            self.tasks,
+            self._weights,
+        )
+        self._last_ids = kwargs.get("options", {}).get("initial_frames")
+        return kwargs
+
+    def record(self, keep: torch.Tensor) -> None:
+        """Count the groups of the last round (``keep``: which carried signal) per task."""
+        if self.tasks is None or self._last_ids is None:
+            return
+        for g, kept in enumerate(keep.tolist()):
+            counts = self.counts.setdefault(self.tasks[self._last_ids[g * self.group_size]], [0, 0])
+            counts[0] += int(kept)
+            counts[1] += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        counts = {t: list(c) for t, c in self.counts.items()}
+        return {"counts": counts, "weights": self._weights, "block": self._block}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counts = {t: list(c) for t, c in state["counts"].items()}
+        self._weights, self._block = state["weights"], state["block"]
