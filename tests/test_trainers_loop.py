@@ -181,11 +181,14 @@ def test_grpo_killed_run_resumes_exactly(tmp_path, monkeypatch):
         "2",
         "--kl-beta",
         "0.05",
+        "--sil-coef",
+        "0.5",
     ]
     final = grpo_train.main(_grpo_args(tmp_path, "straight", *budget))
     straight = ckpt.latest_checkpoint(tmp_path / "straight")[1]
     n_iter = straight["counters"]["iteration"]
     assert n_iter >= 4 and math.isfinite(final["env/return"])
+    assert len(straight["extra"]["sil"]["valid"]) > 0 and final["train/sil_loss"] != 0
 
     # the same run, killed during iteration 4 (after the checkpoint of iteration 2)
     real_update, calls = grpo_train.grpo_update, []

@@ -597,3 +597,32 @@ def test_ppo_learns_cartpole():
         assert metrics["updates"] == config.n_epochs * math.ceil(metrics["samples"] / config.batch_size)
         lengths.append(episode_summary(ro.episodes)["length"])
     assert max(lengths[-2:]) > 2 * lengths[0], lengths
+
+
+def test_success_buffer_keeps_chosen_episodes_first_in_first_out():
+    from trainers.self_imitation import SuccessBuffer, imitation_nll
+
+    env = CountingVectorEnv(num_envs=4, chunk_size=4, autoreset_mode="Disabled")
+    policy = GaussianPolicy(env.single_observation_space, env.single_action_space, log_std_init=-1.0)
+    with torch.no_grad():
+        policy.mean_head.bias.fill_(1.0)
+    policy.seed(0)
+    col = Collector(env, policy, reset_finished=False)
+    col.reset(seed=0, options={"initial_frames": [0, 1, 4, 4]})  # goals 3, 4, 20, 20
+    ro = col.collect(5, until_all_done=True)
+    buf = SuccessBuffer(capacity=5)
+    assert buf.add(ro, torch.tensor([True, False, False, False])) == 1  # one chunk-step: 3 sub-steps
+    assert buf.valid.tolist() == [[True, True, True, False]]
+    assert buf.add(ro, torch.tensor([False, False, True, False])) == 3  # 10 sub-steps = 3 chunks
+    assert len(buf) == 4 and buf.valid.sum() == 13
+    buf.add(ro, torch.tensor([False, True, False, True]))  # 1 + 3 more: the 3 oldest are dropped
+    assert len(buf) == 5 and buf.valid[0].sum() == 2  # the last chunk of env 2 (10 = 4 + 4 + 2)
+    replay, valid = buf.sample(7, torch.Generator().manual_seed(0))
+    assert valid.shape == (7, 4) and all(v.shape[0] == 7 for v in replay.values())
+    nll = imitation_nll(policy.evaluate(replay).log_probs, valid)
+    assert nll.ndim == 0 and torch.isfinite(nll)
+    again = SuccessBuffer(5)
+    again.load_state_dict(buf.state_dict())
+    assert torch.equal(again.valid, buf.valid)
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        SuccessBuffer(0)

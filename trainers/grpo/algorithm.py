@@ -33,6 +33,7 @@ from trainers.common import (
 )
 from trainers.ppo.algorithm import policy_loss
 from trainers.rollout import Rollout
+from trainers.self_imitation import SuccessBuffer, imitation_nll
 
 
 @dataclass
@@ -48,6 +49,10 @@ class GRPOConfig:
     log_prob_level: LogProbLevel = "element"
     loss_agg: Literal["token_mean", "traj_mean"] = "token_mean"
     kl_beta: float = 0.0
+    # self-imitation (trainers/self_imitation.py): sil_coef x the NLL of buffered chunk-steps of
+    # episodes that beat their group's mean score, added to every minibatch's loss
+    sil_coef: float = 0.0
+    sil_capacity: int = 20_000  # chunk-steps kept (oldest dropped first)
     dynamic_sampling: bool = True  # mask groups whose scores are all equal
     score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
     score_high: float | None = None
@@ -80,6 +85,10 @@ class GRPOConfig:
         for name in ("resample_rounds", "rollout_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.sil_coef < 0 or self.sil_capacity < 1:
+            raise ValueError(
+                f"need sil_coef >= 0 and sil_capacity >= 1, got {self.sil_coef}, {self.sil_capacity}"
+            )
         if self.target_kl is not None and self.target_kl <= 0:
             raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
         if self.start_weighting not in ("uniform", "informative"):
@@ -176,11 +185,13 @@ def grpo_update(
     ref_policy: ActionChunkPolicy | None = None,
     generator: torch.Generator | None = None,
     guard: BadUpdateGuard | None = None,
+    sil: SuccessBuffer | None = None,
 ) -> dict[str, float]:
     """``n_epochs`` passes of minibatches of chunk-steps over a group rollout.
 
     Every element of env i's first episode gets env i's group advantage; groups dropped by dynamic
-    sampling and everything after the first done are masked out.
+    sampling and everything after the first done are masked out. With ``sil`` and ``sil_coef > 0``
+    each minibatch also imitates as many chunk-steps drawn from the buffer.
     """
     if config.kl_beta > 0 and ref_policy is None:
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
@@ -265,6 +276,12 @@ def grpo_update(
                 d = ref - new
                 kl = masked_mean(torch.exp(d) - d - 1.0, mask)  # k3 estimate of KL(pi || pi_ref)
                 loss = loss + config.kl_beta * kl
+            sil_loss = torch.zeros(())
+            if sil is not None and config.sil_coef > 0 and len(sil):
+                sil_replay, sil_valid = sil.sample(idx.numel(), generator)
+                sil_out = policy.evaluate({k: v.to(device) for k, v in sil_replay.items()})
+                sil_loss = imitation_nll(sil_out.log_probs, sil_valid.to(device))
+                loss = loss + config.sil_coef * sil_loss
             stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
             with torch.no_grad():  # logged only: GRPO has no entropy bonus
                 elem = out.entropy if out.entropy is not None else -out.log_probs
@@ -278,6 +295,7 @@ def grpo_update(
                 **stats,
                 "policy_loss": pg_loss,
                 "kl_ref": kl,
+                "sil_loss": sil_loss,
                 "entropy": entropy,
                 "loss": loss,
                 "grad_norm": grad_norm,

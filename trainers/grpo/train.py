@@ -29,6 +29,7 @@ from trainers.grpo.algorithm import (
 from trainers.grpo.starts import GroupStarts
 from trainers.rollout import Collector, Rollout, select_envs
 from trainers.run import Run, RunConfig
+from trainers.self_imitation import SuccessBuffer
 
 MAX_ROUND_STEPS = 100_000  # policy steps of one round when rollout_steps = 0 (episodes must end)
 
@@ -99,6 +100,9 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
             ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
         if "starts" in extra:
             starts.load_state_dict(extra["starts"])
+        sil = SuccessBuffer(config.sil_capacity) if config.sil_coef > 0 else None
+        if sil is not None and "sil" in extra:
+            sil.load_state_dict(extra["sil"])
         guard = BadUpdateGuard(config.max_bad_updates)
         collector = Collector(env, policy, bootstrap="none", reset_finished=False)
 
@@ -106,12 +110,26 @@ def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
             batch, env_steps, episodes, sampling = collect_groups(
                 collector, config, starts, run.counters["iteration"]
             )
+            if sil is not None:  # episodes that beat their group's mean score
+                scores = episode_scores(batch.rewards, batch.first_episode)
+                means = scores.reshape(-1, config.group_size).mean(1).repeat_interleave(config.group_size)
+                sampling["rollout/sil_added"] = float(sil.add(batch, scores > means + 1e-8))
+                sampling["rollout/sil_buffer"] = float(len(sil))
             metrics = grpo_update(
-                policy, optimizer, batch, config, ref_policy=ref_policy, generator=shuffle, guard=guard
+                policy,
+                optimizer,
+                batch,
+                config,
+                ref_policy=ref_policy,
+                generator=shuffle,
+                guard=guard,
+                sil=sil,
             )
             run.extra = {"starts": starts.state_dict()}  # checkpointed with the run
             if ref_policy is not None:
                 run.extra["ref_policy"] = ref_policy.state_dict()
+            if sil is not None:
+                run.extra["sil"] = sil.state_dict()
             run.end_iteration(
                 env_steps, episodes, {**sampling, **{f"train/{k}": v for k, v in metrics.items()}}
             )
