@@ -377,6 +377,12 @@ def test_grpo_target_kl_stops_the_update_early():
     assert m["early_stop"] == 0.0 and m["updates"] == 20
     with pytest.raises(ValueError, match="target_kl must be > 0"):
         GRPOConfig(target_kl=0.0)
+    # pg_coef 0 (and no self-imitation): nothing to minimize, the policy does not move
+    policy = TableBandit(8)
+    before = policy.logits.detach().clone()
+    off = GRPOConfig(group_size=4, learning_rate=0.5, weight_decay=0.0, pg_coef=0.0)
+    grpo_update(policy, grpo_optimizer(policy, off), ro, off)
+    assert torch.equal(policy.logits, before)
 
 
 def test_bad_updates_are_skipped_then_raise():

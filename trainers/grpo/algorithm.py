@@ -52,6 +52,9 @@ class GRPOConfig:
     # self-imitation (trainers/self_imitation.py): sil_coef x the NLL of buffered chunk-steps of
     # episodes that beat their group's mean score, added to every minibatch's loss
     sil_coef: float = 0.0
+    pg_coef: float = (
+        1.0  # weight of the clipped policy-gradient loss (0 with sil_coef > 0: self-imitation alone)
+    )
     sil_capacity: int = 20_000  # chunk-steps kept (oldest dropped first)
     dynamic_sampling: bool = True  # mask groups whose scores are all equal
     score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
@@ -85,6 +88,8 @@ class GRPOConfig:
         for name in ("resample_rounds", "rollout_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.pg_coef < 0:
+            raise ValueError(f"pg_coef must be >= 0, got {self.pg_coef}")
         if self.sil_coef < 0 or self.sil_capacity < 1:
             raise ValueError(
                 f"need sil_coef >= 0 and sil_capacity >= 1, got {self.sil_coef}, {self.sil_capacity}"
@@ -268,7 +273,7 @@ def grpo_update(
             if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
                 stop = True
                 break
-            loss = pg_loss
+            loss = config.pg_coef * pg_loss
             kl = torch.zeros(())
             if config.kl_beta > 0:
                 new, mask = to_level(out.log_probs, mb["valid"], config.log_prob_level)
