@@ -9,6 +9,11 @@ DAPO: asymmetric clip (``clip_low`` 0.2, ``clip_high`` 0.28), dynamic sampling (
 scores are all equal carry no signal: masked out, or reported by ``groups_to_resample`` so the
 caller can run them again), token-level loss averaging, no KL (``kl_beta`` 0; with > 0 a frozen
 reference policy adds the k3 estimate of KL(pi || pi_ref)).
+
+Beyond DAPO: ``target_kl`` ends an update early once a minibatch's approximate KL to the
+collecting policy passes 1.5x it (SB3's rule), and self-imitation (``sil_coef``) adds the NLL of
+buffered chunk-steps of episodes that beat their group's mean (``trainers/self_imitation.py``);
+``pg_coef`` weighs the clipped policy-gradient loss (0: self-imitation alone).
 """
 
 from __future__ import annotations
