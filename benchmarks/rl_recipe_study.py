@@ -6,6 +6,7 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe --seeds 0 1 2
     python -m benchmarks.rl_recipe_study --variants recipe --steps 2000 --eval-init-states 40  # smoke
     python -m benchmarks.rl_recipe_study --define '{"mine": {"grpo": {"learning_rate": 1e-3}}}'
+    python -m benchmarks.rl_recipe_study --variants recipe --steps 150000 --curve-every 8
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
@@ -15,8 +16,10 @@ policy starts at exactly its base's). One table: training budget and wall clock,
 during training (mean over the first and the last quarter of the iterations), held-out success
 before and after with 95% Wilson intervals, and the exact McNemar test on the pairs whose outcome
 changed. Plus ``learning_curves.png`` (sampled success per iteration, a moving mean over 5) and
-``rl_recipe_study.json``. A finished (variant, seed) keeps its ``result.json`` under ``--out`` and
-is reused when the study runs again (``--fresh`` retrains).
+``rl_recipe_study.json``. ``--curve-every N`` also has the run evaluate every held-out pair every N
+iterations (``held_out_curves.png``; the train minutes then include those evaluations). A finished
+(variant, seed) keeps its ``result.json`` under ``--out`` and is reused when the study runs again
+(``--fresh`` retrains).
 """
 
 from __future__ import annotations
@@ -48,19 +51,33 @@ def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, d
     return algo, run, {**recipe.get(algo, {}), **spec.get(algo, {})}
 
 
-def train_variant(algo: str, run: dict[str, Any], algo_settings: dict[str, Any], run_dir: Path) -> float:
-    """Train one variant into ``run_dir``; returns the wall-clock seconds."""
+def train_variant(
+    algo: str,
+    run: dict[str, Any],
+    algo_settings: dict[str, Any],
+    run_dir: Path,
+    held_out: tuple[dict[str, Any], int, int] | None = None,
+) -> float:
+    """Train one variant into ``run_dir``; returns the wall-clock seconds (evaluations included).
+
+    ``held_out = (env kwargs, pairs, every)``: the run itself evaluates every held-out pair every
+    ``every`` iterations and at the end (a held-out learning curve, in ``eval_episodes.jsonl``);
+    otherwise it does not evaluate."""
     from trainers.grpo.algorithm import GRPOConfig
     from trainers.grpo.train import train as train_grpo
     from trainers.ppo.algorithm import PPOConfig
     from trainers.ppo.train import train as train_ppo
     from trainers.run import RunConfig
 
+    evaluation: dict[str, Any] = {"eval_every": -1}  # evaluated by the caller, on every held-out pair
+    if held_out is not None:
+        kwargs, pairs, every = held_out
+        evaluation = {"eval_every": every, "eval_env_kwargs": kwargs, "eval_episodes": pairs}
     config = RunConfig(
         **{
             **run,
+            **evaluation,
             "run_dir": str(run_dir),
-            "eval_every": -1,  # evaluated here, on every held-out pair
             "eval_at_start": False,
             "video": False,
             "checkpoint_every": 0,
@@ -93,6 +110,17 @@ def evaluate_held_out(source: str | Path, env_id: str, env_kwargs: dict, num_env
     finally:
         env.close()
     return [{"frame": ep["frame"], "task": ep["task"], "success": bool(ep["success"])} for ep in episodes]
+
+
+def held_out_curve(run_dir: Path) -> dict[int, list[dict]]:
+    """The run's own held-out evaluations: env step -> episodes (frame, task, success)."""
+    by_step: dict[int, list[dict]] = {}
+    for line in (run_dir / "eval_episodes.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        by_step.setdefault(int(ep["env_step"]), []).append(
+            {"frame": ep["frame"], "task": ep["task"], "success": bool(ep["success"])}
+        )
+    return by_step
 
 
 def sampled_success(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -147,6 +175,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the recipe's)")
     parser.add_argument("--eval-init-states", type=int, nargs="+", default=None, help="default: the recipe's")
     parser.add_argument("--eval-envs", type=int, default=4)
+    parser.add_argument(
+        "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
+    )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
     parser.add_argument("--out", default="runs/benchmarks/rl_recipe_study")
     args = parser.parse_args(argv)
@@ -192,9 +223,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             algo, run, algo_settings = recipe_variant(recipe, variants[name])
             run.update(seed=seed, total_steps=args.steps or run["total_steps"])
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
-            wall = train_variant(algo, run, algo_settings, run_dir)
+            curve: dict[str, list] = {"env_steps": [], "success": []}
+            if args.curve_every > 0:
+                run["eval_num_envs"] = args.eval_envs
+                pairs = len(before["episodes"])
+                held_out = ({**eval_kwargs, "cameras": []}, pairs, args.curve_every)
+                wall = train_variant(algo, run, algo_settings, run_dir, held_out)
+                evals = held_out_curve(run_dir)
+                for step, episodes in sorted(evals.items()):
+                    curve["env_steps"].append(step)
+                    curve["success"].append(sum(ep["success"] for ep in episodes) / len(episodes))
+                after = evals[max(evals)]
+            else:
+                wall = train_variant(algo, run, algo_settings, run_dir)
+                after = evaluate_held_out(run_dir, env_id, eval_kwargs, args.eval_envs)
             _, data = latest_checkpoint(run_dir)
-            after = evaluate_held_out(run_dir, env_id, eval_kwargs, args.eval_envs)
             steps, success = sampled_success(run_dir)
             result = {
                 "variant": name,
@@ -205,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "env_steps": data["counters"]["env_steps"],
                 "train_wall_s": wall,
                 "curve": {"env_steps": steps, "sampled_success": success},
+                "held_out_curve": curve,
                 "after": after,
             }
             write_json(result_file, result)
@@ -235,6 +279,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     text = table(header, rows, title)
     print(text)
+    curves = {
+        f"{r['variant']} s{r['seed']}": (
+            [0, *r["held_out_curve"]["env_steps"]],
+            [before_rate["rate"], *r["held_out_curve"]["success"]],
+        )
+        for r in results
+        if r.get("held_out_curve", {}).get("env_steps")
+    }
+    if curves:
+        plot_lines(
+            out / "held_out_curves.png",
+            curves,
+            xlabel="env steps",
+            ylabel="held-out success (deterministic)",
+            title="RL recipe study: held-out evaluations during training",
+        )
+        for name, (x, y) in curves.items():
+            print(f"held-out curve {name}: " + ", ".join(f"{a}: {b:.2f}" for a, b in zip(x, y, strict=True)))
     if series:
         plot_lines(
             out / "learning_curves.png",

@@ -108,3 +108,42 @@ def test_vla_latency_times_both_policies_on_tiny_checkpoints(tmp_path, capsys):
     assert "VLA act latency" in capsys.readouterr().out
     if not torch.cuda.is_available():
         assert vla_latency.main(["--size", "real", "--device", "cpu"]) == []
+
+
+def _tiny_recipe(tmp_path: Path) -> Path:
+    """The main job's recipe cut down to one task, 2 envs and 40-step episodes."""
+    recipe = json.loads((CHECKPOINT.parent.parent / "configs" / "libero_spatial_grpo.json").read_text())
+    small = {"task_ids": [0], "max_episode_steps": 40}
+    run = recipe["run"]
+    run.update(num_envs=2, total_steps=60, init_policy=str(CHECKPOINT))
+    run["env_kwargs"] = {**run["env_kwargs"], **small, "init_states": [0, 1]}
+    run["eval_env_kwargs"] = {**run["eval_env_kwargs"], **small, "init_states": [40, 41]}
+    recipe["grpo"]["group_size"] = 2
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+@requires_libero
+def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
+    from benchmarks.rl_recipe_study import main
+
+    recipe, out = _tiny_recipe(tmp_path), tmp_path / "study"
+    args = ["--recipe", str(recipe), "--out", str(out), "--eval-envs", "2"]
+    extra = '{"small-lr": {"about": "a second variant", "grpo": {"learning_rate": 1e-6}}}'
+    summary = main([*args, "--variants", "recipe", "small-lr", "--define", extra, "--curve-every", "1"])
+    table = capsys.readouterr().out
+    assert "held-out before" in table and "McNemar p" in table and "small-lr" in table
+    rows = summary["results"]
+    assert [r["variant"] for r in rows] == ["recipe", "small-lr"]
+    for r in rows:
+        assert r["env_steps"] >= 60 and len(r["after"]) == 2 and r["before"]["trials"] == 2
+        assert r["held_out_curve"]["env_steps"]  # the run's own held-out evaluations
+        assert r["pairs"]["gained"] + r["pairs"]["lost"] <= 2
+    assert (out / "learning_curves.png").stat().st_size > 0
+    assert (out / "held_out_curves.png").stat().st_size > 0
+    # a finished (variant, seed) is reused, not retrained
+    stamp = (out / "recipe-s0" / "result.json").stat().st_mtime
+    again = main([*args, "--variants", "recipe"])
+    assert (out / "recipe-s0" / "result.json").stat().st_mtime == stamp
+    assert again["results"][0]["after"] == rows[0]["after"]
