@@ -35,8 +35,55 @@ from benchmarks.report import plot_lines, table, write_json
 from trainers.metrics import mcnemar_p, wilson_interval
 
 # name -> what it is, the algorithm, and the recipe settings it changes ("run" / algorithm sections)
+# (each names what it needs beyond the recipe, so a later recipe change does not silently change it)
+_EXPLORE = {"log_std_bounds": [-20.0, -1.5], "noise_dims": [0, 1, 2, 5, 6]}  # rotations held still
+_PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coef": 0.0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
+    "recipe-long": {
+        "about": "the recipe for 100k env steps (with --curve-every: where the gain goes)",
+        "run": {"total_steps": 100_000},
+    },
+    "grpo-clone-std": {
+        "about": "plain GRPO, noise on every dim, std in [e^-3, e^-1.5], lr 3e-5, 2 epochs, 50k steps",
+        "run": {"total_steps": 50_000, "policy_kwargs": {"log_std_bounds": [-3.0, -1.5], "noise_dims": None}},
+        "grpo": _PLAIN_GRPO,
+    },
+    "grpo-explore-lr1e-4": {
+        "about": "plain GRPO, no noise on the held-still rotations, std <= e^-1.5, lr 1e-4, 50k steps",
+        "run": {"total_steps": 50_000, "policy_kwargs": _EXPLORE},
+        "grpo": {**_PLAIN_GRPO, "learning_rate": 1e-4},
+    },
+    "residual-lr3e-4": {
+        "about": "residual MLP over the frozen clone, same noise, plain GRPO, lr 3e-4, 50k steps",
+        "run": {"total_steps": 50_000, "policy": "residual", "policy_kwargs": _EXPLORE},
+        "grpo": {**_PLAIN_GRPO, "learning_rate": 3e-4},
+    },
+    "ppo-critic-warmup": {
+        "about": "PPO + critic (3 warm-up iterations), chunk-level GAE, lr 1e-4, 50k steps",
+        "algo": "ppo",
+        "run": {"total_steps": 50_000, "policy_kwargs": _EXPLORE},
+        "ppo": {
+            "n_steps": 16,
+            "batch_size": 64,
+            "n_epochs": 4,
+            "learning_rate": 1e-4,
+            "time_unit": "chunk",
+            "log_prob_level": "element",
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "critic_warmup_iters": 3,
+        },  # fmt: skip
+    },
+    "grpo-sil-50k": {
+        "about": "the recipe's settings (target_kl 0.02, 4 epochs, self-imitation 1.0) for 50k steps",
+        "run": {"total_steps": 50_000},
+    },
+    "sil-only": {
+        "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",
+        "run": {"total_steps": 50_000},
+        "grpo": {"learning_rate": 1e-4, "target_kl": 0.05, "pg_coef": 0.0},
+    },
 }
 
 
@@ -92,6 +139,25 @@ def train_variant(
     else:
         raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo' or 'ppo'")
     return time.perf_counter() - t0
+
+
+def ran_with(run_dir: Path, algo: str, run: dict[str, Any], algo_settings: dict[str, Any]) -> bool:
+    """Whether the run in ``run_dir`` used these settings (its ``config.json``; evaluation and
+    checkpoint settings, which the study sets itself, are not compared)."""
+    config = _set(json.loads((run_dir / "config.json").read_text()))
+    if algo not in config:
+        return False
+    skip = {"run_dir", "video", "checkpoint_every", "resume"}
+    return all(config[algo].get(k) == v for k, v in _set(algo_settings).items()) and all(
+        config["run"].get(k) == v for k, v in _set(run).items() if k not in skip and not k.startswith("eval")
+    )
+
+
+def _set(value: Any) -> Any:
+    """``value`` with the None entries of its dicts left out (None means "the default")."""
+    if isinstance(value, dict):
+        return {k: _set(v) for k, v in value.items() if v is not None}
+    return [_set(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def evaluate_held_out(source: str | Path, env_id: str, env_kwargs: dict, num_envs: int) -> list[dict]:
@@ -217,11 +283,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in args.seeds:
             run_dir = out / f"{name}-s{seed}"
             result_file = run_dir / "result.json"
-            if result_file.exists() and not args.fresh:
-                results.append(json.loads(result_file.read_text()))
-                continue
             algo, run, algo_settings = recipe_variant(recipe, variants[name])
             run.update(seed=seed, total_steps=args.steps or run["total_steps"])
+            if result_file.exists() and not args.fresh:
+                if ran_with(run_dir, algo, run, algo_settings):
+                    results.append(json.loads(result_file.read_text()))
+                    continue
+                print(f"{run_dir} was trained with other settings: training it again")
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
             curve: dict[str, list] = {"env_steps": [], "success": []}
             if args.curve_every > 0:
