@@ -3,7 +3,8 @@ with q01/q99 statistics.
 
 Tokens here are positions in OpenVLA's 256-wide action slice of the vocabulary: token ``j`` is
 vocabulary id ``vocab_size - n_bins + j`` (31744 + j for LLaMA-2's 32000). The formulas are
-OpenVLA's (policies_trainers.md §1.2, §1.5)::
+OpenVLA's (Kim et al., 2024; ``ActionTokenizer`` in openvla's
+``prismatic/vla/action_tokenizer.py`` and ``predict_action``'s un-normalization)::
 
     bins = linspace(-1, 1, n_bins);  centers = (bins[:-1] + bins[1:]) / 2        # n_bins - 1 centers
     token -> a_norm:  centers[clip(n_bins - 1 - j, 0, n_bins - 2)]              # j = 0 and 1 share a center

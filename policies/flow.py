@@ -1,4 +1,6 @@
-"""pi0-like flow-matching policy with stochastic denoising steps (policies_trainers.md §2.1-2.2).
+"""pi0-like flow-matching policy with stochastic denoising steps: pi0's flow matching (Black et al.,
+2024), sampled with the SDE of Flow-GRPO (Liu et al., 2025), coefficients-preserving sampling (CPS,
+Wang et al., 2025) or a learned noise head (RLinf's pi0 RL, 2025).
 
 Time runs from t = 1 (noise) to t = 0 (action) on the grid ``t_i = linspace(1, 1/N, N)``, then
 ``t_N = 0``; ``Delta = 1/N``. A velocity MLP ``v(x_t, t, obs)`` gives

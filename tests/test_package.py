@@ -1,8 +1,11 @@
-"""Package-level rules: cheap imports and the dependency direction of DESIGN.md."""
+"""Package-level rules: cheap imports and the dependency direction between the packages
+(README, "Layout"): ``trainers`` never imports ``envs``; ``envs`` never imports ``policies`` or
+``trainers``; ``nets`` imports none of ``envs``, ``policies``, ``trainers``."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,15 @@ from pathlib import Path
 import gymnasium as gym
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"envs": {"policies", "trainers"}, "policies": {"envs", "trainers"}, "trainers": {"envs"}}
+FORBIDDEN = {
+    "envs": {"policies", "trainers"},
+    "policies": {"envs", "trainers"},
+    "trainers": {"envs"},
+    "nets": {"envs", "policies", "trainers"},
+}
+# "package.module:attr", the form entry points and registries load by name
+ENTRY_POINT = re.compile(r"([A-Za-z_]\w*)(\.[A-Za-z_]\w*)*:[A-Za-z_][\w.]*")
+IMPORT_BY_NAME = {"import_module", "__import__", "find_spec"}
 
 
 def _imported_packages(path: Path) -> set[str]:
@@ -21,6 +32,14 @@ def _imported_packages(path: Path) -> set[str]:
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in IMPORT_BY_NAME and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value.split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if ENTRY_POINT.fullmatch(node.value):
+                names.add(node.value.split(":")[0].split(".")[0])
     return names
 
 
@@ -29,6 +48,15 @@ def test_dependency_direction():
         for path in (ROOT / package).rglob("*.py"):
             bad = _imported_packages(path) & forbidden
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_dependency_check_sees_imports_by_name(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import importlib\nimportlib.import_module('trainers.run')\n"
+        "SPEC = 'policies.gaussian:GaussianPolicy'\nNOT_A_MODULE = 'envs:Libero-Spatial-v0'\n"
+    )
+    assert _imported_packages(module) == {"importlib", "trainers", "policies"}
 
 
 def test_import_envs_is_cheap_and_registers_every_id():

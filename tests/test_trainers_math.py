@@ -70,7 +70,7 @@ def make_rollout(rewards, valid=None, values=None, terminated=None, truncated=No
 
 # ---------------------------------------------------------------------- GAE
 def test_gae_reference_vector():
-    # research notes 4.3: the episode ends after step 2; V_5 = 0.6 bootstraps the open end
+    # worked by hand: the episode ends after step 2; V_5 = 0.6 bootstraps the open end
     r = torch.tensor([0.0, 0, 1, 0, 0])[:, None]
     v = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])[:, None]
     d = torch.tensor([0, 0, 1, 0, 0], dtype=torch.bool)[:, None]

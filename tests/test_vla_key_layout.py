@@ -18,7 +18,7 @@ model never calls (and conversions never fill); the expert's adaRMS norms have o
 Cosmos Policy (``nvidia/Cosmos-Policy-LIBERO-Predict2-2B``): the unmodified Cosmos-Predict2-2B
 Video2World DiT (``MinimalV1LVGDiT``: 2048 channels, 28 blocks, 16 heads, 1x2x2 patches of 16 + 2
 mask channels, AdaLN-LoRA 256, T5 1024-d cross-attention), its ``net.*`` keys as listed for that
-checkpoint family (the world models' research notes, without the action MLPs).
+checkpoint family (the same names as the Cosmos-Predict2 world model's DiT, without the action MLPs).
 
 Repeated blocks are written once with ``{i}``.
 """

@@ -2,7 +2,7 @@
 
 One forward pass scores all K*D action elements of a chunk over the 256 action-bin tokens (the
 top 256 ids of the text vocabulary). Sampling, log-probs, top-k and the bin/un-normalization math are
-``policies.binned``'s, shared with the small ``BinnedPolicy`` (policies_trainers.md §1.2-1.5):
+``policies.binned``'s (OpenVLA's), shared with the small ``BinnedPolicy``:
 
     p = softmax(top_k(logits[bins] / T));   token ~ p;   log-prob = log p[token]   (E = D per step)
     action = unnormalize(bin_center(token), q01, q99, mask);   LIBERO gripper: -sign(2 g - 1)
