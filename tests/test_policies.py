@@ -402,7 +402,7 @@ def test_binned_policy_actions_temperature_and_top_k():
 
 
 # ---------------------------------------------------------------------------------- flow
-# per step: SDE noise levels s_i, SDE stds and CPS stds, worked by hand from policies/flow.py's formulas (a = 0.5)
+# per step: SDE noise levels, SDE stds and CPS stds, worked by hand from policies/flow.py (a = 0.5)
 FLOW_TABLE = {
     5: (
         [1.118, 1.0, 0.6124, 0.4082, 0.25],

@@ -78,6 +78,37 @@ def test_flags_config_file_and_types(tmp_path):
         PPOConfig(time_unit="episode")
 
 
+def test_help_shows_each_fields_comment(capsys):
+    from dataclasses import dataclass
+
+    from trainers.config import field_comments
+
+    @dataclass
+    class Example:
+        # the comment block above a field
+        # is its help
+        a: int = 1
+        b: float = 0.5  # 50% of the end-of-line comment
+        c: str = "x"
+        # a comment above
+        d: int = 2  # its own comment wins
+        # -- a section title
+        e: int = 3
+
+    assert field_comments(Example) == {
+        "a": "the comment block above a field is its help",
+        "b": "50% of the end-of-line comment",
+        "d": "its own comment wins",
+    }
+    with pytest.raises(SystemExit):
+        parse({"run": RunConfig, "ppo": PPOConfig}, ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--total-steps TOTAL_STEPS env steps (executed sub-steps, summed over envs) (default: 100000)" in text
+    )
+    assert "--n-steps N_STEPS policy steps per env per rollout (default: 2048)" in text
+
+
 # ---------------------------------------------------------------------- PPO
 def _ppo_args(tmp_path, *extra):
     return [

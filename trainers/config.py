@@ -3,16 +3,24 @@
 Every field of the given dataclasses becomes a flag (``n_steps`` -> ``--n-steps``) typed from its
 annotation: ``int``, ``float``, ``str``, ``bool`` (``--flag`` / ``--no-flag``), ``X | None`` (the
 word ``none`` gives None), ``Literal[...]`` (choices), ``dict`` (a JSON object) and
-``tuple[...]``/``list[...]`` (a JSON list). ``--config FILE.json`` sets defaults from a file
-written by ``save_config``; flags given on the command line override it.
+``tuple[...]``/``list[...]`` (a JSON list). A field's comment in its dataclass (at the end of its
+line, else the comment lines right above it; ``# -- title`` lines are section titles) is its flag's
+``--help`` text. ``--config FILE.json`` sets defaults from
+a file written by ``save_config``; flags given on the command line override it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import io
 import json
 import sys
+import textwrap
+import tokenize
 import types
 import typing
 from collections.abc import Collection
@@ -51,26 +59,55 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
     raise TypeError(f"no command-line parser for the annotation {annotation!r}")
 
 
+@functools.cache
+def field_comments(cls: type) -> dict[str, str]:
+    """Field name -> its comments in the class source: the comment lines right above the field
+    and the comments on its own lines (empty when the source is not available)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, str] = {}  # line -> comment text
+    code_lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            comments[tok.start[0]] = "" if text.startswith("--") else text  # "# -- title": a section
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            code_lines.update(range(tok.start[0], tok.end[0] + 1))
+    body = ast.parse(source).body[0]
+    out = {}
+    for node in getattr(body, "body", []):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above, line = [], node.lineno - 1
+        while comments.get(line) and line not in code_lines:  # a comment block right above
+            above.insert(0, comments[line])
+            line -= 1
+        own = [comments[i] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1) if i in comments]
+        text = " ".join(own or above)  # a field's own comment wins over a section comment above it
+        if text:
+            out[node.target.id] = text
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
     """Add one flag per field of the dataclass ``cls`` (flag names must be unique in the parser)."""
     group = parser.add_argument_group(title or cls.__name__)
     hints = typing.get_type_hints(cls)
+    about = field_comments(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        text = f"{about[f.name]} " if f.name in about else ""
+        text = f"{text}(default: {default})".replace("%", "%%")  # argparse formats help with %
         if hints[f.name] is bool:
             group.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=f"(default: {default})",
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
             )
             continue
         convert, extra = _parser_for(hints[f.name])
-        group.add_argument(
-            flag, dest=f.name, type=convert, default=argparse.SUPPRESS, help=f"(default: {default})", **extra
-        )
+        group.add_argument(flag, dest=f.name, type=convert, default=argparse.SUPPRESS, help=text, **extra)
 
 
 def build(cls: type[T], values: dict[str, Any]) -> T:

@@ -43,7 +43,7 @@ from trainers.rollout import Bootstrap, Rollout
 class PPOConfig:
     """PPO hyperparameters. Defaults = Stable-Baselines3 2.9 ``PPO`` when K = 1."""
 
-    # rollout and optimisation
+    # -- rollout and optimisation
     n_steps: int = 2048  # policy steps per env per rollout
     batch_size: int = 64  # chunk-steps per minibatch
     n_epochs: int = 10
@@ -54,20 +54,20 @@ class PPOConfig:
     # linear: value * (fraction of the step budget left after this rollout), as SB3's "lin_" schedules
     lr_schedule: Literal["constant", "linear"] = "constant"
     clip_schedule: Literal["constant", "linear"] = "constant"
-    # advantages
+    # -- advantages
     gamma: float = 0.99
     gae_lambda: float = 0.95
     time_unit: Literal["step", "chunk"] = "step"  # discount per sub-step, or per chunk (SMDP)
     bootstrap: Bootstrap = "truncated"  # which ended episodes add gamma * V(final obs)
     adv_norm: Literal["minibatch", "global", "none"] = "minibatch"
     adv_norm_eps: float = 1e-8
-    # policy loss
+    # -- policy loss
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None  # c > 1 caps the loss of A < 0 samples at c |A|
     log_prob_level: LogProbLevel = "chunk"  # "chunk" = SB3's sum over action dims when K = 1
     ent_coef: float = 0.0
-    # value loss
+    # -- value loss
     value_loss: Literal["mse", "huber"] = "mse"
     huber_delta: float = 10.0
     clip_value: float | None = None  # clip V around the rollout's V (max of both losses)
