@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.report import write_json
 from envs.core.frames import InitialFrame
-from envs.world_models.base import WorldModelVectorEnv
+from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
 

@@ -6,9 +6,9 @@ pi0-style flow matching). The VLAs themselves live in ``policies.openvla_oft`` a
 from .base import ActionChunk, ActionChunkPolicy, PolicyEval
 from .binned import BinnedPolicy
 from .categorical import CategoricalPolicy
-from .common import TorsoPolicy
 from .flow import FlowPolicy
 from .gaussian import GaussianPolicy
+from .torso_policy import TorsoPolicy
 from .torsos import ImageEncoder, InstructionEmbedding, Torso, make_torso
 
 __all__ = [

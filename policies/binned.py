@@ -23,7 +23,7 @@ from gymnasium import spaces
 from torch import nn
 
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
-from .common import TorsoPolicy, box_bounds, box_chunk_shape
+from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 
 
 def bin_edges(n_bins: int = 256) -> torch.Tensor:

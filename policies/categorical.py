@@ -18,7 +18,7 @@ from gymnasium import spaces
 from torch import nn
 
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
-from .common import TorsoPolicy
+from .torso_policy import TorsoPolicy
 
 
 class CategoricalPolicy(TorsoPolicy):

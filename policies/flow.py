@@ -34,7 +34,7 @@ from gymnasium import spaces
 from torch import nn
 
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
-from .common import TorsoPolicy, box_bounds, box_chunk_shape
+from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 from .torsos import mlp
 
 NOISE_METHODS = ("flow_ode", "flow_sde", "flow_cps", "flow_noise")

@@ -24,7 +24,7 @@ from gymnasium import spaces
 from torch import nn
 
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
-from .common import TorsoPolicy, box_bounds, box_chunk_shape
+from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 BC_EDGE = 1e-3  # squashed BC: demonstrated actions are pulled this far inside the bounds (finite atanh)

@@ -38,9 +38,9 @@ from gymnasium import spaces
 from nets.cosmos_sampler import SIGMA_MAX, karras_sigmas, rf_x0, step_2ab
 
 from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
-from ..common import box_chunk_shape
 from ..images import resize_images
 from ..pretrained import check_observation_space, find_checkpoint, require_vla_extra, resolve_dtype
+from ..torso_policy import box_chunk_shape
 from . import layout
 from .checkpoint import load_stats, load_t5_embeddings, locate
 

@@ -20,8 +20,8 @@ import torch
 from gymnasium import spaces
 
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
-from policies.common import box_chunk_shape
 from policies.libero_expert.machine import PickPlaceMachine
+from policies.torso_policy import box_chunk_shape
 
 TASK_STATE_FIELDS: tuple[tuple[str, int], ...] = (
     ("supported", 1),

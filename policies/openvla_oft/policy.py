@@ -23,7 +23,6 @@ from gymnasium import spaces
 
 from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
 from ..binned import tempered_log_softmax, tokens_to_normalized, unnormalize
-from ..common import box_chunk_shape
 from ..heads import ValueHead
 from ..images import resize_images
 from ..pretrained import (
@@ -36,6 +35,7 @@ from ..pretrained import (
     require_vla_extra,
     resolve_dtype,
 )
+from ..torso_policy import box_chunk_shape
 from .config import OpenVLAConfig, action_stats
 from .modeling import OpenVLAModel
 

@@ -22,7 +22,6 @@ import torch
 from gymnasium import spaces
 
 from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
-from ..common import box_chunk_shape
 from ..flow import (
     NOISE_METHODS,
     denoise_indices,
@@ -44,6 +43,7 @@ from ..pretrained import (
     require_vla_extra,
     resolve_dtype,
 )
+from ..torso_policy import box_chunk_shape
 from ..torsos import mlp
 from .config import Pi05Config, find_norm_stats, load_norm_stats
 from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys

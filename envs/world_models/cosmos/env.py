@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from envs.world_models.base import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
+from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 
 BUNDLES = {"spatial": COSMOS_LIBERO_SPATIAL}
 SIM_IDS = {"spatial": "Libero-Spatial-v0"}

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from envs.world_models.base import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 from envs.world_models.bundles import OPENSORA_LIBERO_OBJECT, OPENSORA_LIBERO_SPATIAL, find_bundle
+from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 
 BUNDLES = {"spatial": OPENSORA_LIBERO_SPATIAL, "object": OPENSORA_LIBERO_OBJECT}
 SIM_IDS = {"spatial": "Libero-Spatial-v0", "object": "Libero-Object-v0"}
