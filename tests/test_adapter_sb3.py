@@ -141,3 +141,32 @@ def test_ppo_runs_on_libero_through_the_adapter():
         model.num_timesteps == 128 and len(model.ep_info_buffer) == 2
     )  # 64 steps per env: one 40-step episode each
     venv.close()
+
+
+@requires_libero
+@pytest.mark.parametrize("mode", ["drop", "encode"])
+def test_one_env_view_passes_sb3s_and_torchrls_checkers(mode):
+    """``gym.make`` LIBERO has a Text instruction, which SB3 rejects; ``TextObservation`` fixes it."""
+    from stable_baselines3.common.env_checker import check_env
+
+    from envs.adapters.text import TextObservation
+
+    env = gym.make("Libero-Spatial-v0", cameras=(), chunk_size=None, task_state=True)
+    with pytest.raises(Exception, match="instruction"):  # SB3 has no Text spaces
+        check_env(env, warn=False)
+    wrapped = TextObservation(env, mode, length=64)
+    check_env(wrapped, warn=False, skip_render_check=True)
+    raw, _ = env.reset(seed=0)
+    obs, _ = wrapped.reset(seed=0)
+    assert ("instruction" in obs) == (mode == "encode")
+    np.testing.assert_array_equal(obs["task_state"], raw["task_state"])
+    if mode == "encode":
+        assert bytes(obs["instruction"]).rstrip(b"\0") == raw["instruction"].encode()[:64]
+        pytest.importorskip("torchrl")
+        from torchrl.envs import GymWrapper
+        from torchrl.envs.utils import check_env_specs
+
+        check_env_specs(GymWrapper(wrapped))
+    with pytest.raises(ValueError, match="text mode must be one of"):
+        TextObservation(env, "keep")
+    wrapped.close()

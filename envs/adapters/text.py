@@ -4,13 +4,17 @@ Stable-Baselines3 and TorchRL only take array observations: a tuple of strings c
 into a tensor. ``TextObservations`` removes the ``Text`` keys of a ``Dict`` observation
 (``mode="drop"``) or turns each into a ``Box(0, 255, (length,), uint8)`` of UTF-8 byte codes,
 zero-padded and cut at ``length`` bytes (``mode="encode"``). It works in every autoreset mode and
-converts ``info["final_obs"]`` rows too (SAME_STEP).
+converts ``info["final_obs"]`` rows too (SAME_STEP). ``TextObservation`` does the same for one env
+(``gym.make``), e.g. for SB3's ``check_env`` and ``make_vec_env``::
+
+    env = TextObservation(gym.make("Libero-Spatial-v0", cameras=(), chunk_size=None), "encode")
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
@@ -34,6 +38,44 @@ def encode_text(text: str, length: int) -> np.ndarray:
     return codes
 
 
+def without_text(space: spaces.Dict, mode: str, length: int) -> spaces.Dict:
+    """``space`` with its ``Text`` keys dropped or turned into ``Box(0, 255, (length,), uint8)``."""
+    if mode not in TEXT_MODES:
+        raise ValueError(f"text mode must be one of {TEXT_MODES}, got {mode!r}")
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"text length must be a positive int, got {length!r}")
+    keys = text_keys(space)
+    parts = {k: s for k, s in space.spaces.items() if k not in keys}
+    if mode == "encode":
+        parts.update({k: spaces.Box(0, 255, (length,), np.uint8) for k in keys})
+    return spaces.Dict(parts)
+
+
+class TextObservation(gym.ObservationWrapper):
+    """One env whose ``Text`` observation keys are dropped or encoded (``TextObservations``'s
+    conversion for ``gym.make`` envs).
+
+    Args:
+        env: a gymnasium env with a ``Dict`` observation space.
+        mode: ``"drop"`` (remove the keys) or ``"encode"`` (``uint8`` byte codes).
+        length: bytes kept per text when encoding.
+    """
+
+    def __init__(self, env: gym.Env, mode: str = "drop", length: int = 128):
+        if not isinstance(env.observation_space, spaces.Dict):
+            raise ValueError(f"TextObservation needs a Dict observation space, got {env.observation_space}")
+        super().__init__(env)
+        self.mode, self.length = mode, length
+        self.keys = text_keys(env.observation_space)
+        self.observation_space = without_text(env.observation_space, mode, length)
+
+    def observation(self, observation: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in observation.items() if k not in self.keys}
+        if self.mode == "encode":
+            out.update({k: encode_text(observation[k], self.length) for k in self.keys})
+        return out
+
+
 class TextObservations(VectorWrapper):
     """A vector env whose ``Text`` observation keys are dropped or encoded as byte arrays.
 
@@ -44,17 +86,11 @@ class TextObservations(VectorWrapper):
     """
 
     def __init__(self, env: VectorEnv, mode: str = "drop", length: int = 128):
-        if mode not in TEXT_MODES:
-            raise ValueError(f"TextObservations: mode must be one of {TEXT_MODES}, got {mode!r}")
-        if length < 1:
-            raise ValueError(f"TextObservations: length must be a positive int, got {length!r}")
+        single = without_text(env.single_observation_space, mode, length)
         super().__init__(env)
         self.mode, self.length = mode, length
         self.keys = text_keys(env.single_observation_space)
-        parts = {k: s for k, s in env.single_observation_space.spaces.items() if k not in self.keys}
-        if mode == "encode":
-            parts.update({k: spaces.Box(0, 255, (length,), np.uint8) for k in self.keys})
-        self.single_observation_space = spaces.Dict(parts)
+        self.single_observation_space = single
         self.observation_space = batch_space(self.single_observation_space, env.num_envs)
         # TorchRL reads the mode as an attribute; wrappers do not forward attributes.
         mode_ = getattr(env, "autoreset_mode", None) or env.metadata.get("autoreset_mode")
