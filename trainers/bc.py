@@ -28,6 +28,7 @@ from policies.base import ActionChunkPolicy
 from trainers.common import BadUpdateGuard, step_optimizer
 from trainers.config import parse_cli
 from trainers.demos import Demos, read_demos
+from trainers.env_contract import chunk_size
 from trainers.run import Run, RunConfig, make_vec_env
 
 
@@ -104,8 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     env.close()
     obs_space = env.single_observation_space
     obs_keys = list(getattr(obs_space, "spaces", {"obs": obs_space}))
-    act_space = env.single_action_space
-    k = act_space.shape[0] if len(act_space.shape) == 2 else 1
+    k = chunk_size(env) or 1
     train = train_demos.chunks(obs_keys, k)
     val = val_demos.chunks(obs_keys, k) if val_demos is not None else None
     sub_steps = int(train["valid"].sum())

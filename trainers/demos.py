@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunkPolicy
+from trainers.env_contract import chunk_detail, episode_stats, episode_success, initial_frames, start_options
 
 FORMAT, VERSION = "vla-gym-demos", 1
 
@@ -215,7 +216,7 @@ def collect_episodes(
     """
     n = env.num_envs
     space = env.single_action_space
-    frames = getattr(env, "initial_frames", None)
+    frames = initial_frames(env)
     order = None
     if frame_ids is not None:
         if not frames:
@@ -228,7 +229,7 @@ def collect_episodes(
         ids = None
         if order is not None:
             ids = [int(order[(rnd * n + i) % len(order)]) for i in range(n)]
-            obs, _ = env.reset(seed=seed + rnd, options={"initial_frames": ids})
+            obs, _ = env.reset(seed=seed + rnd, options=start_options(ids))
         else:
             obs, _ = env.reset(seed=seed + rnd)
         steps: list[tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]] = []
@@ -253,16 +254,12 @@ def collect_episodes(
             )
             obs, reward, term, trunc, info = env.step(env_actions)
             k = chunk.shape[1] if chunk.ndim == 3 else 1
-            valid = np.asarray(info.get("chunk_valid", np.ones((n, k), bool)), bool).reshape(n, -1)
-            rewards = np.asarray(
-                info.get("chunk_rewards", np.asarray(reward, np.float32)[:, None]), np.float32
-            )
-            steps.append((arrays, actions.reshape(n, k, -1), valid, rewards.reshape(n, -1)))
+            rewards, valid = chunk_detail(info, reward, n, k)
+            steps.append((arrays, actions.reshape(n, k, -1), valid, rewards))
             done = (np.asarray(term) | np.asarray(trunc)) & ~ended
-            stats = info.get("episode", {})
+            stats = episode_stats(info)
             for i in np.flatnonzero(done):
-                reported = "success" in stats and info.get("_episode", np.ones(n, bool))[i]
-                success[i] = bool(stats["success"][i]) if reported else bool(term[i])
+                success[i] = episode_success(stats.get(int(i), {}), term[i])
                 end_step[i] = len(steps)
             ended |= done
         for i in range(n):

@@ -13,6 +13,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunkPolicy
+from trainers.env_contract import initial_frames, start_options
 from trainers.rollout import Collector, episode_summary
 
 MAX_VIDEO_ENVS = 8  # envs shown in the eval video: one row of up to 4, two rows beyond that
@@ -57,7 +58,7 @@ def evaluate_episodes(
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
-    frames = getattr(env, "initial_frames", None) or None
+    frames = initial_frames(env)
     if frame_ids is None and frames is not None:
         order = np.random.default_rng(seed).permutation(len(frames))
         frame_ids = [int(order[i % len(order)]) for i in range(num_episodes)]
@@ -103,7 +104,7 @@ def _refill(
     playing = [ids[i % len(ids)] for i in range(n)]  # more envs than frames: the extra ones idle
     busy = np.arange(n) < len(ids)
     queue = ids[n:]
-    collector.reset(seed=seed, options={"initial_frames": playing})
+    collector.reset(seed=seed, options=start_options(playing))
     if recorder is not None:
         recorder.start(min(n, len(ids)))
     steps = np.zeros(n, np.int64)
@@ -131,7 +132,7 @@ def _refill(
             mask[restart] = True
             for i in restart:
                 playing[i] = queue.pop(0)
-            collector.reset(options={"reset_mask": mask, "initial_frames": [playing[i] for i in restart]})
+            collector.reset(options=start_options([playing[i] for i in restart], reset_mask=mask))
             busy[restart], idle[restart], steps[restart] = True, False, 0
         _advance(bar, episodes, int(ended.sum()))
     return episodes
@@ -155,7 +156,7 @@ def _rounds(
         ids = None
         if frame_ids is not None:
             ids = [frame_ids[(start + i) % len(frame_ids)] for i in range(n)]
-            collector.reset(seed=seed + start, options={"initial_frames": ids})
+            collector.reset(seed=seed + start, options=start_options(ids))
         else:
             collector.reset(seed=seed + start)
         record = recorder is not None and start == 0 and recorder.start(n)

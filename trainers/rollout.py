@@ -1,8 +1,8 @@
 """Rollout collection: drive any ``gymnasium.vector.VectorEnv`` with an ``ActionChunkPolicy``.
 
-The env may be chunked (``single_action_space`` a ``Box`` of shape ``(K, D)``, as ours) or plain
-(``(D,)`` Box, ``Discrete``, ``MultiDiscrete``: the policy then has K = 1), in any autoreset mode
-(read from ``env.metadata["autoreset_mode"]``):
+The env may be chunked (``trainers.env_contract``: ``single_action_space`` a ``Box`` of shape
+``(K, D)``, as ours) or plain (``(D,)`` Box, ``Discrete``, ``MultiDiscrete``: the policy then has
+K = 1), in any autoreset mode (read from ``env.metadata["autoreset_mode"]``):
 
 * NEXT_STEP (gymnasium's default): the step after a done only resets that env and ignores its
   action. That transition is not a decision: it is stored with ``valid = False`` and its
@@ -30,6 +30,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunk, ActionChunkPolicy
+from trainers.env_contract import chunk_detail, chunk_size, episode_stats
 
 Bootstrap = Literal["truncated", "done", "none"]
 
@@ -140,8 +141,9 @@ class Collector:
         self.device = torch.device(storage_device)
 
         space = env.single_action_space
-        self.chunked = isinstance(space, gym.spaces.Box) and len(space.shape) == 2
-        self.env_chunk_size = space.shape[0] if self.chunked else 1
+        k = chunk_size(env)
+        self.chunked = k is not None
+        self.env_chunk_size = k or 1
         # what policy.act must return per env, [K, D], and the Box bounds as arrays (per-step work)
         self._chunk_shape = tuple(space.shape) if self.chunked else (1, max(int(np.prod(space.shape)), 1))
         self._box = isinstance(space, gym.spaces.Box)
@@ -207,7 +209,10 @@ class Collector:
             if on_step is not None:
                 on_step()
             self._check_step(reward, term, trunc)
-            rewards, valid = self._sub_steps(reward, info, actions.shape[1])
+            try:
+                rewards, valid = chunk_detail(info, reward, n, actions.shape[1])
+            except ValueError as e:
+                raise ValueError(f"env {env_name(self.env)}: {e}") from None
             term, trunc = np.asarray(term, bool).copy(), np.asarray(trunc, bool).copy()
             if skipped.any():
                 rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
@@ -216,7 +221,7 @@ class Collector:
             # episode statistics: our own, overridden by what the env reports
             self._ep_return += rewards.sum(1)
             self._ep_length += valid.sum(1)
-            reported = _reported_episode_stats(info)
+            reported = episode_stats(info)
             for i in np.flatnonzero(done):
                 ep = {"return": float(self._ep_return[i]), "length": float(self._ep_length[i])}
                 ep.update(reported.get(i, {}))
@@ -312,26 +317,6 @@ class Collector:
             return np.minimum(np.maximum(a, self._low), self._high) if self.clip_actions else a
         return np.rint(a).astype(space.dtype)  # Discrete, MultiDiscrete, MultiBinary
 
-    def _sub_steps(self, reward: Any, info: dict[str, Any], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-sub-step rewards and validity ``[N, K]`` (from the chunk info keys when present)."""
-        n = self.num_envs
-        if "chunk_rewards" not in info and "chunk_valid" not in info:  # a plain env: K = 1
-            rewards = np.zeros((n, k), np.float32)
-            rewards[:, 0] = reward
-            valid = np.zeros((n, k), bool)
-            valid[:, 0] = True
-            return rewards, valid
-        rewards = np.asarray(info.get("chunk_rewards", np.zeros((n, k))), np.float32)
-        valid = (
-            np.asarray(info["chunk_valid"], bool).copy() if "chunk_valid" in info else np.ones((n, k), bool)
-        )
-        if rewards.shape != (n, k) or valid.shape != (n, k):
-            raise ValueError(
-                f"env {env_name(self.env)}: info chunk_rewards / chunk_valid have shapes "
-                f"{rewards.shape} / {valid.shape}, expected {(n, k)}"
-            )
-        return np.where(valid, rewards, 0.0).astype(np.float32), valid
-
     def _log_probs(self, out: ActionChunk, k: int) -> torch.Tensor:
         if out.log_probs is not None:
             return out.log_probs.detach().float().to(self.device)
@@ -392,27 +377,6 @@ def _take_obs(obs: Any, idx: np.ndarray) -> Any:
     if isinstance(obs, tuple):
         return tuple(_take_obs(v, idx) for v in obs)
     return obs[torch.as_tensor(idx) if isinstance(obs, torch.Tensor) else idx]
-
-
-_RENAME = {"r": "return", "l": "length", "t": None}  # RecordEpisodeStatistics keys
-
-
-def _reported_episode_stats(info: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """Per-env episode statistics from ``info["episode"]`` (top level or in ``final_info``)."""
-    for source in (info, info.get("final_info") or {}):
-        episode, mask = source.get("episode"), source.get("_episode")
-        if not isinstance(episode, dict) or mask is None:
-            continue
-        out: dict[int, dict[str, float]] = {}
-        for i in np.flatnonzero(np.asarray(mask, bool)):
-            stats = {}
-            for key, values in episode.items():
-                name = _RENAME.get(key, key)
-                if name is not None and not key.startswith("_"):
-                    stats[name] = float(np.asarray(values)[i])
-            out[int(i)] = stats
-        return out
-    return {}
 
 
 def select_envs(parts: Sequence[tuple[Rollout, Sequence[int]]]) -> Rollout:

@@ -93,7 +93,12 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         self.num_envs = int(num_envs)
         self.chunk_size = chunk_size
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
+        # what trainers read (trainers/env_contract.py); wrappers forward metadata, not attributes
+        self.metadata = {
+            **type(self).metadata,
+            "autoreset_mode": self.autoreset_mode,
+            "chunk_size": chunk_size,
+        }
         self.render_mode = render_mode
         self.initial_frames = initial_frames
         self.single_observation_space = single_observation_space

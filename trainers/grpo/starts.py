@@ -1,7 +1,7 @@
 """Where GRPO's groups start: one common start per group of ``group_size`` consecutive envs.
 
-Envs with an ``initial_frames`` set (this project's) get one frame id per group through the
-``initial_frames`` reset option; any other env gets one seed per group (``group_seeds``), which
+Envs with start frames (``trainers.env_contract``; this project's) get one frame id per group
+through the ``initial_frames`` reset option; any other env gets one seed per group (``group_seeds``), which
 gymnasium's Sync/Async vector envs pass to each sub-env. Starts are a function of (seed, iteration,
 round) and of the per-task counts below, which are checkpointed, so a resumed run draws what the
 uninterrupted run would have drawn.
@@ -26,19 +26,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from trainers.env_contract import frame_tasks, initial_frames, start_options
 from trainers.grpo.algorithm import group_seeds
 
 Weighting = Literal["uniform", "informative"]
-
-
-def frame_tasks(env: gym.vector.VectorEnv) -> list[str] | None:
-    """The task of every initial frame of ``env`` (``frame.task``), or None when it has no frames
-    or they do not say."""
-    frames = getattr(env, "initial_frames", None)
-    if not frames:
-        return None
-    tasks = [getattr(frames[i], "task", "") for i in range(len(frames))]
-    return tasks if all(tasks) else None
 
 
 def group_reset(
@@ -58,8 +49,8 @@ def group_reset(
     """
     rng = np.random.default_rng([seed, iteration, rnd])
     n = env.num_envs
-    frames = getattr(env, "initial_frames", None)
-    if frames is None or len(frames) == 0:
+    frames = initial_frames(env)
+    if frames is None:
         return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)}
     num_groups = n // group_size
     if tasks is None or (same_task_iters == 1 and task_weights is None):
@@ -74,7 +65,7 @@ def group_reset(
         chosen = block.choice(len(names), size=num_groups, p=weights / weights.sum())
         ids = np.array([pools[names[c]][rng.integers(len(pools[names[c]]))] for c in chosen])
     ids = ids.repeat(group_size)
-    return {"seed": int(rng.integers(2**31)), "options": {"initial_frames": ids.tolist()}}
+    return {"seed": int(rng.integers(2**31)), "options": start_options(ids.tolist())}
 
 
 class GroupStarts:
