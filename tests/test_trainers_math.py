@@ -19,7 +19,6 @@ from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from policies.categorical import CategoricalPolicy
 from policies.gaussian import GaussianPolicy
 from tests.counting_env import CountingVectorEnv
-from trainers.common import BadUpdateGuard, clipped_surrogate, to_level
 from trainers.grpo import (
     GRPOConfig,
     episode_scores,
@@ -30,6 +29,8 @@ from trainers.grpo import (
     keep_groups,
 )
 from trainers.grpo import make_optimizer as grpo_optimizer
+from trainers.losses import clipped_surrogate, to_level
+from trainers.optim import BadUpdateGuard
 from trainers.ppo import (
     PPOConfig,
     compute_advantages,

@@ -4,8 +4,8 @@
 This package never imports ``envs``.
 """
 
-from trainers.common import BadUpdateGuard
 from trainers.grpo import GRPOConfig, grpo_update
+from trainers.optim import BadUpdateGuard
 from trainers.ppo import PPOConfig, compute_advantages, ppo_update
 from trainers.rollout import Collector, Rollout, episode_summary
 

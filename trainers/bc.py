@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers.common import BadUpdateGuard, step_optimizer
 from trainers.config import parse_cli
 from trainers.demos import Demos, read_demos
 from trainers.env_contract import chunk_size
+from trainers.optim import BadUpdateGuard, step_optimizer
 from trainers.run import Run, RunConfig, make_vec_env
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainers.common import masked_mean
+from trainers.losses import masked_mean
 from trainers.rollout import Rollout
 
 

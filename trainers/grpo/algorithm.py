@@ -24,19 +24,8 @@ from typing import Literal
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers.common import (
-    LOG_PROB_LEVELS,
-    BadUpdateGuard,
-    LogProbLevel,
-    flatten_time,
-    fused_ok,
-    loss_grid_mask,
-    masked_mean,
-    minibatches,
-    step_optimizer,
-    to_level,
-)
-from trainers.ppo.algorithm import policy_loss
+from trainers.losses import LOG_PROB_LEVELS, LogProbLevel, loss_grid_mask, masked_mean, policy_loss, to_level
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, step_optimizer
 from trainers.rollout import Rollout
 from trainers.self_imitation import SuccessBuffer, imitation_nll
 

@@ -17,7 +17,6 @@ import copy
 
 import torch
 
-from trainers.common import BadUpdateGuard
 from trainers.config import parse_cli
 from trainers.grpo.algorithm import (
     GRPOConfig,
@@ -27,6 +26,7 @@ from trainers.grpo.algorithm import (
     make_optimizer,
 )
 from trainers.grpo.starts import GroupStarts
+from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector, Rollout, select_envs
 from trainers.run import Run, RunConfig
 from trainers.self_imitation import SuccessBuffer

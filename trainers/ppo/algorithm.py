@@ -20,22 +20,16 @@ import torch
 import torch.nn.functional as F
 
 from policies.base import ActionChunkPolicy
-from trainers.common import (
+from trainers.losses import (
     LOG_PROB_LEVELS,
-    BadUpdateGuard,
     LogProbLevel,
-    clipped_surrogate,
     explained_variance,
-    flatten_time,
-    fused_ok,
-    loss_grid_mask,
     masked_mean,
-    minibatches,
     normalize,
-    ratio_stats,
-    step_optimizer,
+    policy_loss,
     to_level,
 )
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, step_optimizer
 from trainers.rollout import Bootstrap, Rollout
 
 
@@ -192,35 +186,6 @@ def compute_advantages(
 
 
 # ---------------------------------------------------------------------- losses
-def policy_loss(
-    new_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    valid: torch.Tensor,
-    level: LogProbLevel,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate loss of a minibatch and its diagnostics (0-dim tensors).
-
-    ``new/old_log_probs`` ``[M, K, E]`` are reduced to ``level``; ``advantages`` ``[M, U]`` (U = 1 or K)
-    are broadcast over the ratio's grid; ``valid`` ``[M, K]``; the loss is the mean over valid grid
-    entries, each weighted by ``weights[m]`` if given (GRPO's per-trajectory averaging).
-    """
-    new, mask = to_level(new_log_probs, valid, level)
-    old, _ = to_level(old_log_probs, valid, level)
-    log_ratio = new - old
-    loss, active = clipped_surrogate(log_ratio, advantages[..., None], clip_low, clip_high, dual_clip)
-    grid = loss_grid_mask(valid, level, advantages.shape[-1]).to(loss.dtype)
-    if weights is not None:
-        grid = grid * weights[:, None, None]
-    stats = ratio_stats(log_ratio, mask, clip_low, clip_high)
-    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid)
-    return masked_mean(loss, grid), stats
-
-
 def value_loss(
     new_values: torch.Tensor,
     old_values: torch.Tensor,

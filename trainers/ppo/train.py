@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from trainers.common import BadUpdateGuard
 from trainers.config import parse_cli
+from trainers.optim import BadUpdateGuard
 from trainers.ppo.algorithm import PPOConfig, make_optimizer, ppo_update
 from trainers.rollout import Collector
 from trainers.run import Run, RunConfig

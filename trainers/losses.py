@@ -1,5 +1,5 @@
-"""Pieces PPO and GRPO share: log-prob levels, the clipped surrogate, masked means, minibatches,
-and the guard that skips non-finite updates.
+"""The loss math PPO and GRPO share: log-prob levels, the clipped surrogate and its diagnostics,
+masked means and normalization.
 
 Shapes: M samples (chunk-steps), K sub-steps per chunk, E log-prob elements per sub-step.
 """
@@ -7,8 +7,6 @@ Shapes: M samples (chunk-steps), K sub-steps per chunk, E log-prob elements per 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -98,6 +96,35 @@ def ratio_stats(
         }
 
 
+def policy_loss(
+    new_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    valid: torch.Tensor,
+    level: LogProbLevel,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate loss of a minibatch and its diagnostics (0-dim tensors).
+
+    ``new/old_log_probs`` ``[M, K, E]`` are reduced to ``level``; ``advantages`` ``[M, U]`` (U = 1 or K)
+    are broadcast over the ratio's grid; ``valid`` ``[M, K]``; the loss is the mean over valid grid
+    entries, each weighted by ``weights[m]`` if given (GRPO's per-trajectory averaging).
+    """
+    new, mask = to_level(new_log_probs, valid, level)
+    old, _ = to_level(old_log_probs, valid, level)
+    log_ratio = new - old
+    loss, active = clipped_surrogate(log_ratio, advantages[..., None], clip_low, clip_high, dual_clip)
+    grid = loss_grid_mask(valid, level, advantages.shape[-1]).to(loss.dtype)
+    if weights is not None:
+        grid = grid * weights[:, None, None]
+    stats = ratio_stats(log_ratio, mask, clip_low, clip_high)
+    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid)
+    return masked_mean(loss, grid), stats
+
+
 def normalize(x: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
     """``(x - mean) / (std + eps)`` over the masked entries (unbiased std, as ``torch.std``)."""
     m = mask.to(x.dtype).expand_as(x)
@@ -117,96 +144,3 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Ten
         return math.nan
     var = t.var()
     return math.nan if var == 0 else float(1.0 - (t - p).var() / var)
-
-
-def flatten_time(x: torch.Tensor) -> torch.Tensor:
-    """``[T, N, ...] -> [T * N, ...]`` (sample m = t * N + n)."""
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def minibatches(
-    num_samples: int, batch_size: int | None, generator: torch.Generator | None
-) -> Iterator[torch.Tensor]:
-    """Shuffled index batches covering ``range(num_samples)`` once; the last one may be smaller."""
-    perm = torch.randperm(num_samples, generator=generator)
-    size = num_samples if batch_size is None else batch_size
-    for start in range(0, num_samples, size):
-        yield perm[start : start + size]
-
-
-def fused_ok(params: list[torch.Tensor]) -> bool | None:
-    """Whether torch's fused Adam/AdamW kernel takes these parameters (float, CPU or CUDA);
-    None lets torch choose."""
-    if not params:
-        return None
-    return (
-        all(
-            p.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-            and p.device.type in ("cpu", "cuda")
-            for p in params
-        )
-        or None
-    )
-
-
-def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-class BadUpdateGuard:
-    """Skips an update whose loss or gradient norm is NaN/inf, with a warning; raises after
-    ``max_in_a_row`` skips in a row (a run that only produces NaNs should stop, not crawl on).
-
-    Keep one guard for a whole training run so the count carries across rollouts.
-    """
-
-    def __init__(self, max_in_a_row: int = 10) -> None:
-        self.max_in_a_row = max_in_a_row
-        self.in_a_row = 0
-        self.total = 0
-
-    def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
-        """True if the update may go ahead; counts (and maybe raises) otherwise. One host sync."""
-        values = loss.detach().reshape(1)
-        if grad_norm is not None:
-            values = torch.cat([values, grad_norm.detach().reshape(1).to(values.dtype)])
-        if bool(torch.isfinite(values).all()):
-            self.in_a_row = 0
-            return True
-        bad_loss = not bool(torch.isfinite(loss.detach()))
-        what = f"loss {loss.item()}" if bad_loss else f"gradient norm {float(grad_norm)}"
-        self.in_a_row += 1
-        self.total += 1
-        if self.in_a_row >= self.max_in_a_row:
-            raise RuntimeError(
-                f"{self.in_a_row} updates in a row had a non-finite {what.split()[0]} (last: {what}); "
-                "stopping. Lower the learning rate, check the rewards and the policy's log-probs."
-            )
-        warnings.warn(
-            f"skipping a minibatch update: non-finite {what} ({self.in_a_row} in a row)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-
-
-def step_optimizer(
-    loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
-    max_grad_norm: float | None,
-    guard: BadUpdateGuard,
-) -> tuple[bool, torch.Tensor]:
-    """Backward, clip gradients, step; skip (and zero the gradients) if the loss or the gradient
-    norm is not finite. Returns ``(stepped, grad_norm)`` (the norm as a 0-dim tensor, so that
-    callers can average it without a host sync per minibatch)."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    params = [p for p in optimizer_params(optimizer) if p.grad is not None]
-    if not params:
-        return False, torch.zeros(())
-    norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
-    if not guard.ok(loss, norm):
-        optimizer.zero_grad(set_to_none=True)
-        return False, norm.detach()
-    optimizer.step()
-    return True, norm.detach()

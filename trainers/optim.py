@@ -1,0 +1,103 @@
+"""Optimisation plumbing PPO, GRPO and BC share: minibatches, fused Adam, one guarded optimizer
+step, and the guard that skips non-finite updates."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+
+def flatten_time(x: torch.Tensor) -> torch.Tensor:
+    """``[T, N, ...] -> [T * N, ...]`` (sample m = t * N + n)."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def minibatches(
+    num_samples: int, batch_size: int | None, generator: torch.Generator | None
+) -> Iterator[torch.Tensor]:
+    """Shuffled index batches covering ``range(num_samples)`` once; the last one may be smaller."""
+    perm = torch.randperm(num_samples, generator=generator)
+    size = num_samples if batch_size is None else batch_size
+    for start in range(0, num_samples, size):
+        yield perm[start : start + size]
+
+
+def fused_ok(params: list[torch.Tensor]) -> bool | None:
+    """Whether torch's fused Adam/AdamW kernel takes these parameters (float, CPU or CUDA);
+    None lets torch choose."""
+    if not params:
+        return None
+    return (
+        all(
+            p.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+            and p.device.type in ("cpu", "cuda")
+            for p in params
+        )
+        or None
+    )
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+class BadUpdateGuard:
+    """Skips an update whose loss or gradient norm is NaN/inf, with a warning; raises after
+    ``max_in_a_row`` skips in a row (a run that only produces NaNs should stop, not crawl on).
+
+    Keep one guard for a whole training run so the count carries across rollouts.
+    """
+
+    def __init__(self, max_in_a_row: int = 10) -> None:
+        self.max_in_a_row = max_in_a_row
+        self.in_a_row = 0
+        self.total = 0
+
+    def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
+        """True if the update may go ahead; counts (and maybe raises) otherwise. One host sync."""
+        values = loss.detach().reshape(1)
+        if grad_norm is not None:
+            values = torch.cat([values, grad_norm.detach().reshape(1).to(values.dtype)])
+        if bool(torch.isfinite(values).all()):
+            self.in_a_row = 0
+            return True
+        bad_loss = not bool(torch.isfinite(loss.detach()))
+        what = f"loss {loss.item()}" if bad_loss else f"gradient norm {float(grad_norm)}"
+        self.in_a_row += 1
+        self.total += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise RuntimeError(
+                f"{self.in_a_row} updates in a row had a non-finite {what.split()[0]} (last: {what}); "
+                "stopping. Lower the learning rate, check the rewards and the policy's log-probs."
+            )
+        warnings.warn(
+            f"skipping a minibatch update: non-finite {what} ({self.in_a_row} in a row)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+
+
+def step_optimizer(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    guard: BadUpdateGuard,
+) -> tuple[bool, torch.Tensor]:
+    """Backward, clip gradients, step; skip (and zero the gradients) if the loss or the gradient
+    norm is not finite. Returns ``(stepped, grad_norm)`` (the norm as a 0-dim tensor, so that
+    callers can average it without a host sync per minibatch)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for p in optimizer_params(optimizer) if p.grad is not None]
+    if not params:
+        return False, torch.zeros(())
+    norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    if not guard.ok(loss, norm):
+        optimizer.zero_grad(set_to_none=True)
+        return False, norm.detach()
+    optimizer.step()
+    return True, norm.detach()
