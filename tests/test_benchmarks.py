@@ -147,3 +147,8 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     again = main([*args, "--variants", "recipe"])
     assert (out / "recipe-s0" / "result.json").stat().st_mtime == stamp
     assert again["results"][0]["after"] == rows[0]["after"]
+    # ... unless its settings changed since: then it is trained again
+    changed = '{"recipe": {"grpo": {"learning_rate": 2e-6}}}'
+    main([*args, "--variants", "recipe", "--define", changed])
+    assert (out / "recipe-s0" / "result.json").stat().st_mtime > stamp
+    assert json.loads((out / "recipe-s0" / "config.json").read_text())["grpo"]["learning_rate"] == 2e-6
