@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from benchmarks.evaluate import frame_ids, rate_cell, run_frames, summarize
 from benchmarks.libero_expert import evaluate_suite
 from benchmarks.report import plot_lines, table, write_json
+from benchmarks.rl_recipe_study import sampled_success
 from trainers.metrics import mcnemar_p
 
 
@@ -70,17 +70,6 @@ def run_grpo(recipe: dict[str, Any], run_dir: Path, args) -> Path:
     )
     train(run, GRPOConfig(**recipe["grpo"]))
     return run_dir
-
-
-def training_curve(run_dir: Path) -> tuple[list[float], list[float]]:
-    """(env steps, sampled success of the iteration's episodes) from the run's metrics."""
-    steps, success = [], []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "env/success_once" in row:
-            steps.append(float(row["step"]))
-            success.append(float(row["env/success_once"]))
-    return steps, success
 
 
 def compare(expert: dict, before: dict, after: dict, pairs: dict[str, int]) -> tuple[list[str], list[list]]:
@@ -153,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = table(header, rows, title)
     print(text)
     print("wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
-    steps, success = training_curve(run_dir)
+    steps, success = sampled_success(run_dir)
     plot_lines(
         out / "training_success.png",
         {"sampled success per iteration": (steps, success)},

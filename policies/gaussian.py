@@ -186,10 +186,16 @@ class GaussianPolicy(TorsoPolicy):
         then uses ``-log_prob`` as the estimate)."""
         prepared = self._prepare(self._replay_obs(replay))
         features = self.torso(prepared)
-        mean, log_std = self._mean_log_std(features)
+        mean, log_std = self._replayed_mean_log_std(replay, features)
         u = replay["raw_action"].to(features.device)
         log_probs = self._explored(self._log_prob(u, mean, log_std))
         return PolicyEval(log_probs, self._explored(self._entropy(log_std)), self._value(prepared, features))
+
+    def _replayed_mean_log_std(
+        self, replay: dict[str, torch.Tensor], features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean and log-std a stored step is scored under (a subclass may use the replay)."""
+        return self._mean_log_std(features)
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None

@@ -19,7 +19,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from .base import ActionChunk, PolicyEval
+from .base import ActionChunk
 from .gaussian import GaussianPolicy
 from .registry import make_policy
 
@@ -118,14 +118,11 @@ class ResidualPolicy(GaussianPolicy):
         replay = {**self._obs_replay(prepared), "raw_action": u, "base_mean": base_mean}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 
-    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
-        prepared = self._prepare(self._replay_obs(replay))
-        features = self.torso(prepared)
+    def _replayed_mean_log_std(
+        self, replay: dict[str, torch.Tensor], features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         correction, log_std = self._mean_log_std(features)
-        mean = replay["base_mean"].to(features.device) + correction
-        u = replay["raw_action"].to(features.device)
-        log_probs = self._explored(self._log_prob(u, mean, log_std))
-        return PolicyEval(log_probs, self._explored(self._entropy(log_std)), self._value(prepared, features))
+        return replay["base_mean"].to(features.device) + correction, log_std
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
