@@ -34,10 +34,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from policies.base import ActionChunkPolicy
-from trainers.env_contract import chunk_detail, episode_stats, episode_success, initial_frames, start_options
+from trainers.env_contract import episode_success, initial_frames, start_options
+from trainers.rollout import Collector
 
 FORMAT, VERSION = "vla-gym-demos", 1
 
@@ -215,7 +215,6 @@ def collect_episodes(
     ``frame_ids`` in order (default: a permutation of all ids drawn with ``seed``).
     """
     n = env.num_envs
-    space = env.single_action_space
     frames = initial_frames(env)
     order = None
     if frame_ids is not None:
@@ -224,58 +223,38 @@ def collect_episodes(
         order = np.asarray(frame_ids, np.int64)
     elif frames:
         order = np.random.default_rng(seed).permutation(len(frames))
+    # each env's first episode per round; finished envs wait (Disabled) or are ignored (autoreset)
+    collector = Collector(env, policy, bootstrap="none", reset_finished=False, clip_actions=False)
     done_count, rnd = 0, 0
     while done_count < num_episodes:
         ids = None
         if order is not None:
             ids = [int(order[(rnd * n + i) % len(order)]) for i in range(n)]
-            obs, _ = env.reset(seed=seed + rnd, options=start_options(ids))
-        else:
-            obs, _ = env.reset(seed=seed + rnd)
-        steps: list[tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]] = []
+        obs = collector.reset(seed=seed + rnd, options=start_options(ids) if ids is not None else None)
         instructions = (
             list(obs["instruction"]) if isinstance(obs, dict) and "instruction" in obs else [""] * n
         )
-        ended = np.zeros(n, bool)
-        end_step = np.zeros(n, np.int64)
-        success = np.zeros(n, bool)
-        while not ended.all():
-            with torch.no_grad():
-                chunk = policy.act(obs, deterministic=deterministic).actions.cpu().numpy()
-            actions = chunk.reshape(n, *space.shape).astype(np.float32)
-            # integer spaces (Discrete, MultiDiscrete) get integers; demos keep the float form
-            env_actions = (
-                actions if isinstance(space, gym.spaces.Box) else np.rint(actions).astype(space.dtype)
-            )
-            arrays = (
-                {k: np.asarray(v) for k, v in obs.items() if k != "instruction"}
-                if isinstance(obs, dict)
-                else {"obs": np.asarray(obs)}
-            )
-            obs, reward, term, trunc, info = env.step(env_actions)
-            k = chunk.shape[1] if chunk.ndim == 3 else 1
-            rewards, valid = chunk_detail(info, reward, n, k)
-            steps.append((arrays, actions.reshape(n, k, -1), valid, rewards))
-            done = (np.asarray(term) | np.asarray(trunc)) & ~ended
-            stats = episode_stats(info)
-            for i in np.flatnonzero(done):
-                success[i] = episode_success(stats.get(int(i), {}), term[i])
-                end_step[i] = len(steps)
-            ended |= done
-        for i in range(n):
-            if done_count >= num_episodes:
-                break
-            rows = steps[: end_step[i]]
+        rollout = collector.collect(10**9, deterministic=deterministic, until_all_done=True, record_obs=True)
+        arrays = [
+            {k: np.asarray(v) for k, v in o.items() if k != "instruction"}
+            if isinstance(o, dict)
+            else {"obs": np.asarray(o)}
+            for o in rollout.observations or []
+        ]
+        dones = rollout.dones.numpy()
+        for i in range(min(n, num_episodes - done_count)):
+            end = int(np.flatnonzero(dones[:, i])[0])  # the step that ended env i's first episode
+            stats = next((ep for ep in rollout.episodes if int(ep["env"]) == i), {})
             frame = ids[i] if ids is not None else -1
             yield Episode(
-                obs={key: np.stack([s[0][key][i] for s in rows]) for key in rows[0][0]},
-                actions=np.stack([s[1][i] for s in rows]),
-                valid=np.stack([s[2][i] for s in rows]),
-                rewards=np.stack([s[3][i] for s in rows]),
+                obs={key: np.stack([a[key][i] for a in arrays[: end + 1]]) for key in arrays[0]},
+                actions=rollout.actions[: end + 1, i].numpy(),
+                valid=rollout.valid[: end + 1, i].numpy(),
+                rewards=rollout.rewards[: end + 1, i].numpy(),
                 instruction=str(instructions[i]),
                 task=frames[frame].task if ids is not None else "",
                 initial_frame=frame,
-                success=bool(success[i]),
+                success=episode_success(stats, bool(rollout.terminated[end, i])),
             )
             done_count += 1
         rnd += 1

@@ -55,6 +55,8 @@ class Rollout:
         last_values: ``[N, Kv]`` V(obs after the last step), or None without a critic.
         episodes: one dict per episode that ended (``return``, ``length`` and whatever the env
             reports: ``success``, ``success_once``...), with ``env`` (index) and ``step`` (t).
+        observations: with ``collect(record_obs=True)``, the env's batched observation each step's
+            action was chosen from (a list of T), else None.
     """
 
     replay: dict[str, torch.Tensor]
@@ -69,6 +71,7 @@ class Rollout:
     bootstrap_values: torch.Tensor
     last_values: torch.Tensor | None
     episodes: list[dict[str, float]] = field(default_factory=list)
+    observations: list[Any] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -179,10 +182,12 @@ class Collector:
         deterministic: bool = False,
         until_all_done: bool = False,
         on_step: Callable[[], None] | None = None,
+        record_obs: bool = False,
     ) -> Rollout:
         """Run ``num_steps`` policy steps (fewer with ``until_all_done``, which stops once every env
         finished an episode in this call) and return what was collected. ``on_step`` is called
-        after every ``env.step`` (e.g. to grab ``env.render()`` for a video)."""
+        after every ``env.step`` (e.g. to grab ``env.render()`` for a video); ``record_obs`` keeps
+        the observations the policy acted on (``Rollout.observations``, e.g. for demonstrations)."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if self.obs is None:
@@ -192,8 +197,11 @@ class Collector:
         episodes: list[dict[str, float]] = []
         ever_done = np.zeros(n, bool)
         pending_boot: list[tuple[int, int]] = []  # NEXT_STEP: (t, env) waiting for V(final obs)
+        observed: list[Any] | None = [] if record_obs else None
 
         for t in range(num_steps):
+            if observed is not None:
+                observed.append(self.obs)
             with torch.no_grad():
                 out = policy.act(self.obs, deterministic=deterministic)
             actions = self._check_actions(out)
@@ -272,7 +280,9 @@ class Collector:
             last_values = self._value(self.obs, full=True)
             for t_done, i in pending_boot:
                 steps[t_done]["boot"][i] = last_values[i, 0]
-        return self._assemble(steps, last_values, episodes)
+        rollout = self._assemble(steps, last_values, episodes)
+        rollout.observations = observed
+        return rollout
 
     # ------------------------------------------------------------------ helpers
     def _check_actions(self, out: ActionChunk) -> np.ndarray:
