@@ -9,19 +9,28 @@ from conftest import requires_libero
 
 import envs  # noqa: F401  (registers the LIBERO ids)
 from envs.libero import task_state as env_task_state
-from policies.libero_expert import TASK_STATE_FIELDS, LiberoExpert
+from policies.libero_expert import LiberoExpert
 from policies.registry import make_policy
 from trainers.demos import collect_episodes
 
 
-def test_policy_and_env_agree_on_the_task_state_layout():
-    assert TASK_STATE_FIELDS == env_task_state.TASK_STATE_FIELDS
+@requires_libero
+def test_the_env_publishes_the_task_state_layout_in_its_space():
+    env = gym.make_vec("Libero-Spatial-v0", num_envs=1, cameras=(), task_state=True)
+    space = env.single_observation_space
+    env.close()
+    assert space["task_state"].fields == env_task_state.TASK_STATE_FIELDS
+    assert space["task_state"].shape == (env_task_state.TASK_STATE_DIM,)
+    LiberoExpert(space, gym.spaces.Box(-1, 1, (7,), np.float32))  # the expert reads it from there
 
 
 def test_expert_refuses_envs_without_task_state():
     obs = gym.spaces.Dict(proprio=gym.spaces.Box(-1, 1, (8,), np.float32))
     with pytest.raises(ValueError, match="make the env with task_state=True"):
         LiberoExpert(obs, gym.spaces.Box(-1, 1, (7,), np.float32))
+    unnamed = gym.spaces.Dict(task_state=gym.spaces.Box(-1, 1, (57,), np.float32))
+    with pytest.raises(ValueError, match="named fields"):
+        LiberoExpert(unnamed, gym.spaces.Box(-1, 1, (7,), np.float32))
 
 
 def _expert_env(suite: str, num_envs: int = 2, **kwargs):
@@ -59,7 +68,7 @@ def test_task_state_fields_track_the_simulator():
         env.close()
     named = {}
     i = 0
-    for name, n in TASK_STATE_FIELDS:
+    for name, n in env_task_state.TASK_STATE_FIELDS:
         named[name] = obs["task_state"][0][i : i + n]
         i += n
     assert first[:2].tolist() == [1.0, 0.0]  # supported, episode_step 0 after a reset

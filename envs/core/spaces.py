@@ -12,6 +12,23 @@ INSTRUCTION_CHARSET = string.ascii_letters + string.digits + string.punctuation 
 MAX_INSTRUCTION_LENGTH = 512
 
 
+class FieldBox(spaces.Box):
+    """A 1-d ``Box`` whose entries are named fields ``((name, size), ...)``, in order.
+
+    The layout travels with the space: a policy built from the observation space reads
+    ``space.fields`` (e.g. the scripted expert unpacking ``task_state``) without importing the env.
+    """
+
+    def __init__(self, low: float, high: float, fields: tuple[tuple[str, int], ...], dtype=np.float32):
+        self.fields = tuple((str(name), int(size)) for name, size in fields)
+        if not self.fields or any(size < 1 for _, size in self.fields):
+            raise ValueError(f"FieldBox: fields must be (name, size >= 1) pairs, got {fields!r}")
+        super().__init__(low, high, (sum(size for _, size in self.fields),), dtype)
+
+    def __repr__(self) -> str:
+        return f"FieldBox({self.shape}, {self.dtype}, fields={[name for name, _ in self.fields]})"
+
+
 def image_space(height: int, width: int) -> spaces.Box:
     """uint8 (H, W, 3) image."""
     return spaces.Box(0, 255, (height, width, 3), np.uint8)

@@ -8,15 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from envs.core.frames import InitialFrame
-from envs.core.spaces import observation_space
+from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
 from envs.libero.suites import LiberoTask, load_init_states, suite_tasks
-from envs.libero.task_state import TASK_STATE_DIM
+from envs.libero.task_state import TASK_STATE_FIELDS
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
@@ -200,7 +199,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             instruction=include_instruction,
         )
         if task_state:
-            obs_space.spaces["task_state"] = spaces.Box(-1e4, 1e4, (TASK_STATE_DIM,), np.float32)
+            obs_space.spaces["task_state"] = FieldBox(-1e4, 1e4, TASK_STATE_FIELDS)
         super().__init__(
             env_id=env_id,
             num_envs=num_envs,

@@ -1,6 +1,6 @@
 """The scripted LIBERO pick-and-place expert (reads the env's privileged ``task_state``)."""
 
 from .machine import PickPlaceMachine
-from .policy import TASK_STATE_FIELDS, LiberoExpert, unpack_task_state
+from .policy import LiberoExpert, unpack_task_state
 
-__all__ = ["TASK_STATE_FIELDS", "LiberoExpert", "PickPlaceMachine", "unpack_task_state"]
+__all__ = ["LiberoExpert", "PickPlaceMachine", "unpack_task_state"]

@@ -1,8 +1,8 @@
 """The scripted LIBERO pick-and-place expert as an ``ActionChunkPolicy``.
 
-It reads the privileged observation ``task_state`` of ``LiberoVectorEnv(task_state=True)`` (layout
-in ``TASK_STATE_FIELDS``, the same as ``envs/libero/task_state.py``; policies never import envs,
-so ``tests/test_libero_expert.py`` checks that both agree) and keeps one phase machine per env,
+It reads the privileged observation ``task_state`` of ``LiberoVectorEnv(task_state=True)``, unpacked
+by the named fields its space carries (``FieldBox.fields``, so the layout lives in the env alone:
+``envs/libero/task_state.py``), and keeps one phase machine per env,
 restarted whenever an observation has ``episode_step == 0``. It is deterministic; ``act`` returns
 no log-probs and the policy cannot be trained (``evaluate`` raises).
 
@@ -23,30 +23,18 @@ from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from policies.libero_expert.machine import PickPlaceMachine
 from policies.torso_policy import box_chunk_shape
 
-TASK_STATE_FIELDS: tuple[tuple[str, int], ...] = (
-    ("supported", 1),
-    ("episode_step", 1),
-    ("eef_pos", 3),
-    ("eef_quat", 4),
-    ("gripper_qpos", 2),
-    ("obj_pos", 3),
-    ("obj_quat", 4),
-    ("obj_local_center", 3),
-    ("obj_local_half", 3),
-    ("target_pos", 3),
-    ("target_top", 1),
-    ("goal_in", 1),
-    ("ring_height", 8),
-    ("ring_free", 8),
-    ("ring_free_low", 8),
-)
-TASK_STATE_DIM = sum(n for _, n in TASK_STATE_FIELDS)
+# the task_state fields the phase machine reads (the env names the layout: ``space.fields``)
+REQUIRED_FIELDS = (
+    "supported", "episode_step", "eef_pos", "eef_quat", "gripper_qpos", "obj_pos", "obj_quat",
+    "obj_local_center", "obj_local_half", "target_pos", "target_top", "goal_in", "ring_height",
+    "ring_free", "ring_free_low",
+)  # fmt: skip
 
 
-def unpack_task_state(vector: np.ndarray) -> dict[str, np.ndarray]:
-    """One env's ``task_state`` vector -> named float64 fields."""
+def unpack_task_state(vector: np.ndarray, fields: tuple[tuple[str, int], ...]) -> dict[str, np.ndarray]:
+    """One env's ``task_state`` vector -> named float64 fields (``fields``: the space's layout)."""
     out, i = {}, 0
-    for name, n in TASK_STATE_FIELDS:
+    for name, n in fields:
         out[name] = np.asarray(vector[i : i + n], np.float64)
         i += n
     return out
@@ -56,7 +44,7 @@ class LiberoExpert(ActionChunkPolicy):
     """Scripted pick-and-place for LIBERO tasks whose goal is one ``On`` / ``In`` predicate.
 
     Args:
-        observation_space: a Dict with ``task_state`` (``(TASK_STATE_DIM,)``).
+        observation_space: a Dict with ``task_state``, a space that names its ``fields``.
         action_space: LIBERO's 7-d Box, ``(7,)`` or ``(K, 7)``.
         **machine_options: ``PickPlaceMachine`` settings (gains, heights, retries).
     """
@@ -66,11 +54,14 @@ class LiberoExpert(ActionChunkPolicy):
         state = (
             observation_space.spaces.get("task_state") if isinstance(observation_space, spaces.Dict) else None
         )
-        if state is None or state.shape != (TASK_STATE_DIM,):
+        fields = getattr(state, "fields", None)
+        missing = [f for f in REQUIRED_FIELDS if f not in dict(fields or ())]
+        if state is None or fields is None or missing:
             raise ValueError(
-                "LiberoExpert needs the observation 'task_state' of shape "
-                f"({TASK_STATE_DIM},): make the env with task_state=True (got {observation_space})"
+                "LiberoExpert needs the observation 'task_state' with named fields (a space with "
+                f"``fields``, missing {missing}): make the env with task_state=True (got {observation_space})"
             )
+        self.fields = tuple(fields)
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         if self.action_dim != 7:
             raise ValueError(f"LiberoExpert drives LIBERO's 7-d actions, got an action space {action_space}")
@@ -86,7 +77,7 @@ class LiberoExpert(ActionChunkPolicy):
             self.machines.append(PickPlaceMachine(**self.machine_options))
         actions = np.zeros((len(states), self.chunk_size, self.action_dim), np.float32)
         for i, vector in enumerate(states):
-            s = unpack_task_state(vector)
+            s = unpack_task_state(vector, self.fields)
             if s["episode_step"][0] == 0:
                 self.machines[i].reset()
             if s["supported"][0] < 0.5:
