@@ -1,18 +1,16 @@
-"""GRPO with the DAPO options: ``algorithm`` holds the math and the update, ``starts`` where each
-group starts, ``train`` the training loop with dynamic sampling, and the command line
-(``python -m trainers.grpo --help``)."""
+"""GRPO with the DAPO options: ``algorithm`` holds the math and the update, ``groups`` the group
+logic (where each group starts, which groups carry signal, the batch of kept groups), ``train``
+the training loop with dynamic sampling, and the command line (``python -m trainers.grpo --help``)."""
 
-from trainers.grpo.algorithm import (
-    GRPOConfig,
-    episode_scores,
-    group_advantages,
+from trainers.grpo.algorithm import GRPOConfig, episode_scores, group_advantages, grpo_update, make_optimizer
+from trainers.grpo.groups import (
+    GroupStarts,
+    group_reset,
     group_seeds,
     groups_to_resample,
-    grpo_update,
     keep_groups,
-    make_optimizer,
+    select_envs,
 )
-from trainers.grpo.starts import GroupStarts, group_reset
 
 __all__ = [
     "GRPOConfig",
@@ -25,4 +23,5 @@ __all__ = [
     "grpo_update",
     "keep_groups",
     "make_optimizer",
+    "select_envs",
 ]

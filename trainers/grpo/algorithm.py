@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 
 from policies.base import ActionChunkPolicy
+from trainers.grpo.groups import keep_groups, num_groups
 from trainers.losses import LOG_PROB_LEVELS, LogProbLevel, loss_grid_mask, masked_mean, policy_loss, to_level
 from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, step_optimizer
 from trainers.rollout import Rollout
@@ -55,7 +56,7 @@ class GRPOConfig:
     score_high: float | None = None
     resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
     rollout_steps: int = 0  # policy steps per round; 0: until every env finished its episode
-    # where groups start (trainers/grpo/starts.py): groups keep their start's task for this many
+    # where groups start (trainers/grpo/groups.py): groups keep their start's task for this many
     # iterations (envs that rebuild a scene on a task switch, LIBERO, reset several times faster);
     # "informative" draws tasks by the share of their groups that carried signal
     same_task_iters: int = 1
@@ -106,18 +107,6 @@ def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.O
     )
 
 
-def group_seeds(seed: int, num_envs: int, group_size: int) -> list[int]:
-    """Per-env reset seeds giving every env of a group the same start: ``[s, s, .., s+1, s+1, ..]``."""
-    _check_groups(num_envs, group_size)
-    return [seed + i // group_size for i in range(num_envs)]
-
-
-def _check_groups(num_envs: int, group_size: int) -> int:
-    if num_envs % group_size:
-        raise ValueError(f"num_envs={num_envs} is not a multiple of group_size={group_size}")
-    return num_envs // group_size
-
-
 # ---------------------------------------------------------------------- scores and advantages
 def episode_scores(rewards: torch.Tensor, first_episode: torch.Tensor) -> torch.Tensor:
     """Score of each env's first episode: the sum of its rewards ``[T, N, K] -> [N]``."""
@@ -135,43 +124,13 @@ def group_advantages(
     ``std``: "unbiased" (N - 1, RLinf and SimpleVLA-RL), "population" (N, cosmos-rl) or "none"
     (subtract the mean only). A group of one keeps its score (mean 0, std 1, as SimpleVLA-RL).
     """
-    groups = scores.reshape(_check_groups(scores.numel(), group_size), group_size).double()
+    groups = scores.reshape(num_groups(scores.numel(), group_size), group_size).double()
     if group_size == 1:
         return scores.clone()
     centred = groups - groups.mean(1, keepdim=True)
     if std != "none":
         centred = centred / (groups.std(1, unbiased=std == "unbiased", keepdim=True) + eps)
     return centred.reshape(-1).to(scores.dtype)
-
-
-def keep_groups(
-    scores: torch.Tensor,
-    group_size: int,
-    low: float | None = None,
-    high: float | None = None,
-    tol: float = 1e-8,
-) -> torch.Tensor:
-    """DAPO dynamic sampling: True for the groups worth training on ``[N // G]``.
-
-    A group is dropped when its scores are all equal (its advantages are all 0), and, with
-    bounds, when its mean score is outside ``[low, high]`` (RLinf ``filter_rewards``).
-    """
-    groups = scores.reshape(_check_groups(scores.numel(), group_size), group_size)
-    keep = (groups.amax(1) - groups.amin(1)) > tol
-    mean = groups.mean(1)
-    if low is not None:
-        keep &= mean >= low
-    if high is not None:
-        keep &= mean <= high
-    return keep
-
-
-def groups_to_resample(
-    scores: torch.Tensor, group_size: int, low: float | None = None, high: float | None = None
-) -> list[int]:
-    """Indices of the groups dynamic sampling drops: run them again (new samples from the same
-    starts) and replace their envs' rollouts, until enough groups carry signal."""
-    return torch.nonzero(~keep_groups(scores, group_size, low, high)).flatten().tolist()
 
 
 # ---------------------------------------------------------------------- update

@@ -6,7 +6,7 @@
 Each iteration is one round (or, with ``resample_rounds``, several) of group rollouts: the envs are
 reset so that every group of ``group_size`` consecutive envs starts from the same state, each env
 plays one episode (what follows its first done is masked), and ``grpo_update`` trains on
-group-normalized episode scores. Where groups start is ``trainers/grpo/starts.py``: a function of
+group-normalized episode scores. Where groups start is ``trainers/grpo/groups.py``: a function of
 ``(seed, iteration, round)`` and of checkpointed counts, so a resumed run repeats exactly what the
 uninterrupted run would have done.
 """
@@ -18,16 +18,10 @@ import copy
 import torch
 
 from trainers.config import parse_cli
-from trainers.grpo.algorithm import (
-    GRPOConfig,
-    episode_scores,
-    grpo_update,
-    keep_groups,
-    make_optimizer,
-)
-from trainers.grpo.starts import GroupStarts
+from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer
+from trainers.grpo.groups import GroupStarts, keep_groups, select_envs
 from trainers.optim import BadUpdateGuard
-from trainers.rollout import Collector, Rollout, select_envs
+from trainers.rollout import Collector, Rollout
 from trainers.run import Run, RunConfig
 from trainers.self_imitation import SuccessBuffer
 

@@ -1,4 +1,5 @@
-"""Where GRPO's groups start: one common start per group of ``group_size`` consecutive envs.
+"""GRPO's groups: where they start (one common start per group of ``group_size`` consecutive envs),
+which carry signal (DAPO dynamic sampling), and the batch assembled from the kept ones.
 
 Envs with start frames (``trainers.env_contract``; this project's) get one frame id per group
 through the ``initial_frames`` reset option; any other env gets one seed per group (``group_seeds``), which
@@ -19,7 +20,7 @@ Two options need the task of each frame (``frame.task``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -27,9 +28,105 @@ import numpy as np
 import torch
 
 from trainers.env_contract import frame_tasks, initial_frames, start_options
-from trainers.grpo.algorithm import group_seeds
+from trainers.rollout import Rollout
 
 Weighting = Literal["uniform", "informative"]
+
+
+def group_seeds(seed: int, num_envs: int, group_size: int) -> list[int]:
+    """Per-env reset seeds giving every env of a group the same start: ``[s, s, .., s+1, s+1, ..]``."""
+    num_groups(num_envs, group_size)
+    return [seed + i // group_size for i in range(num_envs)]
+
+
+def num_groups(num_envs: int, group_size: int) -> int:
+    """``num_envs // group_size``; an error unless the envs split into whole groups."""
+    if num_envs % group_size:
+        raise ValueError(f"num_envs={num_envs} is not a multiple of group_size={group_size}")
+    return num_envs // group_size
+
+
+def keep_groups(
+    scores: torch.Tensor,
+    group_size: int,
+    low: float | None = None,
+    high: float | None = None,
+    tol: float = 1e-8,
+) -> torch.Tensor:
+    """DAPO dynamic sampling: True for the groups worth training on ``[N // G]``.
+
+    A group is dropped when its scores are all equal (its advantages are all 0), and, with
+    bounds, when its mean score is outside ``[low, high]`` (RLinf ``filter_rewards``).
+    """
+    groups = scores.reshape(num_groups(scores.numel(), group_size), group_size)
+    keep = (groups.amax(1) - groups.amin(1)) > tol
+    mean = groups.mean(1)
+    if low is not None:
+        keep &= mean >= low
+    if high is not None:
+        keep &= mean <= high
+    return keep
+
+
+def groups_to_resample(
+    scores: torch.Tensor, group_size: int, low: float | None = None, high: float | None = None
+) -> list[int]:
+    """Indices of the groups dynamic sampling drops: run them again (new samples from the same
+    starts) and replace their envs' rollouts, until enough groups carry signal."""
+    return torch.nonzero(~keep_groups(scores, group_size, low, high)).flatten().tolist()
+
+
+def select_envs(parts: Sequence[tuple[Rollout, Sequence[int]]]) -> Rollout:
+    """One rollout made of the envs ``idx`` of each ``(rollout, idx)`` part, side by side.
+
+    Parts may have different lengths: shorter ones are padded at the end with steps that are not
+    valid (zero rewards, no done), which every trainer ignores. Used by GRPO's dynamic sampling to
+    assemble a batch from the groups kept over several collection rounds.
+    """
+    T = max(ro.num_steps for ro, _ in parts)
+
+    def gather(get: Callable[[Rollout], torch.Tensor | None], time_axis: bool = True) -> torch.Tensor | None:
+        pieces = []
+        for ro, idx in parts:
+            x = get(ro)
+            if x is None:
+                return None
+            index = torch.as_tensor(list(idx), dtype=torch.long, device=x.device)
+            if not time_axis:
+                pieces.append(x[index])
+                continue
+            x = x[:, index]
+            if x.shape[0] < T:
+                pad = torch.zeros((T - x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+                x = torch.cat([x, pad])
+            pieces.append(x)
+        return torch.cat(pieces, dim=1 if time_axis else 0)
+
+    episodes = []
+    offset = 0
+    for ro, idx in parts:
+        where = {int(i): j for j, i in enumerate(idx)}
+        episodes += [
+            {**ep, "env": float(offset + where[int(ep["env"])])}
+            for ep in ro.episodes
+            if int(ep["env"]) in where
+        ]
+        offset += len(idx)
+    first = parts[0][0]
+    return Rollout(
+        replay={k: gather(lambda ro, k=k: ro.replay[k]) for k in first.replay},
+        actions=gather(lambda ro: ro.actions),
+        log_probs=gather(lambda ro: ro.log_probs),
+        values=gather(lambda ro: ro.values),
+        rewards=gather(lambda ro: ro.rewards),
+        valid=gather(lambda ro: ro.valid),
+        terminated=gather(lambda ro: ro.terminated),
+        truncated=gather(lambda ro: ro.truncated),
+        first_episode=gather(lambda ro: ro.first_episode),
+        bootstrap_values=gather(lambda ro: ro.bootstrap_values),
+        last_values=gather(lambda ro: ro.last_values, time_axis=False),
+        episodes=episodes,
+    )
 
 
 def group_reset(
@@ -52,9 +149,9 @@ def group_reset(
     frames = initial_frames(env)
     if frames is None:
         return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)}
-    num_groups = n // group_size
+    count = num_groups(n, group_size)
     if tasks is None or (same_task_iters == 1 and task_weights is None):
-        ids = rng.integers(len(frames), size=num_groups)
+        ids = rng.integers(len(frames), size=count)
     else:
         pools: dict[str, list[int]] = {}
         for i, task in enumerate(tasks):
@@ -62,7 +159,7 @@ def group_reset(
         names = sorted(pools)
         weights = np.array([len(pools[t]) * (task_weights or {}).get(t, 1.0) for t in names], float)
         block = np.random.default_rng([seed, iteration // same_task_iters, 1])  # one task per block
-        chosen = block.choice(len(names), size=num_groups, p=weights / weights.sum())
+        chosen = block.choice(len(names), size=count, p=weights / weights.sum())
         ids = np.array([pools[names[c]][rng.integers(len(pools[names[c]]))] for c in chosen])
     ids = ids.repeat(group_size)
     return {"seed": int(rng.integers(2**31)), "options": start_options(ids.tolist())}
