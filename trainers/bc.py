@@ -28,8 +28,9 @@ from policies.base import ActionChunkPolicy
 from trainers.config import parse_cli
 from trainers.demos import Demos, read_demos
 from trainers.env_contract import chunk_size
+from trainers.env_factory import make_vec_env
 from trainers.optim import BadUpdateGuard, step_optimizer
-from trainers.run import Run, RunConfig, make_vec_env
+from trainers.run import Run, RunConfig
 
 
 @dataclass

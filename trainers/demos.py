@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> Path:
     from policies.registry import make_policy, resolve_policy
     from trainers.checkpoint import load_policy
     from trainers.config import parse
-    from trainers.run import make_vec_env
+    from trainers.env_factory import make_vec_env
 
     cfg: DemoConfig = parse({"demos": DemoConfig}, argv, description=__doc__.splitlines()[0])["demos"]
     env = make_vec_env(cfg.env, cfg.num_envs, cfg.env_kwargs, autoreset="disabled_native")

@@ -1,5 +1,6 @@
-"""What every training run needs besides its algorithm: the env and policy built from names, the
-run directory, seeding, metrics, periodic evaluation, checkpoints, resume and the final summary.
+"""What every training run needs besides its algorithm: the env (``trainers/env_factory.py``) and
+policy (``trainers/checkpoint.py``) built from names, the run directory, seeding, metrics, periodic
+evaluation, checkpoints, resume and the final summary.
 
 A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads top to bottom::
 
@@ -14,8 +15,6 @@ A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads t
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import random
 import time
@@ -26,22 +25,15 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.envs.registration import load_env_creator
-from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
 from trainers.config import save_config, to_dict
+from trainers.env_factory import AUTORESET, make_vec_env
 from trainers.evaluation import evaluate_episodes
 from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, write_summary
 from trainers.rollout import episode_summary
-
-AUTORESET = {
-    "next_step": AutoresetMode.NEXT_STEP,
-    "same_step": AutoresetMode.SAME_STEP,
-    "disabled": AutoresetMode.DISABLED,
-}
 
 
 @dataclass
@@ -98,65 +90,6 @@ class RunConfig:
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
             )
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    """Whether ``fn`` takes the keyword ``name`` (explicitly or through ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def make_vec_env(
-    env_id: str,
-    num_envs: int,
-    env_kwargs: dict[str, Any] | None = None,
-    vectorization: str = "auto",
-    autoreset: str = "same_step",
-    *,
-    autoreset_required: bool = True,
-    render_mode: str | None = None,
-) -> gym.vector.VectorEnv:
-    """``gym.make_vec`` of ``env_id`` (``"module:Env-v0"`` imports ``module`` first).
-
-    ``vectorization`` ``auto`` uses the env's own vector env when it takes ``autoreset_mode`` (this
-    project's envs), else gymnasium's sync wrapper. ``autoreset`` is one of ``AUTORESET`` or
-    ``"disabled_native"``: DISABLED for the env's own vector env (it keeps finished envs frozen) and
-    SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to step a finished env). A vector
-    env with a fixed mode keeps it, or raises if ``autoreset_required``.
-    """
-    if ":" in env_id:
-        module, _, env_id = env_id.partition(":")
-        importlib.import_module(module)
-    spec = gym.spec(env_id)
-    creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
-    full_native = creator is not None and _accepts(creator, "autoreset_mode")
-    if vectorization == "native" and creator is None:
-        raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
-    native = vectorization == "native" or (vectorization == "auto" and full_native)
-    if autoreset == "disabled_native":
-        autoreset = "disabled" if native else "same_step"
-    if autoreset not in AUTORESET:
-        raise ValueError(f"autoreset must be one of {[*AUTORESET, 'disabled_native']}, got {autoreset!r}")
-    mode = AUTORESET[autoreset]
-    kwargs = dict(env_kwargs or {})
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    if native:
-        if full_native:
-            kwargs["autoreset_mode"] = mode
-        elif autoreset_required:
-            raise ValueError(
-                f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
-                f"autoreset {autoreset!r} needs vectorization 'sync' or 'async'"
-            )
-        return gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
-    vectorization = "async" if vectorization == "async" else "sync"
-    return gym.make_vec(
-        env_id, num_envs, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
-    )
 
 
 class Run:

@@ -1,0 +1,77 @@
+"""Vector envs from names: ``"module:Env-v0"`` ids, the env's own vector env or gymnasium's
+Sync/Async wrappers, and the autoreset mode a trainer needs."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector import AutoresetMode
+
+AUTORESET = {
+    "next_step": AutoresetMode.NEXT_STEP,
+    "same_step": AutoresetMode.SAME_STEP,
+    "disabled": AutoresetMode.DISABLED,
+}
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (explicitly or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def make_vec_env(
+    env_id: str,
+    num_envs: int,
+    env_kwargs: dict[str, Any] | None = None,
+    vectorization: str = "auto",
+    autoreset: str = "same_step",
+    *,
+    autoreset_required: bool = True,
+    render_mode: str | None = None,
+) -> gym.vector.VectorEnv:
+    """``gym.make_vec`` of ``env_id`` (``"module:Env-v0"`` imports ``module`` first).
+
+    ``vectorization`` ``auto`` uses the env's own vector env when it takes ``autoreset_mode`` (this
+    project's envs), else gymnasium's sync wrapper. ``autoreset`` is one of ``AUTORESET`` or
+    ``"disabled_native"``: DISABLED for the env's own vector env (it keeps finished envs frozen) and
+    SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to step a finished env). A vector
+    env with a fixed mode keeps it, or raises if ``autoreset_required``.
+    """
+    if ":" in env_id:
+        module, _, env_id = env_id.partition(":")
+        importlib.import_module(module)
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
+    full_native = creator is not None and _accepts(creator, "autoreset_mode")
+    if vectorization == "native" and creator is None:
+        raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
+    native = vectorization == "native" or (vectorization == "auto" and full_native)
+    if autoreset == "disabled_native":
+        autoreset = "disabled" if native else "same_step"
+    if autoreset not in AUTORESET:
+        raise ValueError(f"autoreset must be one of {[*AUTORESET, 'disabled_native']}, got {autoreset!r}")
+    mode = AUTORESET[autoreset]
+    kwargs = dict(env_kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    if native:
+        if full_native:
+            kwargs["autoreset_mode"] = mode
+        elif autoreset_required:
+            raise ValueError(
+                f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
+                f"autoreset {autoreset!r} needs vectorization 'sync' or 'async'"
+            )
+        return gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    vectorization = "async" if vectorization == "async" else "sync"
+    return gym.make_vec(
+        env_id, num_envs, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
+    )
