@@ -43,8 +43,6 @@ from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel, relative_rewards
 
-ACTION_LOW, ACTION_HIGH = -1.0, 1.0  # LIBERO's delta-pose and gripper range, the same in every backend
-
 
 def default_device(device: str | torch.device | None) -> torch.device:
     """``device``, else CUDA when available, else CPU."""
@@ -121,8 +119,8 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
             single_observation_space=observation_space(
                 image_size=model.image_size, wrist=False, proprio_dim=0, instruction=include_instruction
             ),
-            action_low=np.full(model.action_dim, ACTION_LOW),
-            action_high=np.full(model.action_dim, ACTION_HIGH),
+            action_low=np.broadcast_to(np.asarray(model.action_low, np.float32), (model.action_dim,)),
+            action_high=np.broadcast_to(np.asarray(model.action_high, np.float32), (model.action_dim,)),
             chunk_size=model.frames_per_step,
             initial_frames=initial_frames,
             autoreset_mode=autoreset_mode,

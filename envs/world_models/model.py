@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -19,11 +20,15 @@ class WorldModel(Protocol):
         image_size: (H, W) of the frames the model takes and makes.
         frames_per_step: frames generated per ``generate`` call, one per action (RLinf: 8).
         action_dim: size of one action (LIBERO: 7).
+        action_low, action_high: the range of the actions the model was trained on, a number or one
+            per dimension (the env's action space; LIBERO's delta pose and gripper: -1 to 1).
     """
 
     image_size: tuple[int, int]
     frames_per_step: int
     action_dim: int
+    action_low: float | Sequence[float]
+    action_high: float | Sequence[float]
 
     def start(self, images: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Per-env state for episodes starting at ``images`` ``[n, 3, H, W]`` float32 in [-1, 1]."""

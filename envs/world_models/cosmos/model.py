@@ -71,6 +71,7 @@ class CosmosWorldModel:
     """
 
     action_dim = ACTION_DIM
+    action_low, action_high = -1.0, 1.0  # trained on LIBERO's delta pose and gripper
 
     def __init__(
         self,

@@ -96,6 +96,7 @@ class OpenSoraWorldModel:
         self.num_steps = num_steps
         self.batch_size = batch_size
         self.action_dim = cfg.action_dim
+        self.action_low, self.action_high = -1.0, 1.0  # trained on LIBERO's delta pose and gripper
         multiple = DOWNSAMPLE * cfg.patch_size[1]
         if self.image_size[0] % multiple or self.image_size[1] % multiple:
             raise ValueError(
