@@ -6,7 +6,7 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe --seeds 0 1 2
     python -m benchmarks.rl_recipe_study --variants recipe --steps 2000 --eval-init-states 40  # smoke
     python -m benchmarks.rl_recipe_study --define '{"mine": {"grpo": {"learning_rate": 1e-3}}}'
-    python -m benchmarks.rl_recipe_study --variants recipe --steps 150000 --curve-every 8
+    python -m benchmarks.rl_recipe_study --variants recipe-long --curve-every 4
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
@@ -41,8 +41,8 @@ _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coe
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
-        "about": "the recipe for 100k env steps (with --curve-every: where the gain goes)",
-        "run": {"total_steps": 100_000},
+        "about": "the recipe for 40k env steps (with --curve-every: where the gain goes)",
+        "run": {"total_steps": 40_000},
     },
     "grpo-clone-std": {
         "about": "plain GRPO, noise on every dim, std in [e^-3, e^-1.5], lr 3e-5, 2 epochs, 50k steps",
