@@ -1,5 +1,5 @@
 """The README's main job: the recipe in configs/ through ``python -m trainers``, on real LIBERO
-with the repository's BC checkpoint, cut to a tiny budget (the full run is ~15 minutes)."""
+with the repository's BC checkpoint, cut to a tiny budget (the full run is ~18 minutes)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_main_job_recipe_end_to_end(tmp_path):
             "--config", str(RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
             "--num-envs", "2", "--group-size", "2", "--eval-episodes", "2", "--eval-num-envs", "2",
             "--env-kwargs", json.dumps(train_env), "--eval-env-kwargs", json.dumps(eval_env),
-            "--no-progress",
+            "--no-progress", "--video",  # the recipe evaluates state-only; a camera and --video add the mp4s
         ]
     )  # fmt: skip
     assert "eval/success_once" in final
