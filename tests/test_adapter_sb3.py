@@ -122,6 +122,7 @@ def test_world_model_env_with_encoded_instructions_and_initial_frame_options(tmp
     venv.close()
 
 
+@pytest.mark.slow
 @requires_libero
 def test_ppo_runs_on_libero_through_the_adapter():
     vec = gym.make_vec(

@@ -124,6 +124,7 @@ def _tiny_recipe(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @requires_libero
 def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     from benchmarks.rl_recipe_study import main

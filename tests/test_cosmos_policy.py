@@ -208,6 +208,7 @@ def test_bad_input_is_named(folder, tmp_path):
         make(broken)
 
 
+@pytest.mark.slow
 @requires_libero
 def test_grpo_and_ppo_iterations_on_libero(folder, tmp_path):
     from trainers.grpo import train as grpo_train

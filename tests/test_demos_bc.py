@@ -99,6 +99,7 @@ def test_demo_file_round_trip(tmp_path):
     "cls, kwargs",
     [(GaussianPolicy, {"squash": True}), (GaussianPolicy, {}), (BinnedPolicy, {}), (FlowPolicy, {})],
 )
+@pytest.mark.slow
 def test_imitation_loss_falls_for_each_box_policy(cls, kwargs):
     torch.manual_seed(0)
     obs_space = gym.spaces.Box(-1, 1, (3,), np.float32)
@@ -153,6 +154,7 @@ def test_demos_of_a_discrete_env_and_their_imitation_loss():
 LIBERO_KWARGS = {"image_size": 32, "max_episode_steps": 24, "chunk_size": 4}
 
 
+@pytest.mark.slow
 @requires_libero
 def test_collect_clone_and_start_rl_from_the_clone(tmp_path):
     """Demos of a fixed deterministic policy in real LIBERO -> BC (loss falls) -> GRPO starts from it."""

@@ -30,12 +30,14 @@ def check_both(make) -> None:
     env.close()
 
 
+@pytest.mark.slow
 @requires_libero
 @pytest.mark.parametrize("env_id", list(SUITE_IDS))
 def test_libero_ids_pass_both_checkers(env_id):
     check_both(lambda **kw: gym.make(env_id, **LIBERO_KWARGS, **kw))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", list(WORLD_MODEL_IDS))
 def test_world_model_ids_pass_both_checkers(env_id, tmp_path):
     backend = "cosmos" if env_id.startswith("Cosmos") else "opensora"

@@ -234,6 +234,7 @@ def test_state_only_env_never_renders():
         env.close()
 
 
+@pytest.mark.slow
 def test_one_env_view_passes_check_env():
     from gymnasium.utils.env_checker import check_env
 

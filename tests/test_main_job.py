@@ -37,6 +37,7 @@ def test_algo_flag_ignores_the_other_algorithms_section(tmp_path):
         parse_cli({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(RECIPE)])
 
 
+@pytest.mark.slow
 @requires_libero
 def test_main_job_recipe_end_to_end(tmp_path):
     short = {"chunk_size": 8, "task_state": True, "max_episode_steps": 24}

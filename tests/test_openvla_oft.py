@@ -560,6 +560,7 @@ def _libero_args(folder, run_dir) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 @requires_libero
 def test_grpo_and_ppo_on_libero_spatial(folder, tmp_path):
     run_dir = tmp_path / "grpo"

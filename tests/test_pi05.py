@@ -282,6 +282,7 @@ def test_bad_inputs_are_named(ckpt, tmp_path):
         Pi05Policy(OBS_SPACE, ACT_SPACE, model_path="nobody/nothing", **KW)
 
 
+@pytest.mark.slow
 @requires_libero
 def test_grpo_and_ppo_steps_on_libero(ckpt, tmp_path):
     from trainers import checkpoint as ckpt_io

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import imageio.v3 as iio
+import pytest
 from conftest import requires_libero
 
 from trainers import checkpoint as ckpt
@@ -24,6 +25,7 @@ ENV_KWARGS = {
 POLICY_KWARGS = {"hidden_sizes": [32], "squash": True, "log_std_init": -1.0}
 
 
+@pytest.mark.slow
 def test_grpo_on_libero_spatial_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     args = [
