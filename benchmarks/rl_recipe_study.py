@@ -19,7 +19,7 @@ changed. Plus ``learning_curves.png`` (sampled success per iteration, a moving m
 ``rl_recipe_study.json``. ``--curve-every N`` also has the run evaluate every held-out pair every N
 iterations (``held_out_curves.png``; the train minutes then include those evaluations). A finished
 (variant, seed) keeps its ``result.json`` under ``--out`` and is reused when the study runs again
-(``--fresh`` retrains).
+(``--fresh`` retrains); ``--report`` trains nothing and tabulates every finished run under ``--out``.
 """
 
 from __future__ import annotations
@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
     )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
+    parser.add_argument(
+        "--report", action="store_true", help="train nothing: the table of every finished run under --out"
+    )
     parser.add_argument("--out", default="runs/benchmarks/rl_recipe_study")
     args = parser.parse_args(argv)
     import envs  # noqa: F401  (registers the ids)
@@ -279,6 +282,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_json(before_file, before)
 
     results = []
+    if args.report:
+        found = sorted(out.glob("*/result.json"))
+        results = [json.loads(f.read_text()) for f in found]
+        results.sort(
+            key=lambda r: (list(variants).index(r["variant"]) if r["variant"] in variants else 99, r["seed"])
+        )
+        names = []
     for name in names:
         for seed in args.seeds:
             run_dir = out / f"{name}-s{seed}"

@@ -153,3 +153,6 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     main([*args, "--variants", "recipe", "--define", changed])
     assert (out / "recipe-s0" / "result.json").stat().st_mtime > stamp
     assert json.loads((out / "recipe-s0" / "config.json").read_text())["grpo"]["learning_rate"] == 2e-6
+    # --report tabulates what is there and trains nothing
+    report = main([*args, "--report", "--define", extra])
+    assert [r["variant"] for r in report["results"]] == ["recipe", "small-lr"]
