@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from conftest import requires_libero
 
 from examples import cleanrl_ppo
 
 
+@pytest.mark.slow
 @requires_libero
 def test_cleanrl_ppo_runs_on_libero():
     args = cleanrl_ppo.Args(
