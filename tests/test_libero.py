@@ -325,3 +325,26 @@ def test_skipping_robosuites_second_forward_is_bit_identical(monkeypatch):
     for (fast, obs_fast), (ref, obs_ref) in zip(*runs, strict=True):
         assert all(np.array_equal(a, b) for a, b in zip(fast, ref, strict=True))
         assert all(np.array_equal(obs_fast[k], obs_ref[k]) for k in obs_ref)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch payload_ran",))
+
+
+def test_init_state_files_load_arrays_and_never_run_code(tmp_path, monkeypatch):
+    import pickle
+
+    import torch
+
+    from envs.libero.suites import _load_init_states_file
+
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.pruned_init"
+    torch.save(np.arange(6.0).reshape(2, 3), good)  # LIBERO's format: a pickled numpy array
+    np.testing.assert_array_equal(_load_init_states_file(str(good)), np.arange(6.0).reshape(2, 3))
+    bad = tmp_path / "bad.pruned_init"
+    torch.save(_Payload(), bad)
+    with pytest.raises(pickle.UnpicklingError):
+        _load_init_states_file(str(bad))
+    assert not (tmp_path / "payload_ran").exists()
