@@ -9,12 +9,14 @@ checkpoint is never read whole.
 
 from __future__ import annotations
 
+import io
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+from nets.safe_load import UnsafeFileError, torch_load
 
 _DROPPED = ("pos_embedder.", "_extra_state", "accum_")  # buffers and counters, not weights
 
@@ -70,6 +72,7 @@ def load_cosmos_dit(
     prefix: str = "net.",
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
+    trust_pickle: bool = False,
     **config_overrides,
 ) -> CosmosDiT:
     """Load a Cosmos action DiT from a training checkpoint ``.pt``.
@@ -78,13 +81,17 @@ def load_cosmos_dit(
     loads; ``"net_ema."``: the EMA copy) are selected, RoPE buffers / ``_extra_state`` / ``accum_*``
     are dropped, the config is inferred from tensor shapes (``config_overrides`` sets the values that
     are not in the file: ``rope_scale``, ``max_size``, ``timestep_scale``) and the weights are loaded
-    with ``strict=True``. Only load trusted files (``weights_only=False``: TE extra state is pickled).
+    with ``strict=True``. The file is read as plain data (tensors, containers, numpy arrays and the
+    ``io.BytesIO`` that Transformer Engine's extra state is saved as); ``trust_pickle=True`` reads it
+    with a full unpickler, for files you trust that need more.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Cosmos DiT checkpoint not found: {path}")
     try:
-        raw = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        raw = torch_load(path, numpy=True, allow=[io.BytesIO, bytes], mmap=True, trust_pickle=trust_pickle)
+    except UnsafeFileError:
+        raise
     except Exception as e:  # not a zip-format torch file (mmap needs one), truncated, ...
         raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
     for nest in ("model", "state_dict"):

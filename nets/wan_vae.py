@@ -21,6 +21,8 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from torch import nn
 
+from nets.safe_load import UnsafeFileError, torch_load
+
 LATENT_CHANNELS = 16
 SPATIAL_FACTOR = 8
 TEMPORAL_FACTOR = 4
@@ -87,14 +89,22 @@ class WanVAE(nn.Module):
 
     @classmethod
     def from_tokenizer(
-        cls, path: str | Path, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device = "cpu",
+        trust_pickle: bool = False,
     ) -> WanVAE:
-        """Load an original-key Wan 2.1 ``tokenizer.pth`` strictly (``base_dim`` read from shapes)."""
+        """Load an original-key Wan 2.1 ``tokenizer.pth`` strictly (``base_dim`` read from shapes), as
+        plain data (``trust_pickle=True``: a full unpickle, for files you trust)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"Wan VAE tokenizer not found: {path} (expected tokenizer.pth)")
         try:
-            raw = torch.load(path, map_location="cpu", weights_only=False)
+            raw = torch_load(path, numpy=True, trust_pickle=trust_pickle)
+        except UnsafeFileError:
+            raise
         except Exception as e:
             raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
         for nest in ("model", "state_dict"):

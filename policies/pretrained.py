@@ -3,9 +3,10 @@
 A checkpoint is a Hugging Face ``save_pretrained`` folder: ``config.json``, the weights as
 ``model.safetensors`` or shards listed in ``model.safetensors.index.json``, plus whatever files
 the model needs (tokenizer, normalization statistics). ``find_checkpoint`` takes a local folder or a
-hub id; a hub id is looked up in the Hugging Face cache (downloaded first only with
-``download=True`` and ``HF_HUB_OFFLINE`` unset). Missing files raise an error that names them, where
-they were looked for and the command that gets them.
+hub id, ``owner/name`` or ``owner/name@revision``; a hub id is looked up in the Hugging Face cache
+(at that revision when one is given), and downloaded only with ``download=True``, a pinned revision
+and ``HF_HUB_OFFLINE`` unset. Missing files raise an error that names them, where they were looked
+for and the command that gets them. Weights are read from safetensors only.
 """
 
 from __future__ import annotations
@@ -42,23 +43,32 @@ def find_checkpoint(
     what: str = "checkpoint",
     download: bool = False,
 ) -> Path:
-    """The folder holding ``required`` files (``"a|b"`` means either), from a directory or a hub id."""
+    """The folder holding ``required`` files (``"a|b"`` means either), from a directory or a hub id
+    ``owner/name[@revision]`` (``download=True`` needs the revision: downloads are pinned)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         missing = missing_files(path, required)
         if missing:
             raise FileNotFoundError(f"{what} folder {path} lacks {', '.join(missing)}")
         return path
-    repo = str(name_or_path)
+    repo, _, revision = str(name_or_path).partition("@")
     if repo.count("/") != 1 or path.exists():
-        raise FileNotFoundError(f"{what} not found: {repo!r} is neither a folder nor a hub id 'owner/name'")
+        raise FileNotFoundError(
+            f"{what} not found: {str(name_or_path)!r} is neither a folder nor a hub id "
+            "'owner/name[@revision]'"
+        )
+    if download and not revision:
+        raise ValueError(
+            f"{what} {repo!r}: download=True needs a pinned revision, '{repo}@<commit hash>' (vla-gym "
+            f"does not download an unpinned repository), or download it yourself and pass the folder"
+        )
     tried = []
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     for local_only in (True, False) if download and not offline else (True,):
         try:
             from huggingface_hub import snapshot_download
 
-            folder = Path(snapshot_download(repo, local_files_only=local_only))
+            folder = Path(snapshot_download(repo, revision=revision or None, local_files_only=local_only))
         except Exception as e:  # not cached, offline, no network: all end in the same advice
             tried.append(f"{'cache' if local_only else 'download'}: {type(e).__name__}")
             continue
@@ -66,9 +76,10 @@ def find_checkpoint(
         if not missing:
             return folder
         tried.append(f"{folder}: missing {', '.join(missing)}")
+    pin = f" --revision {revision}" if revision else ""
     raise FileNotFoundError(
         f"{what} {repo!r} not found in the Hugging Face cache ({'; '.join(tried)}). Looked for "
-        f"{', '.join(required)}. Get it with `hf download {repo} --local-dir <dir>` and pass the folder "
+        f"{', '.join(required)}. Get it with `hf download {repo}{pin} --local-dir <dir>` and pass the folder "
         f"'<dir>' instead of the hub id (or set HF_HOME to the cache that has it)."
     )
 

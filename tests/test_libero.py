@@ -333,11 +333,10 @@ class _Payload:
 
 
 def test_init_state_files_load_arrays_and_never_run_code(tmp_path, monkeypatch):
-    import pickle
-
     import torch
 
     from envs.libero.suites import _load_init_states_file
+    from nets.safe_load import UnsafeFileError
 
     monkeypatch.chdir(tmp_path)
     good = tmp_path / "good.pruned_init"
@@ -345,6 +344,6 @@ def test_init_state_files_load_arrays_and_never_run_code(tmp_path, monkeypatch):
     np.testing.assert_array_equal(_load_init_states_file(str(good)), np.arange(6.0).reshape(2, 3))
     bad = tmp_path / "bad.pruned_init"
     torch.save(_Payload(), bad)
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(UnsafeFileError, match="asks for the global 'posix.system'"):
         _load_init_states_file(str(bad))
     assert not (tmp_path / "payload_ran").exists()

@@ -442,8 +442,10 @@ def test_missing_files_and_hub_ids_are_named(folder, tmp_path, monkeypatch):
         _policy(copy)
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="hf download nobody/nothing"):
-        _policy("nobody/nothing", download=True)
+    with pytest.raises(FileNotFoundError, match="hf download nobody/nothing --revision 0123abc"):
+        _policy("nobody/nothing@0123abc", download=True)
+    with pytest.raises(ValueError, match="download=True needs a pinned revision"):
+        _policy("nobody/nothing", download=True)  # never an unpinned download
     with pytest.raises(FileNotFoundError, match="neither a folder nor a hub id"):
         _policy(tmp_path / "absent" / "deeper" / "path")
 

@@ -57,3 +57,16 @@ def test_nothing_found_names_files_places_and_the_command(offline):
     assert (
         'hf download tayalmanan/cosmos-robotics --include "models/Cosmos-Predict2.5-LIBERO-Spatial/*"' in text
     )
+
+
+def test_downloads_are_opt_in_and_pinned_to_a_revision(offline):
+    with pytest.raises(ValueError, match="download=True needs revision='<commit hash>'"):
+        find_bundle(COSMOS_LIBERO_SPATIAL, download=True)
+    pinned, newer = "0123456789abcdef0123456789abcdef01234567", "89abcdef0123456789abcdef0123456789abcdef"
+    repo = offline / "hub" / "models--tayalmanan--cosmos-robotics"
+    for commit in (pinned, newer):
+        fill(repo / "snapshots" / commit / COSMOS_LIBERO_SPATIAL.subfolder)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(newer)  # the repository moved on: the pin still gets its commit
+    found = find_bundle(COSMOS_LIBERO_SPATIAL, revision=pinned)
+    assert found == repo / "snapshots" / pinned / COSMOS_LIBERO_SPATIAL.subfolder

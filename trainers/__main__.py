@@ -15,13 +15,12 @@ it, the config's sections for other algorithms are ignored. ``python -m trainers
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainers.config import parse_cli
+from trainers.config import parse_cli, read_json
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.grpo.train import train as train_grpo
 from trainers.ppo.algorithm import PPOConfig
@@ -46,7 +45,7 @@ def config_algo(argv: list[str]) -> str | None:
         path = run_dir / "config.json"
     if path is None or not path.is_file():
         return None
-    sections = [k for k in json.loads(path.read_text()) if k in ALGOS]
+    sections = [k for k in read_json(path) if k in ALGOS]
     if len(sections) > 1:
         raise ValueError(f"{path} has sections for {sections}: choose one with --algo")
     return sections[0] if sections else None

@@ -4,11 +4,17 @@ A checkpoint is one ``torch.save`` file ``<run>/checkpoints/iter_<NNNNNN>.pt`` h
 (class, constructor arguments, weights), the optimizer, every random-number generator the run
 draws from (torch, numpy, python, the policy's sampling generator, the minibatch shuffler), the
 step counters and the run's config. It is written to a temporary name, flushed to disk and then
-renamed, so a killed run leaves either the previous checkpoint or the new one, never half of one.
+renamed (and the directory flushed), so a killed run leaves either the previous checkpoint or the
+new one, never half of one; temporary files a killed run left are removed by the next save.
+
+Loading runs no code from the file (``torch.load(weights_only=True)``: tensors, containers, strings,
+numbers and numpy arrays only), and a SHA-256 of the payload written with it is checked, so a file
+with flipped bytes is refused rather than loaded with a wrong weight.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import warnings
@@ -18,8 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from nets.safe_load import UnsafeFileError, torch_load
+
 FORMAT = "vla-gym-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: with "sha256" (version 1 files, without it, are read too)
+READABLE_VERSIONS = (1, 2)
 
 
 def rng_state(generators: dict[str, torch.Generator | None]) -> dict[str, Any]:
@@ -48,32 +57,85 @@ def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generat
             g.set_state(saved)
 
 
+def payload_digest(payload: Any) -> str:
+    """SHA-256 over a checkpoint payload: every tensor's and array's dtype, shape and bytes, and
+    the ``repr`` of every other value, walked in order (the same after a save/load round trip)."""
+    digest = hashlib.sha256()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
+            digest.update(memoryview(flat.view(torch.uint8).numpy()))
+        elif isinstance(value, np.ndarray) and value.dtype != object:
+            digest.update(f"A{value.dtype.str}{value.shape}".encode())
+            digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+        elif isinstance(value, dict):
+            digest.update(b"{")
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+            digest.update(b"}")
+        elif isinstance(value, (list, tuple)):
+            digest.update(b"(" if isinstance(value, tuple) else b"[")
+            for item in value:
+                walk(item)
+            digest.update(b")")
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    walk(payload)
+    return digest.hexdigest()
+
+
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (plus format tags) to ``path`` atomically: temp file, fsync, rename."""
+    """Write ``payload`` (plus format tags and its SHA-256) to ``path`` atomically: temp file,
+    fsync, rename, fsync of the directory. Temp files of earlier killed saves are removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(".*.partial"):
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
+    data = {"format": FORMAT, "version": VERSION, **payload}
+    data["sha256"] = payload_digest(data)
     with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, "version": VERSION, **payload}, f)
+        torch.save(data, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power loss
+    finally:
+        os.close(directory)
     return path
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by ``save_checkpoint`` (clear error for anything else)."""
+    """Read a checkpoint written by ``save_checkpoint``: safely (no code from the file runs; a
+    file that asks for more raises ``UnsafeFileError``), checking its SHA-256 (clear error for
+    anything else)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        data = torch_load(path, numpy=True, opt_in=None)
+    except UnsafeFileError:
+        raise
     except Exception as e:
         raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
-    if data.get("version") != VERSION:
-        raise ValueError(f"{path}: checkpoint version {data.get('version')}, this code reads {VERSION}")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise ValueError(
+            f"{path}: checkpoint version {data.get('version')}, this code reads {READABLE_VERSIONS}"
+        )
+    if data["version"] >= 2:
+        saved = data.pop("sha256", None)
+        if saved != payload_digest(data):
+            raise ValueError(
+                f"{path}: corrupt checkpoint (its content does not match the SHA-256 saved with it)"
+            )
     return data
 
 
@@ -97,6 +159,8 @@ def latest_checkpoint(source: str | Path) -> tuple[Path, dict[str, Any]]:
     for path in reversed(paths):
         try:
             return path, load_checkpoint(path)
+        except UnsafeFileError:
+            raise  # never fall back silently past a file that tried to run code
         except ValueError as e:
             warnings.warn(f"skipping unreadable checkpoint: {e}", RuntimeWarning, stacklevel=2)
     raise ValueError(f"none of the checkpoints under {source / 'checkpoints'} can be read")

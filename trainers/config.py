@@ -156,12 +156,20 @@ def save_config(path: str | Path, configs: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(to_dict(configs), indent=2, sort_keys=True) + "\n")
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file's content; an unreadable or malformed file is a ``ValueError`` naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the config as JSON ({type(e).__name__}: {e})") from None
+
+
 def load_config(
     path: str | Path, classes: dict[str, type], ignore: Collection[str] = ()
 ) -> dict[str, dict[str, Any]]:
     """Read a JSON config, checking that every key names a field of the matching dataclass
     (sections named in ``ignore`` are dropped)."""
-    data = json.loads(Path(path).read_text())
+    data = read_json(path)
     if isinstance(data, dict):
         data = {k: v for k, v in data.items() if k not in ignore}
     if not isinstance(data, dict) or set(data) - set(classes):

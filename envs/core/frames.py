@@ -9,7 +9,8 @@ On disk a frame set uses the layout of the RLinf world-model bundles: a ``datase
 ``.npy`` file per trajectory, each an object array of per-frame dicts with ``image`` (uint8 HWC),
 ``instruction`` and ``task`` (str) and ``delta_action`` (float32 (7,)). We write one frame per file and
 add ``wrist_image`` and ``sim_state`` where present; loading takes frame 0 of each file, so real
-bundles (whole trajectories) load too.
+bundles (whole trajectories) load too. These files are pickles by definition: they are read with an
+unpickler that builds numpy arrays, strings, numbers and containers only (``nets.safe_load``).
 """
 
 from __future__ import annotations
@@ -102,18 +103,21 @@ def save_initial_frames(frames: Sequence[InitialFrame], directory: str | os.Path
     return target
 
 
-def load_initial_frames(directory: str | os.PathLike) -> list[InitialFrame]:
+def load_initial_frames(directory: str | os.PathLike, *, trust_pickle: bool = False) -> list[InitialFrame]:
     """Read a frame set written by ``save_initial_frames`` or an RLinf bundle's ``dataset/``.
 
     ``directory`` may be the ``dataset/`` folder or its parent. Files are read in sorted order; of
-    each trajectory only frame 0 is used.
+    each trajectory only frame 0 is used. A file whose pickle asks for anything but numpy arrays,
+    strings, numbers and containers is refused (``UnsafeFileError``) unless ``trust_pickle=True``.
     """
+    from nets.safe_load import load_npy  # imports torch: only when a frame set is read
+
     root = Path(directory)
     folder = root / "dataset" if (root / "dataset").is_dir() else root
     files = sorted(folder.glob("*.npy"))
     if not files:
         raise FileNotFoundError(f"load_initial_frames: no *.npy files in {folder}")
-    return [_frame_from_record(np.load(f, allow_pickle=True), f) for f in files]
+    return [_frame_from_record(load_npy(f, trust_pickle=trust_pickle), f) for f in files]
 
 
 def _frame_from_record(record: Any, path: Path) -> InitialFrame:

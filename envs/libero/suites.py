@@ -61,13 +61,10 @@ def _init_states_path(suite: str, name: str) -> str:
 
 @cache
 def _load_init_states_file(path: str) -> np.ndarray:
-    import torch
+    from nets.safe_load import torch_load
 
     # LIBERO's .pruned_init files are pickled numpy arrays: unpickle those and nothing else
-    rebuild = np._core.multiarray._reconstruct
-    numpy_array = [rebuild, (rebuild, "numpy.core.multiarray._reconstruct")]  # numpy 2 and 1 names
-    with torch.serialization.safe_globals([*numpy_array, np.ndarray, np.dtype, type(np.dtype(np.float64))]):
-        states = np.array(torch.load(path, weights_only=True), dtype=np.float64)
+    states = np.array(torch_load(path, numpy=True, opt_in=None), dtype=np.float64)
     if states.ndim != 2:
         raise ValueError(f"unexpected init-state array of shape {states.shape} in {path}")
     states.setflags(write=False)

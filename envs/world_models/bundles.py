@@ -5,8 +5,9 @@ A bundle is the folder RLinf's checkpoints ship as: the video model, its VAE, th
 
 1. the ``model_dir=`` keyword of the env;
 2. the bundle's environment variable (e.g. ``VLA_GYM_COSMOS_LIBERO_SPATIAL=/data/cosmos``);
-3. the Hugging Face cache, downloading the bundle there if it is missing and downloads are allowed
-   (``download=True`` and ``HF_HUB_OFFLINE`` unset).
+3. the Hugging Face cache, downloading the bundle there only when asked (``download=True``, a
+   pinned ``revision``, ``HF_HUB_OFFLINE`` unset): a download fetches exactly that commit of the
+   repository, never whatever its newest files are.
 
 When none has the files, the error names the files looked for, where, and the command that gets them.
 """
@@ -28,9 +29,10 @@ class Bundle:
     env_var: str
     files: tuple[str, ...]  # relative paths; a trailing "/" means a non-empty directory
 
-    def command(self, target: str = "<dir>") -> str:
+    def command(self, target: str = "<dir>", revision: str | None = None) -> str:
         include = f' --include "{self.subfolder}/*"' if self.subfolder else ""
-        return f"hf download {self.repo}{include} --local-dir {target}"
+        pin = f" --revision {revision}" if revision else ""
+        return f"hf download {self.repo}{pin}{include} --local-dir {target}"
 
 
 COSMOS_LIBERO_SPATIAL = Bundle(
@@ -69,15 +71,29 @@ def missing_files(bundle: Bundle, directory: Path) -> list[str]:
     return missing
 
 
-def find_bundle(bundle: Bundle, model_dir: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """The folder holding ``bundle``'s files (see the module docstring for the lookup order)."""
+def find_bundle(
+    bundle: Bundle,
+    model_dir: str | os.PathLike | None = None,
+    download: bool = False,
+    revision: str | None = None,
+) -> Path:
+    """The folder holding ``bundle``'s files (see the module docstring for the lookup order).
+
+    ``revision`` (a commit hash or tag of the hub repository) pins what the cache lookup and a
+    download use; ``download=True`` without one is refused: vla-gym does not fetch an unpinned
+    repository (its owner could change what it holds)."""
+    if download and not revision:
+        raise ValueError(
+            f"{bundle.name}: download=True needs revision='<commit hash>' of {bundle.repo} (downloads "
+            f"are pinned); or get the files yourself with `{bundle.command('<dir>')}` and pass model_dir"
+        )
     tried: list[str] = []
     if model_dir is not None:
         return _checked(bundle, Path(model_dir), "model_dir")
     if os.environ.get(bundle.env_var):
         return _checked(bundle, Path(os.environ[bundle.env_var]), f"${bundle.env_var}")
     tried.append(f"${bundle.env_var} (unset)")
-    found, why = _from_hub(bundle, download)
+    found, why = _from_hub(bundle, download, revision)
     if found is not None:
         return found
     tried.append(why)
@@ -91,7 +107,7 @@ def _checked(bundle: Bundle, directory: Path, source: str) -> Path:
     return directory
 
 
-def _from_hub(bundle: Bundle, download: bool) -> tuple[Path | None, str]:
+def _from_hub(bundle: Bundle, download: bool, revision: str | None) -> tuple[Path | None, str]:
     """The bundle from the Hugging Face cache, downloaded first if allowed; else (None, why)."""
     try:
         from huggingface_hub import snapshot_download
@@ -101,7 +117,11 @@ def _from_hub(bundle: Bundle, download: bool) -> tuple[Path | None, str]:
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     for local_only in (True, False) if download and not offline else (True,):
         try:
-            root = Path(snapshot_download(bundle.repo, allow_patterns=patterns, local_files_only=local_only))
+            root = Path(
+                snapshot_download(
+                    bundle.repo, revision=revision, allow_patterns=patterns, local_files_only=local_only
+                )
+            )
         except Exception as e:  # offline, unknown repo, no network: all end in the same advice
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             continue
@@ -109,7 +129,7 @@ def _from_hub(bundle: Bundle, download: bool) -> tuple[Path | None, str]:
         if not missing_files(bundle, directory):
             return directory, ""
         why = f"missing {', '.join(missing_files(bundle, directory))}"
-    where = "Hugging Face cache" + ("" if download and not offline else " (downloads off)")
+    where = "Hugging Face cache" + ("" if download and not offline else " (downloads off: download=False)")
     return None, f"{where}, repo {bundle.repo}: {why}"
 
 

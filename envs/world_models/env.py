@@ -42,6 +42,7 @@ from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel, relative_rewards
+from nets.safe_load import UnsafeFileError, torch_load
 
 
 def default_device(device: str | torch.device | None) -> torch.device:
@@ -59,9 +60,11 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return value
 
 
-def bundle_parts(root: Path) -> tuple[ResnetRewardModel, list[InitialFrame]]:
-    """What every bundle holds besides its video model: ``resnet_rm.pth`` and ``dataset/``."""
-    return ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth"), load_initial_frames(root / "dataset")
+def bundle_parts(root: Path, trust_pickle: bool = False) -> tuple[ResnetRewardModel, list[InitialFrame]]:
+    """What every bundle holds besides its video model: ``resnet_rm.pth`` and ``dataset/`` (read as
+    plain data unless ``trust_pickle``)."""
+    reward_model = ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth", trust_pickle=trust_pickle)
+    return reward_model, load_initial_frames(root / "dataset", trust_pickle=trust_pickle)
 
 
 class WorldModelVectorEnv(ChunkedVectorEnv):
@@ -269,9 +272,20 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
     def load_state(self, data: bytes) -> None:
         """Restore a ``get_state`` snapshot of an env with the same model and ``num_envs``.
 
-        The bytes are unpickled, so load only snapshots you made.
+        The bytes are read as plain data (tensors, numpy arrays, initial frames): no code in them runs.
         """
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        if not isinstance(data, (bytes, bytearray)):
+            raise bad_input(self.env_id, "state", "the bytes get_state returned", type(data).__name__)
+        try:
+            state = torch_load(io.BytesIO(data), numpy=True, allow=[InitialFrame], opt_in=None)
+        except UnsafeFileError:
+            raise
+        except Exception as e:
+            raise bad_input(
+                self.env_id, "state", "the bytes get_state returned", f"unreadable ({e})"
+            ) from None
+        if not isinstance(state, dict) or not {"episode", "previous", "generator"} <= set(state):
+            raise bad_input(self.env_id, "state", "the bytes get_state returned", f"{type(state).__name__}")
         model_state = state.get("model_state", {})
         if model_state and self._model_state:
             want = {k: tuple(v.shape) for k, v in self._model_state.items()}

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nets.safe_load import UnsafeFileError, torch_load
+
 NUM_KEYS = 127  # entries of a resnet_rm.pth state dict (weights, biases, BatchNorm buffers)
 
 
@@ -63,12 +65,20 @@ class ResnetRewardModel(nn.Module):
         return torch.round(self.probability(frames))
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> ResnetRewardModel:
-        """Load ``resnet_rm.pth`` (a state dict, or ``{"model_state_dict": state_dict}``), strictly."""
+    def from_checkpoint(
+        cls, path: str | Path, device: str | torch.device = "cpu", trust_pickle: bool = False
+    ) -> ResnetRewardModel:
+        """Load ``resnet_rm.pth`` (a state dict, or ``{"model_state_dict": state_dict}``), strictly,
+        as plain data (``trust_pickle=True``: a full unpickle, for files you trust)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"reward model checkpoint not found: {path} (expected resnet_rm.pth)")
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            data = torch_load(path, numpy=True, trust_pickle=trust_pickle)
+        except UnsafeFileError:
+            raise
+        except Exception as e:
+            raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
         state = data.get("model_state_dict", data) if isinstance(data, dict) else None
         if not isinstance(state, dict):
             raise ValueError(

@@ -4,18 +4,19 @@
   loaded strictly by ``nets.cosmos_checkpoint.load_cosmos_dit``;
 * ``*dataset_statistics.json``: ``actions_min/max`` and ``proprio_min/max`` lists (min/max scaling);
 * ``*t5_embeddings.pkl``: a pickled ``{instruction: tensor [1, L, 1024]}`` of T5-11B embeddings, so no
-  T5 model is needed (only load files you trust: it is a pickle);
+  T5 model is needed (read with an unpickler that builds tensors, arrays and containers only);
 * the Wan 2.1 VAE: ``tokenizer.pth`` from Cosmos-Predict2-2B-Video2World, at ``tokenizer/tokenizer.pth``
   in the folder or given as ``vae_path``.
 """
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from nets.safe_load import restricted_unpickle
 
 from ..pretrained import read_json
 
@@ -82,10 +83,12 @@ def load_stats(path: Path) -> dict[str, MinMax]:
     return out
 
 
-def load_t5_embeddings(path: Path) -> dict[str, torch.Tensor]:
-    """``{instruction: [L, D] float32}`` from the pickled T5 embeddings (``[1, L, D]`` per entry)."""
-    with open(path, "rb") as f:
-        data = pickle.load(f)  # noqa: S301  (a trusted local file: the checkpoint's own)
+def load_t5_embeddings(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """``{instruction: [L, D] float32}`` from the pickled T5 embeddings (``[1, L, D]`` per entry).
+
+    Only tensors, numpy arrays, strings and containers are unpickled (``UnsafeFileError``
+    otherwise); ``trust_pickle=True`` unpickles anything, for files you trust."""
+    data = restricted_unpickle(path, trust_pickle=trust_pickle)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a non-empty dict of instruction -> T5 embedding tensor")
     out = {}

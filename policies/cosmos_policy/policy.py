@@ -86,6 +86,9 @@ class CosmosPolicy(ActionChunkPolicy):
         proprio_format: ``"libero_axis_angle"`` converts our LIBERO proprio (eef pos 3, axis-angle 3,
             gripper 2) to the model's 9-D (gripper 2, eef pos 3, quaternion 4); ``"raw"`` passes 9-D through.
         dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
+        download: let a hub id ``owner/name@revision`` download (pinned) into the Hugging Face cache.
+        trust_pickle: unpickle the T5 ``.pkl``, the DiT ``.pt`` and ``tokenizer.pth`` fully (default:
+            plain data only; anything else is refused with ``UnsafeFileError``).
     """
 
     # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
@@ -115,6 +118,7 @@ class CosmosPolicy(ActionChunkPolicy):
         use_critic: bool = True,
         dtype: str = "auto",
         download: bool = False,
+        trust_pickle: bool = False,
     ):
         super().__init__()
         require_vla_extra("CosmosPolicy", also=("diffusers",), extras="vla,wm")
@@ -155,7 +159,7 @@ class CosmosPolicy(ActionChunkPolicy):
         for key in ("actions", "proprio"):
             self.register_buffer(f"{key}_low", stats[key].low)
             self.register_buffer(f"{key}_high", stats[key].high)
-        self.texts = load_t5_embeddings(files.t5)
+        self.texts = load_t5_embeddings(files.t5, trust_pickle)
         self._text_ids = {text: i for i, text in enumerate(self.texts)}
         width = max(e.shape[0] for e in self.texts.values())
         table = torch.zeros(len(self.texts), width, next(iter(self.texts.values())).shape[1])
@@ -163,7 +167,8 @@ class CosmosPolicy(ActionChunkPolicy):
             table[i, : emb.shape[0]] = emb  # zero-padded like the T5 encoder's output
         self.register_buffer("text_table", table)
         weight_dtype = resolve_dtype(dtype)
-        self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype).requires_grad_(True)
+        self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype, trust_pickle=trust_pickle)
+        self.dit.requires_grad_(True)
         if self.dit.config.action_dim is not None:
             raise ValueError(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
         if self.dit.config.crossattn_emb_channels != table.shape[-1]:
@@ -171,7 +176,7 @@ class CosmosPolicy(ActionChunkPolicy):
                 f"T5 embeddings are {table.shape[-1]}-D, the DiT's context "
                 f"{self.dit.config.crossattn_emb_channels}-D"
             )
-        self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype)
+        self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype, trust_pickle=trust_pickle)
 
     # ------------------------------------------------------------------ inputs
     def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:

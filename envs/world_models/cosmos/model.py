@@ -149,13 +149,15 @@ class CosmosWorldModel:
         prefix: str = "net.",
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
+        trust_pickle: bool = False,
         **options,
     ) -> CosmosWorldModel:
         """Load the DiT checkpoint (``prefix``: ``"net."`` as RLinf, or ``"net_ema."``) and the Wan
-        ``tokenizer.pth``; ``options`` are the constructor's keyword arguments."""
+        ``tokenizer.pth`` (as plain data unless ``trust_pickle``); ``options`` are the constructor's
+        keyword arguments."""
         dtype = _auto_dtype(dtype, device)
-        dit = load_cosmos_dit(dit_path, prefix=prefix, dtype=dtype, device=device)
-        vae = WanVAE.from_tokenizer(tokenizer_path, dtype=dtype, device=device)
+        dit = load_cosmos_dit(dit_path, prefix=prefix, dtype=dtype, device=device, trust_pickle=trust_pickle)
+        vae = WanVAE.from_tokenizer(tokenizer_path, dtype=dtype, device=device, trust_pickle=trust_pickle)
         return cls(dit, vae, dtype=dtype, **options)
 
     # ---- device / dtype ----

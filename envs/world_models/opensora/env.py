@@ -25,7 +25,11 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
     Args:
         suite: the LIBERO suite the checkpoint imagines ("spatial" or "object").
         num_envs: envs run as one batch (RLinf: 16 per GPU).
-        model_dir, download: where the bundle is (see ``find_bundle``).
+        model_dir, download, revision: where the bundle is (see ``find_bundle``; downloads are off
+            unless ``download=True`` with a pinned ``revision``).
+        trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``,
+            and Cosmos' ``.pt`` and ``tokenizer.pth``) with a full unpickler. Off by default: they
+            are read as plain data (tensors, numpy arrays, containers) and anything else is refused.
         device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32 (dtype may be a name).
         image_size: frame (H, W); RLinf: 256x256.
         model_options: ``OpenSoraWorldModel`` options (``num_steps``, ``condition_frames``,
@@ -39,7 +43,9 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         num_envs: int = 1,
         *,
         model_dir: str | os.PathLike | None = None,
-        download: bool = True,
+        download: bool = False,
+        revision: str | None = None,
+        trust_pickle: bool = False,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         image_size: Sequence[int] = (256, 256),
@@ -52,7 +58,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         env_id = env_id or f"OpenSoraWM-Libero{suite.capitalize()}-v0"
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
-        root = find_bundle(BUNDLES[suite], model_dir, download)
+        root = find_bundle(BUNDLES[suite], model_dir, download, revision)
         device = default_device(device)
         model = OpenSoraWorldModel.from_files(
             root,
@@ -65,7 +71,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         )
         super().__init__(
             model,
-            *bundle_parts(root),
+            *bundle_parts(root, trust_pickle),
             env_id=env_id,
             num_envs=num_envs,
             sim_env_id=SIM_IDS[suite],
