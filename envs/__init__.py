@@ -10,7 +10,14 @@ b1k = gym.make_vec("B1K-TurningOnRadio-v0", num_envs=2)  # needs OmniGibson + an
 """
 
 from envs.b1k import register as _register_b1k
-from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame, load_initial_frames, save_initial_frames
+from envs.core import (
+    ChunkedVectorEnv,
+    ChunkResult,
+    ClosedEnvError,
+    InitialFrame,
+    load_initial_frames,
+    save_initial_frames,
+)
 from envs.libero import register as _register_libero
 from envs.world_models import register as _register_world_models
 
@@ -18,4 +25,11 @@ _register_libero()
 _register_world_models()
 _register_b1k()
 
-__all__ = ["ChunkResult", "ChunkedVectorEnv", "InitialFrame", "load_initial_frames", "save_initial_frames"]
+__all__ = [
+    "ChunkResult",
+    "ChunkedVectorEnv",
+    "ClosedEnvError",
+    "InitialFrame",
+    "load_initial_frames",
+    "save_initial_frames",
+]

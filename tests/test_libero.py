@@ -347,3 +347,50 @@ def test_init_state_files_load_arrays_and_never_run_code(tmp_path, monkeypatch):
     with pytest.raises(UnsafeFileError, match="asks for the global 'posix.system'"):
         _load_init_states_file(str(bad))
     assert not (tmp_path / "payload_ran").exists()
+
+
+def test_a_closed_env_refuses_every_call_with_one_clear_error():
+    from envs import ClosedEnvError
+
+    env = make(cameras=[], num_envs=1)
+    env.reset(seed=0)
+    env.close()
+    env.close()  # twice is fine
+    calls = {
+        "step": lambda: env.step(zeros(env)),
+        "reset": lambda: env.reset(seed=0),
+        "current_frames": env.current_frames,
+        "render": env.render,
+    }
+    for name, call in calls.items():
+        with pytest.raises(ClosedEnvError, match=f"Libero-Spatial-v0: {name}\\(\\) on a closed env"):
+            call()
+    view = gym.make("Libero-Spatial-v0", cameras=[])
+    view.reset(seed=0)
+    view.close()
+    with pytest.raises(ClosedEnvError, match="on a closed env"):
+        view.step(view.action_space.sample())
+
+
+def test_suite_tasks_match_liberos_benchmark_and_leave_stdout_alone():
+    import sys
+    import threading
+
+    from libero.libero import benchmark
+
+    from envs.libero import suites
+
+    stdout = sys.stdout
+    suites._benchmark_tasks.cache_clear()
+    names = ["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
+    threads = [threading.Thread(target=suites._benchmark_tasks, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sys.stdout is stdout  # no thread swapped the process's stdout
+    for name in names:
+        theirs = benchmark.get_benchmark_dict()[name]()  # LIBERO's own API (prints its task order)
+        ours = suites._benchmark_tasks(name)
+        assert [t.name for t in ours] == theirs.get_task_names()
+        assert [t.instruction for t in ours] == [t.language for t in theirs.tasks]

@@ -261,3 +261,22 @@ def test_one_env_view_passes_gymnasium_check_env(bundles, backend):
     )
     check_env(env.unwrapped)
     env.close()
+
+
+def test_a_closed_world_model_env_refuses_every_call(bundles):
+    from envs import ClosedEnvError
+
+    env = make(bundles, "opensora", num_envs=1)
+    env.reset(seed=0)
+    state = env.unwrapped.get_state()
+    env.close()
+    calls = {
+        "step": lambda: env.step(np.zeros(env.action_space.shape, np.float32)),
+        "reset": lambda: env.reset(seed=0),
+        "get_state": env.unwrapped.get_state,
+        "load_state": lambda: env.unwrapped.load_state(state),
+        "offload": env.unwrapped.offload,
+    }
+    for name, call in calls.items():
+        with pytest.raises(ClosedEnvError, match=f"{name}\\(\\) on a closed env"):
+            call()

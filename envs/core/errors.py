@@ -10,6 +10,14 @@ def bad_input(env_id: str, what: str, expected: Any, received: Any) -> ValueErro
     return ValueError(f"{env_id}: bad {what}: expected {expected}, received {received}")
 
 
+class ClosedEnvError(RuntimeError):
+    """Any use of an env after ``close()``."""
+
+
+def closed_env(env_id: str, call: str) -> ClosedEnvError:
+    return ClosedEnvError(f"{env_id}: {call}() on a closed env (close() was called): make a new env")
+
+
 def describe(x: Any) -> str:
     """Short description of a value for error messages (shape and dtype for arrays)."""
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)

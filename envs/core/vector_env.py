@@ -10,7 +10,8 @@ A backend fills in two hooks, both batched over a set of env indices:
 
 This class owns the rest: action and option validation, autoreset (NEXT_STEP, SAME_STEP, DISABLED
 with ``reset_mask``), episode bookkeeping and statistics, time limits, and gymnasium's info
-conventions (``_key`` masks, ``final_obs``/``final_info``).
+conventions (``_key`` masks, ``final_obs``/``final_info``), and refusing any use after ``close()``
+(``ClosedEnvError``) so a backend's released resources are never touched.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input, describe
+from envs.core.errors import bad_input, closed_env, describe
 from envs.core.frames import InitialFrame
 from envs.core.spaces import chunk_action_space
 
@@ -149,6 +150,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
     def reset(
         self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self._check_open("reset")
         options = dict(options or {})
         unknown = sorted(set(options) - set(RESET_OPTIONS))
         if unknown:
@@ -166,6 +168,10 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         infos: dict[str, Any] = {}
         self._start_episodes(env_ids, frames, infos)
         return self._observations(), infos
+
+    def _check_open(self, call: str) -> None:
+        if self.closed:
+            raise closed_env(self.env_id, call)
 
     def _parse_mask(self, mask: Any) -> np.ndarray:
         if mask is None:
@@ -242,6 +248,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        self._check_open("step")
         if not self._started.all():
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         actions = self._check_actions(actions)
@@ -354,12 +361,14 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
 
     def _episode_state(self) -> dict[str, Any]:
         """A deep copy of everything this class tracks per env, plus its RNG (for ``get_state``)."""
+        self._check_open("get_state")
         state = {name: copy.deepcopy(getattr(self, name)) for name in self._EPISODE_FIELDS}
         state["np_random"] = copy.deepcopy(self.np_random.bit_generator.state)
         return state
 
     def _load_episode_state(self, state: dict[str, Any]) -> None:
         """Inverse of ``_episode_state``; checks the env count first so nothing is half-applied."""
+        self._check_open("load_state")
         missing = [name for name in (*self._EPISODE_FIELDS, "np_random") if name not in state]
         if missing:
             raise ValueError(f"{self.env_id}: bad state: missing entries {missing}")
@@ -390,6 +399,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         Right after a reset these are the episodes' starts: save them with ``save_initial_frames``
         to start a world model (or another simulator run) from the same places.
         """
+        self._check_open("current_frames")
         frames = []
         for i, start in enumerate(self._frames):
             if start is None:
@@ -408,6 +418,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
 
     def render(self) -> tuple[np.ndarray, ...] | None:
         """The current main-camera image of every env (``rgb_array`` mode)."""
+        self._check_open("render")
         if self.render_mode != "rgb_array" or "image" not in self._obs:
             return None
         return tuple(self._obs["image"].copy())

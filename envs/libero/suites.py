@@ -6,8 +6,6 @@ imported lazily, after :func:`envs.libero.install.ensure_config` has written LIB
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -76,15 +74,16 @@ def _benchmark_tasks(benchmark_name: str) -> tuple[LiberoTask, ...]:
     from envs.libero.install import ensure_config
 
     ensure_config()
-    # hf-libero prints "[info] using task orders ..." for every suite it instantiates.
-    with contextlib.redirect_stdout(io.StringIO()):
-        from libero.libero import benchmark, get_libero_path
+    from libero.libero import benchmark, get_libero_path
 
-        bench = benchmark.get_benchmark_dict()[benchmark_name]()
+    # The task list LIBERO's Benchmark class builds (task order 0), read from the tables it reads:
+    # instantiating the class prints "[info] using task orders ...", and silencing that would
+    # swap sys.stdout for the whole process (and for other threads).
+    tasks_in_file_order = list(benchmark.task_maps[benchmark_name].values())
+    order = range(len(tasks_in_file_order)) if benchmark_name == "libero_90" else benchmark.task_orders[0]
     bddl_dir = get_libero_path("bddl_files")
     tasks = []
-    for i in range(bench.get_num_tasks()):
-        t = bench.get_task(i)
+    for i, t in enumerate(tasks_in_file_order[k] for k in order):
         states = _load_init_states_file(_init_states_path(t.problem_folder, t.name))
         tasks.append(
             LiberoTask(

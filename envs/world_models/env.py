@@ -238,6 +238,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
     # ---------------------------------------------------------------- sharing a GPU, saving state
     def offload(self) -> None:
         """Move the models and per-env tensors to CPU memory (to free the GPU for the policy)."""
+        self._check_open("offload")
         if self._offloaded or self.model.device.type == "cpu":
             return
         self._device = self.model.device
@@ -248,6 +249,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
 
     def onload(self) -> None:
         """Undo ``offload``; ``reset`` and ``step`` call it themselves."""
+        self._check_open("onload")
         if self._offloaded:
             self._move(self._device)
             self._offloaded = False
@@ -274,6 +276,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
 
         The bytes are read as plain data (tensors, numpy arrays, initial frames): no code in them runs.
         """
+        self._check_open("load_state")
         if not isinstance(data, (bytes, bytearray)):
             raise bad_input(self.env_id, "state", "the bytes get_state returned", type(data).__name__)
         try:
