@@ -394,3 +394,34 @@ def test_suite_tasks_match_liberos_benchmark_and_leave_stdout_alone():
         ours = suites._benchmark_tasks(name)
         assert [t.name for t in ours] == theirs.get_task_names()
         assert [t.instruction for t in ours] == [t.language for t in theirs.tasks]
+
+
+@pytest.mark.parametrize(
+    "kwargs, name, expected",
+    [
+        ({"max_episode_steps": 0}, "max_episode_steps", "an int >= 1 or None"),
+        ({"max_episode_steps": -5}, "max_episode_steps", "an int >= 1 or None"),
+        ({"settle_steps": -1}, "settle_steps", "an int >= 0"),
+        ({"scene_seed": "x"}, "scene_seed", "an int >= 0 or None"),
+        ({"max_cached_scenes": 0}, "max_cached_scenes", "an int >= 1"),
+        ({"chunk_size": 2.5}, "chunk_size", "an int >= 1 or None"),
+        ({"chunk_size": "4"}, "chunk_size", "an int >= 1 or None"),
+        ({"image_size": (0, 0)}, "image_size", "a positive int or"),
+        ({"image_size": -8}, "image_size", "a positive int or"),
+        ({"autoreset_mode": "sometimes"}, "autoreset_mode", "one of"),
+        ({"task_ids": [0.5]}, None, r"task_ids must be in \[0, 10\)"),
+    ],
+)
+def test_bad_constructor_arguments_are_named_before_any_worker_starts(kwargs, name, expected):
+    match = f"Libero-Spatial-v0: bad {name}: expected {expected}" if name else expected
+    with pytest.raises(ValueError, match=match):
+        gym.make_vec("Libero-Spatial-v0", num_envs=1, cameras=[], **kwargs)
+
+
+def test_bad_reset_arguments_are_named(vec):
+    with pytest.raises(ValueError, match="bad reset options: expected a dict or None, received 'abc'"):
+        vec.reset(options="abc")
+    with pytest.raises(
+        ValueError, match="bad initial_frames: expected an int id, an InitialFrame or a sequence"
+    ):
+        vec.reset(options={"initial_frames": 3.5})

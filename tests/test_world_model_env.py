@@ -280,3 +280,25 @@ def test_a_closed_world_model_env_refuses_every_call(bundles):
     for name, call in calls.items():
         with pytest.raises(ClosedEnvError, match=f"{name}\\(\\) on a closed env"):
             call()
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"image_size": (0, 0)}, "image_size"),
+        ({"image_size": (-32, 48)}, "image_size"),
+        ({"success_threshold": "x"}, "success_threshold"),
+        ({"success_threshold": 1.5}, "success_threshold"),
+        ({"max_episode_steps": 0}, "max_episode_steps"),
+        ({"reward_coef": float("nan")}, "reward_coef"),
+    ],
+)
+def test_bad_constructor_arguments_are_named(bundles, kwargs, name):
+    options = {"model_dir": bundles["cosmos"], "image_size": SIZES["cosmos"], **kwargs}
+    with pytest.raises(ValueError, match=f"CosmosWM-LiberoSpatial-v0: bad {name}: expected"):
+        gym.make_vec(IDS["cosmos"], num_envs=1, **options)
+
+
+def test_an_empty_frame_image_is_refused():
+    with pytest.raises(ValueError, match=r"H, W >= 1, got shape \(0, 0, 3\)"):
+        InitialFrame(instruction="pick", image=np.zeros((0, 0, 3), np.uint8))

@@ -56,9 +56,10 @@ class InitialFrame:
             if img is None:
                 continue
             img = np.asarray(img)
-            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or 0 in img.shape:
                 raise ValueError(
-                    f"InitialFrame: {name} must be uint8 (H, W, 3), got shape {img.shape} dtype {img.dtype}"
+                    f"InitialFrame: {name} must be uint8 (H, W, 3) with H, W >= 1, got shape {img.shape} "
+                    f"dtype {img.dtype}"
                 )
             setattr(self, name, img)
         if self.sim_state is not None:

@@ -26,7 +26,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input, closed_env, describe
+from envs.core.errors import bad_input, check_int, closed_env, describe
 from envs.core.frames import InitialFrame
 from envs.core.spaces import chunk_action_space
 
@@ -92,8 +92,13 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             raise bad_input(env_id, "num_envs", "a positive int", describe(num_envs))
         self.env_id = env_id
         self.num_envs = int(num_envs)
+        chunk_size = check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True)
         self.chunk_size = chunk_size
-        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        try:
+            self.autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            modes = [m.value for m in AutoresetMode]
+            raise bad_input(env_id, "autoreset_mode", f"one of {modes}", describe(autoreset_mode)) from None
         # what trainers read (trainers/env_contract.py); wrappers forward metadata, not attributes
         self.metadata = {
             **type(self).metadata,
@@ -151,6 +156,8 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         self._check_open("reset")
+        if options is not None and not isinstance(options, dict):
+            raise bad_input(self.env_id, "reset options", "a dict or None", describe(options))
         options = dict(options or {})
         unknown = sorted(set(options) - set(RESET_OPTIONS))
         if unknown:
@@ -196,6 +203,13 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
     def _resolve_frames(self, spec: Any, count: int) -> list[tuple[InitialFrame, int]]:
         if isinstance(spec, InitialFrame | int | np.integer):
             spec = [spec]
+        if not isinstance(spec, Sequence | np.ndarray) or isinstance(spec, str):
+            raise bad_input(
+                self.env_id,
+                "initial_frames",
+                "an int id, an InitialFrame or a sequence of them",
+                describe(spec),
+            )
         spec = list(spec)
         if len(spec) != count:
             raise bad_input(self.env_id, "initial_frames", f"{count} entries (one per env reset)", len(spec))

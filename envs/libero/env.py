@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from envs.core.errors import check_image_size, check_int
 from envs.core.frames import InitialFrame
 from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
@@ -178,12 +179,15 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         cameras = tuple(cameras)
         if not set(cameras) <= set(CAMERAS) or (cameras and cameras[0] != "agentview"):
             raise ValueError(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
-        hw = (image_size, image_size) if isinstance(image_size, int | np.integer) else tuple(image_size)
-        if len(hw) != 2 or not all(isinstance(v, int | np.integer) and v > 0 for v in hw):
-            raise ValueError(f"{env_id}: image_size must be an int or (height, width), got {image_size}")
+        hw = check_image_size(env_id, image_size)
+        check_int(env_id, "settle_steps", settle_steps, low=0)
+        check_int(env_id, "scene_seed", scene_seed, low=0, none_ok=True)
+        check_int(env_id, "max_episode_steps", max_episode_steps, low=1, none_ok=True)
+        check_int(env_id, "max_cached_scenes", max_cached_scenes, low=1)
+        check_int(env_id, "envs_per_worker", envs_per_worker, low=1)
         tasks = suite_tasks(suite)
         if task_ids is not None:
-            bad = [i for i in task_ids if not 0 <= i < len(tasks)]
+            bad = [i for i in task_ids if not isinstance(i, int | np.integer) or not 0 <= i < len(tasks)]
             if bad:
                 raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]

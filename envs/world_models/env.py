@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input
+from envs.core.errors import bad_input, check_float, check_int
 from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
 from envs.core.spaces import observation_space
@@ -107,8 +107,10 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         render_mode: str | None = "rgb_array",
     ) -> None:
-        if not isinstance(max_episode_steps, int) or max_episode_steps < 1:
-            raise bad_input(env_id, "max_episode_steps", "a positive int", max_episode_steps)
+        check_int(env_id, "max_episode_steps", max_episode_steps, low=1)
+        check_int(env_id, "seed", seed, low=0)
+        check_float(env_id, "reward_coef", reward_coef)
+        check_float(env_id, "success_threshold", success_threshold, low=0.0, high=1.0)
         if not initial_frames:
             raise bad_input(env_id, "initial_frames", "at least one frame", 0)
         self.model, self.resize_frames = model, resize_frames

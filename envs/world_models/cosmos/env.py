@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from envs.core.errors import check_image_size
 from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
 from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 
@@ -59,6 +60,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
 
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
+        image_size = check_image_size(env_id, image_size)  # before any weights are loaded
         root = find_bundle(BUNDLES[suite], model_dir, download, revision)
         device = default_device(device)
         model = CosmosWorldModel.from_files(

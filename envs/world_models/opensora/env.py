@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from envs.core.errors import check_image_size
 from envs.world_models.bundles import OPENSORA_LIBERO_OBJECT, OPENSORA_LIBERO_SPATIAL, find_bundle
 from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
 
@@ -58,6 +59,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         env_id = env_id or f"OpenSoraWM-Libero{suite.capitalize()}-v0"
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
+        image_size = check_image_size(env_id, image_size)  # before any weights are loaded
         root = find_bundle(BUNDLES[suite], model_dir, download, revision)
         device = default_device(device)
         model = OpenSoraWorldModel.from_files(
