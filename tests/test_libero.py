@@ -166,6 +166,14 @@ def test_reset_from_saved_and_reloaded_frames(vec, tmp_path):
     assert np.array_equal(loaded[0].image, obs["image"][0])
 
 
+def _with_state(vec, index, value):
+    """Frame 1 with one entry of its sim_state set to ``value``."""
+    frame = vec.initial_frames[1]
+    state = frame.sim_state.copy()
+    state[index] = value
+    return InitialFrame(frame.instruction, task=frame.task, sim_state=state)
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -173,6 +181,14 @@ def test_reset_from_saved_and_reloaded_frames(vec, tmp_path):
         (lambda v: v.step(np.full((2, K, 7), np.inf, np.float32)), "bad actions: expected finite values"),
         (lambda v: v.reset(options={"initial_frames": [0, 500]}), r"expected an int in \[0, 500\)"),
         (lambda v: v.reset(options={"ids": [0, 1]}), "bad reset option"),
+        (
+            lambda v: v.reset(options={"initial_frames": [0, _with_state(v, 5, np.nan)]}),
+            r"finite .* \(got nan\)",
+        ),
+        (
+            lambda v: v.reset(options={"initial_frames": [0, _with_state(v, 5, 1e308)]}),
+            r"within \+-1000 \(got 1e\+308\)",
+        ),
         (
             lambda v: v.reset(options={"initial_frames": [InitialFrame("x", task="libero_spatial/nope"), 0]}),
             "LIBERO task key",
@@ -425,3 +441,53 @@ def test_bad_reset_arguments_are_named(vec):
         ValueError, match="bad initial_frames: expected an int id, an InitialFrame or a sequence"
     ):
         vec.reset(options={"initial_frames": 3.5})
+
+
+def test_a_failed_batched_reset_leaves_every_env_reported_truthfully(monkeypatch):
+    env = make(cameras=[])
+    pool = env.pool
+    start = pool._start
+
+    def start_and_kill(worker):  # worker 1 dies again as soon as it is restarted
+        start(worker)
+        if worker == 1:
+            pool._procs[worker].kill()
+            pool._procs[worker].join()
+
+    try:
+        env.reset(options={"initial_frames": [0, 50]})
+        os.kill(pool.pids()[1], signal.SIGKILL)
+        monkeypatch.setattr(pool, "_start", start_and_kill)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with pytest.raises(RuntimeError, match=r"workers of envs \[1\] died twice in reset"):
+                env.reset(options={"initial_frames": [1, 51]})  # env 0's simulator did reset
+        monkeypatch.undo()
+        # neither env is where the bookkeeping says: both episodes end, reported as lost
+        _, _, term, trunc, info = env.step(zeros(env))
+        assert trunc.tolist() == [True, True] and not term.any() and info["worker_restarted"].all()
+        with pytest.warns(RuntimeWarning, match="died"):  # worker 1 is found dead and restarted
+            env.reset(options={"initial_frames": [1, 51]})
+        _, _, _, trunc, info = env.step(zeros(env))
+        assert not trunc.any() and info["chunk_valid"].all()
+    finally:
+        env.close()
+
+
+def test_a_stopped_worker_is_detected_within_the_step_timeout():
+    import time
+
+    env = make(cameras=[], step_timeout_s=3.0)
+    try:
+        env.reset(options={"initial_frames": [0, 50]})
+        os.kill(env.pool.pids()[1], signal.SIGSTOP)  # alive, never answers
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=r"no answer to run_chunk\(\) in 3 s \(hung or stopped\)"):
+            _, _, _, trunc, info = env.step(zeros(env))
+        assert time.monotonic() - start < 20
+        assert trunc.tolist() == [False, True] and info["worker_restarted"][1]
+        env.reset(options={"reset_mask": np.array([False, True]), "initial_frames": [50]})
+        _, _, _, trunc, info = env.step(zeros(env))
+        assert not trunc.any() and info["chunk_valid"].all()
+    finally:
+        env.close()

@@ -4,20 +4,23 @@ Each worker process holds ``envs_per_worker`` simulator objects, built lazily by
 the worker (so GL contexts are only ever created there, never in a process that forks). Workers are
 started with an explicit start method (default ``forkserver``: safe when the parent holds CUDA or GL
 state; scripts then need an ``if __name__ == "__main__":`` guard).
+
+Every call has a deadline (``timeout_s``, chosen by the env for what the call does: seconds for a
+chunk step, minutes for a scene build): a worker that has not answered by then (hung, or stopped) is
+killed and restarted like one that crashed.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-CALL_TIMEOUT_S = 900.0  # a worker silent for this long is taken as hung and restarted
 
 
 class WorkerError(RuntimeError):
@@ -115,12 +118,14 @@ class WorkerPool:
         self._start(worker)
 
     def call(
-        self, method: str, env_ids: Sequence[int], args: Sequence[tuple]
+        self, method: str, env_ids: Sequence[int], args: Sequence[tuple], timeout_s: float
     ) -> tuple[list[Any], np.ndarray]:
         """Call ``sim.method(*args[i])`` on the simulator of each ``env_ids[i]``.
 
         Returns the results (None where the worker crashed) and a bool mask of crashed envs. A
-        crashed worker is restarted; all of its envs are added to ``self.lost``.
+        crashed worker, or one with no answer ``timeout_s`` seconds after the call was sent (the
+        workers run in parallel: one deadline for all), is restarted; all of its envs are added to
+        ``self.lost``.
         """
         by_worker: dict[int, list[tuple[int, int, tuple]]] = {}
         for pos, (env, a) in enumerate(zip(env_ids, args, strict=True)):
@@ -134,11 +139,12 @@ class WorkerPool:
             except (BrokenPipeError, ConnectionResetError, OSError) as e:
                 failed[w] = f"send failed: {e!r}"
         error = None
+        deadline = time.monotonic() + timeout_s
         for w, items in by_worker.items():
             if w not in failed:
                 try:
-                    if not self._conns[w].poll(CALL_TIMEOUT_S):
-                        raise TimeoutError(f"no answer in {CALL_TIMEOUT_S:.0f} s")
+                    if not self._conns[w].poll(max(0.0, deadline - time.monotonic())):
+                        raise TimeoutError(f"no answer to {method}() in {timeout_s:g} s (hung or stopped)")
                     status, payload = self._conns[w].recv()
                 except (EOFError, ConnectionResetError, OSError, TimeoutError) as e:
                     failed[w] = f"{type(e).__name__}: {e}, exit code {self._procs[w].exitcode}"

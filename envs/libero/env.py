@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import check_image_size, check_int
+from envs.core.errors import check_float, check_image_size, check_int
 from envs.core.frames import InitialFrame
 from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
@@ -21,6 +21,8 @@ from envs.libero.task_state import TASK_STATE_FIELDS
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
 CAMERAS = ("agentview", "wrist")
+# largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
+SIM_STATE_BOUND = 1e3
 
 
 def task_key(task: LiberoTask) -> str:
@@ -146,6 +148,11 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         envs_per_worker: simulators per worker process.
         context: multiprocessing start method for the workers.
         render_gpus: GPU ids to spread EGL rendering over (default: all visible CUDA GPUs; none on CPU).
+        step_timeout_s, reset_timeout_s: how long a worker may take to answer a chunk step / a reset
+            (which may build a scene) before it counts as hung and is restarted (its envs truncated
+            with ``worker_restarted``). Defaults: ``20 + 0.5 * K * envs_per_worker`` seconds for a
+            step (24 s at K = 8), ``120 + 30 * envs_per_worker`` for a reset; about 10x what a loaded
+            2-core machine needs.
     """
 
     def __init__(
@@ -174,6 +181,8 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         render_gpus: Sequence[int] | None = None,
         render_mode: str | None = "rgb_array",
         env_id: str | None = None,
+        step_timeout_s: float | None = None,
+        reset_timeout_s: float | None = None,
     ) -> None:
         env_id = env_id or f"Libero-{suite.capitalize()}-v0"
         cameras = tuple(cameras)
@@ -185,6 +194,14 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         check_int(env_id, "max_episode_steps", max_episode_steps, low=1, none_ok=True)
         check_int(env_id, "max_cached_scenes", max_cached_scenes, low=1)
         check_int(env_id, "envs_per_worker", envs_per_worker, low=1)
+        sub_steps = (check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True) or 1) * envs_per_worker
+        step_default, reset_default = 20 + 0.5 * sub_steps, 120 + 30 * envs_per_worker
+        self.step_timeout_s = check_float(
+            env_id, "step_timeout_s", step_default if step_timeout_s is None else step_timeout_s, low=0.01
+        )
+        self.reset_timeout_s = check_float(
+            env_id, "reset_timeout_s", reset_default if reset_timeout_s is None else reset_timeout_s, low=0.01
+        )
         tasks = suite_tasks(suite)
         if task_ids is not None:
             bad = [i for i in task_ids if not isinstance(i, int | np.integer) or not 0 <= i < len(tasks)]
@@ -249,6 +266,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         if frame.sim_state is None or frame.sim_state.shape != (expected,):
             got = None if frame.sim_state is None else frame.sim_state.shape
             return f"a sim_state of shape ({expected},) for {frame.task} (got {got})"
+        if not np.all(np.abs(frame.sim_state) <= SIM_STATE_BOUND):  # NaN fails too
+            worst = frame.sim_state[np.argmax(np.nan_to_num(np.abs(frame.sim_state), nan=np.inf))]
+            return f"a finite sim_state within +-{SIM_STATE_BOUND:g} (got {worst})"
         return None
 
     def _max_episode_steps(self, frame: InitialFrame) -> int:
@@ -259,15 +279,24 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         args = [
             (_all_tasks()[f.task], f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)
         ]
-        results, crashed = self.pool.call("reset", env_ids, args)
-        retry = np.flatnonzero(crashed)
-        if len(retry):  # the restarted workers get one more try
-            again, crashed_again = self.pool.call("reset", env_ids[retry], [args[p] for p in retry])
-            if crashed_again.any():
-                dead = env_ids[retry[crashed_again]].tolist()
-                raise RuntimeError(f"{self.env_id}: workers of envs {dead} died twice in reset")
-            for p, res in zip(retry, again):
-                results[p] = res
+        try:
+            results, crashed = self.pool.call("reset", env_ids, args, self.reset_timeout_s)
+            retry = np.flatnonzero(crashed)
+            if len(retry):  # the restarted workers get one more try
+                again, crashed_again = self.pool.call(
+                    "reset", env_ids[retry], [args[p] for p in retry], self.reset_timeout_s
+                )
+                if crashed_again.any():
+                    dead = env_ids[retry[crashed_again]].tolist()
+                    raise RuntimeError(f"{self.env_id}: workers of envs {dead} died twice in reset")
+                for p, res in zip(retry, again):
+                    results[p] = res
+        except Exception:
+            # Some simulators of the call may be at their new start, others not: none of them is
+            # where the bookkeeping says. All are lost: the next step truncates them
+            # (worker_restarted) and they start again at their next reset.
+            self.pool.lost.update(int(i) for i in env_ids)
+            raise
         self.pool.lost.difference_update(int(i) for i in env_ids)
         for i, res in zip(env_ids, results):
             self._objects[i] = res["objects"]
@@ -281,7 +310,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             (actions[p].astype(np.float64), int(max_steps[p]), self.record_frames, self.object_state_in_info)
             for p in live
         ]
-        results, crashed_live = self.pool.call("run_chunk", env_ids[live], args)
+        results, crashed_live = self.pool.call("run_chunk", env_ids[live], args, self.step_timeout_s)
         crashed = lost.copy()
         crashed[live] = crashed_live
         rewards = np.zeros((n, k), np.float32)
