@@ -491,3 +491,30 @@ def test_a_stopped_worker_is_detected_within_the_step_timeout():
         assert not trunc.any() and info["chunk_valid"].all()
     finally:
         env.close()
+
+
+SCRIPT = """import gymnasium as gym
+import envs
+env = gym.make_vec("Libero-Spatial-v0", num_envs=2, cameras=[])
+obs, _ = env.reset(seed=0)
+print("proprio", obs["proprio"].shape)
+env.close()
+"""
+
+
+def test_workers_start_from_stdin_from_c_and_from_a_script_without_a_main_guard(tmp_path):
+    """Workers never re-import ``__main__``: ``python -`` (stdin), ``python -c`` (like a notebook,
+    whose main module has no file) and a script without ``if __name__ == "__main__":`` all work."""
+    import subprocess
+    import sys
+
+    (tmp_path / "unguarded.py").write_text(SCRIPT)
+    runs = {
+        "stdin": ([sys.executable, "-"], SCRIPT),
+        "-c": ([sys.executable, "-c", SCRIPT], None),
+        "unguarded script": ([sys.executable, "unguarded.py"], None),
+    }
+    for name, (cmd, stdin) in runs.items():
+        done = subprocess.run(cmd, input=stdin, text=True, capture_output=True, timeout=600, cwd=tmp_path)
+        assert "proprio (2, 8)" in done.stdout, f"{name}: {done.stderr[-3000:]}"
+        assert "died" not in done.stderr, f"{name}: {done.stderr[-3000:]}"

@@ -3,7 +3,9 @@
 Each worker process holds ``envs_per_worker`` simulator objects, built lazily by ``factory`` inside
 the worker (so GL contexts are only ever created there, never in a process that forks). Workers are
 started with an explicit start method (default ``forkserver``: safe when the parent holds CUDA or GL
-state; scripts then need an ``if __name__ == "__main__":`` guard).
+state). Workers never re-import the parent's ``__main__`` (everything they run lives in vla-gym's
+modules), so scripts fed on standard input (``python - <<EOF``), notebooks and scripts without an
+``if __name__ == "__main__":`` guard all work.
 
 Every call has a deadline (``timeout_s``, chosen by the env for what the call does: seconds for a
 chunk step, minutes for a scene build): a worker that has not answered by then (hung, or stopped) is
@@ -12,8 +14,11 @@ killed and restarted like one that crashed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
 import traceback
 import warnings
@@ -21,6 +26,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_main_module() -> Any:
+    """While workers start, hide where ``__main__`` came from, so multiprocessing's start-up in the
+    worker does not run the parent's main script again (for ``python -`` it cannot: the script is
+    ``<stdin>``; for a real script it would import torch and everything the script imports)."""
+    main = sys.modules["__main__"]
+    with _MAIN_LOCK:
+        saved_file, saved_spec = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__spec__ = saved_spec
+            if saved_file is not None:
+                main.__file__ = saved_file
 
 
 class WorkerError(RuntimeError):
@@ -96,7 +120,8 @@ class WorkerPool:
             name=f"{self.name}-worker-{worker}",
             daemon=True,
         )
-        proc.start()
+        with _without_main_module():
+            proc.start()
         child.close()
         self._procs[worker], self._conns[worker] = proc, parent
 
