@@ -156,3 +156,15 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     # --report tabulates what is there and trains nothing
     report = main([*args, "--report", "--define", extra])
     assert [r["variant"] for r in report["results"]] == ["recipe", "small-lr"]
+
+
+def test_robustness_probe_prints_its_table(tmp_path, capsys):
+    """The probe's fast categories (its LIBERO ones are tests in test_libero.py too)."""
+    from benchmarks.robustness import main
+
+    results = main(["--categories", "untrusted files", "checkpoints", "--out", str(tmp_path)])
+    assert all(outcome == "" for cases in results.values() for outcome in cases.values()), results
+    out = capsys.readouterr().out
+    rows = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in out.splitlines()[3:6]}
+    assert rows == {"untrusted files": ["11", "11"], "checkpoints": ["6", "6"], "all": ["17", "17"]}
+    assert json.loads((tmp_path / "robustness.json").read_text()).keys() == results.keys()
