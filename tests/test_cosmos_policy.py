@@ -15,6 +15,7 @@ import torch
 from conftest import requires_libero
 from gymnasium import spaces
 
+from envs.core.spaces import FieldBox
 from nets.cosmos_dit import CosmosDiT
 from policies.cosmos_policy import CosmosPolicy, layout
 from policies.cosmos_policy.policy import axis_angle_to_quat_xyzw, policy_sigmas
@@ -27,7 +28,7 @@ OBS_SPACE = spaces.Dict(
     {
         "image": IMG,
         "wrist_image": IMG,
-        "proprio": spaces.Box(-10, 10, (8,), np.float32),
+        "proprio": FieldBox(-10, 10, (("eef_pos", 3), ("eef_axis_angle", 3), ("gripper_qpos", 2))),
         "instruction": spaces.Text(200),
     }
 )
@@ -118,6 +119,17 @@ def test_proprio_and_images_reach_the_conditioning_frames(folder):
     )
     other = dict(obs, image=255 - obs["image"])
     assert not torch.equal(policy._prepare(other)["cond"][:, :, 3], cond[:, :, 3])  # primary image frame
+    # the fields are read by name: another order in the space, the same conditioning
+    fields = (("gripper_qpos", 2), ("eef_axis_angle", 3), ("extra", 1), ("eef_pos", 3))
+    space = spaces.Dict({**OBS_SPACE.spaces, "proprio": FieldBox(-10, 10, fields)})
+    reordered = CosmosPolicy(space, ACT_SPACE, model_path=folder, image_size=32, num_steps=3)
+    moved = dict(obs, proprio=np.concatenate([grip, axis_angle, [7.0], pos])[None].astype(np.float32))
+    torch.testing.assert_close(reordered._prepare(moved)["cond"], cond)
+    plain = spaces.Dict({**OBS_SPACE.spaces, "proprio": spaces.Box(-10, 10, (8,), np.float32)})
+    with pytest.raises(
+        ValueError, match="reads the proprio fields .* by name; the proprio space has fields none"
+    ):
+        CosmosPolicy(plain, ACT_SPACE, model_path=folder, image_size=32)
     from envs.libero.sim import quat_xyzw_to_axis_angle
 
     q = torch.nn.functional.normalize(torch.tensor([0.3, -0.2, 0.5, 0.8]), dim=0)

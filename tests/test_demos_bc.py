@@ -141,6 +141,8 @@ def test_demos_of_a_discrete_env_and_their_imitation_loss():
     torch.manual_seed(0)
     policy = CategoricalPolicy(env.single_observation_space, env.single_action_space)
     episodes = list(collect_episodes(env, policy, 3, seed=0))
+    with pytest.raises(RuntimeError, match=r"did not finish an episode in max_steps=2 policy steps"):
+        next(collect_episodes(env, policy, 1, seed=0, max_steps=2))
     env.close()
     assert len(episodes) == 3
     for ep in episodes:

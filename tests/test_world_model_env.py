@@ -288,7 +288,7 @@ def test_a_closed_world_model_env_refuses_every_call(bundles):
         ({"image_size": (0, 0)}, "image_size"),
         ({"image_size": (-32, 48)}, "image_size"),
         ({"success_threshold": "x"}, "success_threshold"),
-        ({"success_threshold": 1.5}, "success_threshold"),
+        ({"success_threshold": float("inf")}, "success_threshold"),
         ({"max_episode_steps": 0}, "max_episode_steps"),
         ({"reward_coef": float("nan")}, "reward_coef"),
     ],

@@ -207,12 +207,14 @@ def collect_episodes(
     seed: int = 0,
     deterministic: bool = True,
     frame_ids: Sequence[int] | None = None,
+    max_steps: int = 100_000,
 ) -> Iterator[Episode]:
     """Yield ``num_episodes`` episodes (successful or not), one per env per round.
 
     Every round resets all envs and records each env's first episode: the observation before each
     step, the actions sent and the executed sub-steps. Envs with ``initial_frames`` start from
-    ``frame_ids`` in order (default: a permutation of all ids drawn with ``seed``).
+    ``frame_ids`` in order (default: a permutation of all ids drawn with ``seed``). A round runs at
+    most ``max_steps`` policy steps; an env whose episode has not ended by then is an error.
     """
     n = env.num_envs
     frames = initial_frames(env)
@@ -234,7 +236,9 @@ def collect_episodes(
         instructions = (
             list(obs["instruction"]) if isinstance(obs, dict) and "instruction" in obs else [""] * n
         )
-        rollout = collector.collect(10**9, deterministic=deterministic, until_all_done=True, record_obs=True)
+        rollout = collector.collect(
+            max_steps, deterministic=deterministic, until_all_done=True, record_obs=True
+        )
         arrays = [
             {k: np.asarray(v) for k, v in o.items() if k != "instruction"}
             if isinstance(o, dict)
@@ -242,6 +246,12 @@ def collect_episodes(
             for o in rollout.observations or []
         ]
         dones = rollout.dones.numpy()
+        unfinished = [i for i in range(n) if not dones[:, i].any()]
+        if unfinished:
+            raise RuntimeError(
+                f"collect_episodes: envs {unfinished} did not finish an episode in max_steps={max_steps} "
+                "policy steps (an env without a time limit? wrap it in gymnasium's TimeLimit)"
+            )
         for i in range(min(n, num_episodes - done_count)):
             end = int(np.flatnonzero(dones[:, i])[0])  # the step that ended env i's first episode
             stats = next((ep for ep in rollout.episodes if int(ep["env"]) == i), {})

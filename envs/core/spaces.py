@@ -45,18 +45,24 @@ def observation_space(
     proprio_dim: int,
     instruction: bool,
     proprio_bound: float = np.inf,
+    proprio_fields: tuple[tuple[str, int], ...] | None = None,
 ) -> spaces.Dict:
     """The Dict observation space: ``image``, ``wrist_image``, ``proprio``, ``instruction``.
 
     ``proprio_bound`` is a loose symmetric bound on proprio values (a backend that knows its ranges
-    gives one, so checkers need not warn about infinite bounds).
+    gives one, so checkers need not warn about infinite bounds). ``proprio_fields`` names the
+    proprio entries (a ``FieldBox``), so policies read them by name rather than by position.
     """
     parts: dict[str, spaces.Space] = {}
     if image_size is not None:
         parts["image"] = image_space(*image_size)
         if wrist:
             parts["wrist_image"] = image_space(*image_size)
-    if proprio_dim:
+    if proprio_dim and proprio_fields:
+        parts["proprio"] = FieldBox(-proprio_bound, proprio_bound, proprio_fields)
+        if parts["proprio"].shape != (proprio_dim,):
+            raise ValueError(f"proprio_fields {proprio_fields} do not add up to proprio_dim {proprio_dim}")
+    elif proprio_dim:
         parts["proprio"] = spaces.Box(-proprio_bound, proprio_bound, (proprio_dim,), np.float32)
     if instruction:
         parts["instruction"] = instruction_space()

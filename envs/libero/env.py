@@ -19,7 +19,9 @@ from envs.libero.suites import LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
-PROPRIO_DIM = 8  # eef position (3), eef axis-angle (3), gripper finger positions (2)
+# the proprio observation, published as the named fields of its FieldBox
+PROPRIO_FIELDS = (("eef_pos", 3), ("eef_axis_angle", 3), ("gripper_qpos", 2))
+PROPRIO_DIM = sum(size for _, size in PROPRIO_FIELDS)
 CAMERAS = ("agentview", "wrist")
 # largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
 SIM_STATE_BOUND = 1e3
@@ -216,6 +218,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             image_size=hw if cameras else None,
             wrist="wrist" in cameras,
             proprio_dim=PROPRIO_DIM if proprio else 0,
+            proprio_fields=PROPRIO_FIELDS,
             proprio_bound=10.0,  # metres and radians: eef position, axis-angle, finger positions
             instruction=include_instruction,
         )

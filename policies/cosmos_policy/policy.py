@@ -83,8 +83,10 @@ class CosmosPolicy(ActionChunkPolicy):
             (our LIBERO images are rotated 180 degrees; Cosmos Policy's are flipped vertically only);
             ``center_crop``: area fraction kept before resizing (its evaluation: 0.9).
         use_critic: the model's value frame as the critic (module docstring); GRPO builds it off.
-        proprio_format: ``"libero_axis_angle"`` converts our LIBERO proprio (eef pos 3, axis-angle 3,
-            gripper 2) to the model's 9-D (gripper 2, eef pos 3, quaternion 4); ``"raw"`` passes 9-D through.
+        proprio_format: ``"libero_axis_angle"`` converts the proprio fields ``eef_pos`` (3),
+            ``eef_axis_angle`` (3) and ``gripper_qpos`` (2), read by name from the proprio space's
+            ``fields`` (LIBERO's env publishes them), to the model's 9-D (gripper 2, eef pos 3,
+            quaternion 4); ``"raw"`` passes a 9-D proprio through.
         dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
         download: let a hub id ``owner/name@revision`` download (pinned) into the Hugging Face cache.
         trust_pickle: unpickle the T5 ``.pkl``, the DiT ``.pt`` and ``tokenizer.pth`` fully (default:
@@ -142,6 +144,7 @@ class CosmosPolicy(ActionChunkPolicy):
             raise ValueError(f"observations lack the proprio key {proprio_key!r}")
         self.image_size, self.flip_lr, self.center_crop = int(image_size), flip_lr, center_crop
         self.proprio_format = proprio_format
+        self._proprio_fields = _proprio_field_slices(observation_space.spaces[proprio_key], proprio_format)
         self.num_steps, self.noise_level = int(num_steps), float(noise_level)
         self.num_proposals, self.planning = int(num_proposals), planning
         self.num_future_samples, self.num_value_samples = int(num_future_samples), int(num_value_samples)
@@ -191,13 +194,10 @@ class CosmosPolicy(ActionChunkPolicy):
         video = layout.build_video(wrist, primary)
         latents = self.vae.encode(video)
         proprio = torch.as_tensor(np.asarray(obs[self.proprio_key]), dtype=torch.float32, device=device)
-        if self.proprio_format == "libero_axis_angle":
-            if proprio.shape[-1] != 8:
-                raise ValueError(
-                    f"libero_axis_angle proprio is 8-D (pos, axis-angle, gripper), got {tuple(proprio.shape)}"
-                )
-            quat = axis_angle_to_quat_xyzw(proprio[:, 3:6])
-            proprio = torch.cat([proprio[:, 6:8], proprio[:, :3], quat], dim=-1)
+        if self._proprio_fields is not None:
+            field = {name: proprio[:, where] for name, where in self._proprio_fields.items()}
+            quat = axis_angle_to_quat_xyzw(field["eef_axis_angle"])
+            proprio = torch.cat([field["gripper_qpos"], field["eef_pos"], quat], dim=-1)
         if proprio.shape[-1] != PROPRIO_DIM:
             raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
         normed = layout.minmax_normalize(proprio, self.proprio_low, self.proprio_high)
@@ -369,3 +369,26 @@ class CosmosPolicy(ActionChunkPolicy):
                 scored = self._sample(self._x0_fn(future, 8, text), shape, policy_sigmas(self.value_steps))[0]
                 values.append(self._read(scored)[1])
         return torch.stack(values).mean(0)
+
+
+LIBERO_PROPRIO_FIELDS = {"eef_pos": 3, "eef_axis_angle": 3, "gripper_qpos": 2}  # what the conversion reads
+
+
+def _proprio_field_slices(space: spaces.Space, proprio_format: str) -> dict[str, slice] | None:
+    """Where each field ``libero_axis_angle`` reads sits in the proprio vector, from the space's
+    named ``fields`` (None for ``"raw"``)."""
+    if proprio_format == "raw":
+        return None
+    fields = tuple(getattr(space, "fields", ()))
+    slices, start = {}, 0
+    for name, size in fields:
+        slices[name] = slice(start, start + size)
+        start += size
+    sizes = {name: where.stop - where.start for name, where in slices.items()}
+    if any(sizes.get(name) != size for name, size in LIBERO_PROPRIO_FIELDS.items()):
+        raise ValueError(
+            f"proprio_format 'libero_axis_angle' reads the proprio fields {LIBERO_PROPRIO_FIELDS} by name; "
+            f"the proprio space has fields {sizes or 'none'} (give a FieldBox naming them, as LIBERO's env "
+            "does, or proprio_format='raw' with the model's 9-D proprio)"
+        )
+    return {name: slices[name] for name in LIBERO_PROPRIO_FIELDS}
