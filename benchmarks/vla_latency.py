@@ -25,6 +25,8 @@ import torch
 from gymnasium import spaces
 
 from benchmarks.report import table, write_json
+from envs.core.spaces import FieldBox
+from envs.libero.env import PROPRIO_FIELDS
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 MODELS = ("openvla_oft", "pi05", "cosmos_policy")
@@ -36,7 +38,7 @@ def _spaces(model: str) -> tuple[spaces.Dict, spaces.Box]:
         {
             "image": image,
             "wrist_image": image,
-            "proprio": spaces.Box(-10, 10, (8,), np.float32),
+            "proprio": FieldBox(-10, 10, PROPRIO_FIELDS),  # LIBERO's named layout
             "instruction": spaces.Text(200),
         }  # fmt: skip
     )

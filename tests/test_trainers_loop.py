@@ -409,3 +409,40 @@ def test_informative_starts_favour_tasks_whose_groups_carried_signal():
     assert restored.reset_kwargs(400, 0) == starts.reset_kwargs(400, 0)
     with pytest.raises(ValueError, match="needs an env whose initial_frames say their task"):
         GroupStarts(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), 2, 0, weighting="informative")
+
+
+def test_user_callbacks_see_every_hook_in_order_and_add_metrics(tmp_path):
+    from trainers.callbacks import Callback
+    from trainers.ppo.algorithm import PPOConfig
+    from trainers.ppo.train import train
+    from trainers.run import RunConfig
+
+    calls = []
+
+    class Recorder(Callback):
+        def on_training_start(self, run):
+            calls.append(("start", run.counters["iteration"]))
+
+        def on_iteration_end(self, run, row):
+            row["custom/twice"] = 2 * row["iteration"]
+            calls.append(("end", row["iteration"], "eval/return" in row))
+
+        def on_row_logged(self, run, row):
+            calls.append(("logged", row["iteration"], len(read_metrics(run.dir))))
+
+        def on_training_end(self, run, final):
+            final["custom/done"] = 1.0
+            calls.append(("finish", run.counters["iteration"], "eval/return" in final))
+
+    cfg = RunConfig(
+        env="CartPole-v1", num_envs=2, total_steps=512, run_dir=str(tmp_path / "run"), eval_every=2,
+        eval_at_start=True, eval_episodes=2, video=False, tensorboard=False, progress=False, torch_threads=1,
+    )  # fmt: skip
+    final = train(cfg, PPOConfig(n_steps=64, batch_size=64), callbacks=[Recorder()])
+    assert calls[0] == ("start", 0)
+    # the default Evaluation ran first (iteration 2: eval metrics already in the row); rows logged before
+    # on_row_logged; the run's own final evaluation is in ``final`` before the user's end hook
+    assert calls[1:5] == [("end", 1, False), ("logged", 1, 2), ("end", 2, True), ("logged", 2, 3)]
+    assert calls[-1] == ("finish", 4, True) and final["custom/done"] == 1.0
+    rows = read_metrics(tmp_path / "run")
+    assert [r.get("custom/twice") for r in rows if "custom/twice" in r] == [2, 4, 6, 8]

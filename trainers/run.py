@@ -1,6 +1,7 @@
 """What every training run needs besides its algorithm: the env (``trainers/env_factory.py``) and
-policy (``trainers/checkpoint.py``) built from names, the run directory, seeding, metrics, periodic
-evaluation, checkpoints, resume and the final summary.
+policy (``trainers/checkpoint.py``) built from names, the run directory, seeding, metrics, resume,
+the final checkpoint and summary; periodic evaluation and checkpoints are callbacks
+(``trainers/callbacks.py``) that a user can add to.
 
 A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads top to bottom::
 
@@ -9,8 +10,8 @@ A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads t
     run.restore(policy, optimizer, generators)   # attach what is checkpointed; load it on resume
     while not run.finished:
         ... collect, update ...
-        run.end_iteration(env_steps, episodes, metrics)   # log, evaluate, checkpoint when due
-    run.finish()   # final evaluation, checkpoint and summary table
+        run.end_iteration(env_steps, episodes, metrics)   # log; callbacks evaluate, checkpoint when due
+    run.finish()   # callbacks' final evaluation; final checkpoint and summary table
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import torch
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
+from trainers.callbacks import Callback, Checkpointing, Evaluation
 from trainers.config import save_config, to_dict
 from trainers.env_factory import AUTORESET, make_vec_env
-from trainers.evaluation import evaluate_episodes
 from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, write_summary
 from trainers.rollout import episode_summary
@@ -99,10 +100,15 @@ class Run:
         algo: the trainer's name (``"ppo"``, ``"grpo"``), stored in the run and the checkpoints.
         run_config: the shared settings.
         algo_config: the algorithm's dataclass (saved with the run and in every checkpoint).
+        callbacks: run after the default ``Evaluation`` and ``Checkpointing`` callbacks.
     """
 
-    def __init__(self, algo: str, run_config: RunConfig, algo_config: Any) -> None:
+    def __init__(
+        self, algo: str, run_config: RunConfig, algo_config: Any, callbacks: list[Callback] | None = None
+    ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
+        self.evaluation = Evaluation()
+        self.callbacks: list[Callback] = [self.evaluation, Checkpointing(), *(callbacks or [])]
         cfg = run_config
         if cfg.resume:
             source = Path(cfg.resume)
@@ -121,10 +127,8 @@ class Run:
         random.seed(cfg.seed)
         self.counters = {"iteration": 0, "env_steps": 0, "episodes": 0, "elapsed": 0.0}
         self.last_metrics: dict[str, float] = {}
-        self.last_eval: dict[str, float] = {}
         self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
         self._policy_spec: dict[str, Any] | None = None  # set by make_policy: how to rebuild the policy
-        self._eval_env: gym.vector.VectorEnv | None = None
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
@@ -256,11 +260,8 @@ class Run:
             episodes_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         elif episodes_file.exists():
             episodes_file.unlink()
-        if self.config.eval_at_start and self.counters["iteration"] == 0 and self.config.eval_every >= 0:
-            self._logger.log(0, {"iteration": 0, **self.evaluate()})
-            if self.config.eval_every == 0 and self._eval_env is not None:  # not needed until the end
-                self._eval_env.close()
-                self._eval_env = None
+        for callback in self.callbacks:
+            callback.on_training_start(self)
         return extra
 
     # ------------------------------------------------------------------ per iteration
@@ -281,60 +282,34 @@ class Run:
                 "time/sps": c["env_steps"] / max(elapsed, 1e-9),
             }
         )
-        every = self.config.eval_every
-        if every > 0 and c["iteration"] % every == 0 and not self.finished:
-            row.update(self.evaluate())
+        for callback in self.callbacks:
+            callback.on_iteration_end(self, row)
         self.last_metrics = row
         assert self._logger is not None and self._progress is not None, "call restore() before the loop"
         self._logger.log(c["env_steps"], row)
         self._progress.update(int(env_steps), row)
-        every = self.config.checkpoint_every
-        if every > 0 and c["iteration"] % every == 0 and not self.finished:
-            self.save()
+        for callback in self.callbacks:
+            callback.on_row_logged(self, row)
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Write one metrics row at the current env step (callbacks use it for rows of their own)."""
+        assert self._logger is not None, "call restore() before logging"
+        self._logger.log(self.counters["env_steps"], row)
 
     def evaluate(self) -> dict[str, float]:
-        """Deterministic episodes on a separate eval env, with an mp4 under ``videos/``."""
-        cfg = self.config
-        if self._eval_env is None:
-            n = cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)
-            self._eval_env = self.make_env(
-                n,
-                autoreset="disabled_native",
-                render_mode="rgb_array" if cfg.video else None,
-                evaluation=True,
-            )
-        step = self.counters["env_steps"]
-        video = self.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video else None
-        episodes = evaluate_episodes(
-            self.policy,
-            self._eval_env,
-            cfg.eval_episodes,
-            seed=cfg.seed + 10**6,
-            video_path=video,
-            video_fps=cfg.video_fps,
-            progress=cfg.progress,
-        )
-        with open(self.dir / EVAL_EPISODES_FILE, "a") as f:
-            for ep in episodes:
-                f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
-        self.last_eval = named_metrics("eval", episode_summary(episodes))
-        return self.last_eval
+        """One evaluation now, as the ``Evaluation`` callback runs it (``eval/*`` metrics)."""
+        return self.evaluation.evaluate(self)
 
     def finish(self) -> dict[str, float]:
-        """Final evaluation and checkpoint, close the logs, print the summary table; returns the
-        last metrics (with ``eval/*``)."""
+        """The callbacks' end (the final evaluation), the final checkpoint, close the logs, print the
+        summary table; returns the last metrics (with ``eval/*``)."""
         final = dict(self.last_metrics)
-        if self.config.eval_every >= 0:
-            final.update(self.evaluate())
-            assert self._logger is not None
-            self._logger.log(
-                self.counters["env_steps"], {"iteration": self.counters["iteration"], **self.last_eval}
-            )
+        for callback in self.callbacks:
+            callback.on_training_end(self, final)
         path = self.save()
-        for closable in (self._logger, self._progress, self._eval_env):
+        for closable in (self._logger, self._progress):
             if closable is not None:
                 closable.close()
-        self._eval_env = None
         print(self.summary(final, path))
         self.write_report(final, path)
         return final

@@ -17,6 +17,7 @@ import copy
 
 import torch
 
+from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer
 from trainers.grpo.groups import GroupStarts, keep_groups, select_envs
@@ -70,13 +71,16 @@ def collect_groups(
     return batch, env_steps, episodes, metrics
 
 
-def train(run_config: RunConfig, config: GRPOConfig) -> dict[str, float]:
-    """Train with GRPO until ``run_config.total_steps`` env steps; returns the final metrics."""
+def train(
+    run_config: RunConfig, config: GRPOConfig, callbacks: list[Callback] | None = None
+) -> dict[str, float]:
+    """Train with GRPO until ``run_config.total_steps`` env steps; returns the final metrics.
+    ``callbacks`` (``trainers/callbacks.py``) run after the run's evaluation and checkpointing."""
     if run_config.num_envs % config.group_size:
         raise ValueError(
             f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}"
         )
-    run = Run("grpo", run_config, config)
+    run = Run("grpo", run_config, config, callbacks)
     env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
     try:
         policy = run.make_policy(env, use_critic=False)

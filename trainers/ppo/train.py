@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.ppo.algorithm import PPOConfig, make_optimizer, ppo_update
@@ -26,9 +27,12 @@ from trainers.run import Run, RunConfig
 RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
 
 
-def train(run_config: RunConfig, config: PPOConfig) -> dict[str, float]:
-    """Train with PPO until ``run_config.total_steps`` env steps; returns the final metrics."""
-    run = Run("ppo", run_config, config)
+def train(
+    run_config: RunConfig, config: PPOConfig, callbacks: list[Callback] | None = None
+) -> dict[str, float]:
+    """Train with PPO until ``run_config.total_steps`` env steps; returns the final metrics.
+    ``callbacks`` (``trainers/callbacks.py``) run after the run's evaluation and checkpointing."""
+    run = Run("ppo", run_config, config, callbacks)
     env = run.make_env(autoreset="same_step")  # SB3's DummyVecEnv behaviour: no lost steps
     try:
         policy = run.make_policy(env)

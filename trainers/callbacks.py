@@ -1,0 +1,110 @@
+"""What a run does besides collecting and updating, as callbacks (SB3's ``BaseCallback`` is the model).
+
+A ``Run`` calls each of its callbacks, in list order, at four points:
+
+* ``on_training_start(run)``: once the run's state is attached and its logs are open (fresh or
+  resumed);
+* ``on_iteration_end(run, row)``: after an iteration's update, before its metrics row is logged
+  (add entries to ``row``, e.g. evaluation results);
+* ``on_row_logged(run, row)``: after the row is logged. Checkpoints go here: a checkpoint never runs
+  ahead of the metrics log, so a resumed run's log has no gap;
+* ``on_training_end(run, final)``: at the end, while the logs are still open (add entries to
+  ``final``).
+
+The default list comes from ``RunConfig``: ``Evaluation`` (``eval_every``, ``eval_at_start``, ...)
+then ``Checkpointing`` (``checkpoint_every``). Pass more to a trainer with
+``train(run_config, algo_config, callbacks=[...])``; they run after the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from trainers.evaluation import evaluate_episodes
+from trainers.metrics import named_metrics
+from trainers.report import EVAL_EPISODES_FILE
+from trainers.rollout import episode_summary
+
+if TYPE_CHECKING:
+    from trainers.run import Run
+
+class Callback:
+    """Base class: override the hooks you need (each does nothing by default)."""
+
+    def on_training_start(self, run: Run) -> None:
+        pass
+
+    def on_iteration_end(self, run: Run, row: dict[str, Any]) -> None:
+        pass
+
+    def on_row_logged(self, run: Run, row: dict[str, Any]) -> None:
+        pass
+
+    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+        pass
+
+
+class Evaluation(Callback):
+    """Deterministic episodes on a separate eval env (``RunConfig.eval_*``): before training
+    (``eval_at_start``), every ``eval_every`` iterations and at the end (``eval_every`` -1: never).
+    Each episode goes to ``eval_episodes.jsonl``; with ``video`` an mp4 under ``videos/``."""
+
+    def __init__(self) -> None:
+        self.env: Any = None
+        self.last: dict[str, float] = {}
+
+    def on_training_start(self, run: Run) -> None:
+        cfg = run.config
+        if cfg.eval_at_start and run.counters["iteration"] == 0 and cfg.eval_every >= 0:
+            run.log({"iteration": 0, **self.evaluate(run)})
+            if cfg.eval_every == 0:  # not needed again until the end
+                self.close()
+
+    def on_iteration_end(self, run: Run, row: dict[str, Any]) -> None:
+        every = run.config.eval_every
+        if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
+            row.update(self.evaluate(run))
+
+    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+        if run.config.eval_every >= 0:
+            final.update(self.evaluate(run))
+            run.log({"iteration": run.counters["iteration"], **self.last})
+        self.close()
+
+    def evaluate(self, run: Run) -> dict[str, float]:
+        cfg = run.config
+        if self.env is None:
+            n = cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)
+            render_mode = "rgb_array" if cfg.video else None
+            self.env = run.make_env(n, autoreset="disabled_native", render_mode=render_mode, evaluation=True)
+        step = run.counters["env_steps"]
+        video = run.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video else None
+        episodes = evaluate_episodes(
+            run.policy,
+            self.env,
+            cfg.eval_episodes,
+            seed=cfg.seed + 10**6,
+            video_path=video,
+            video_fps=cfg.video_fps,
+            progress=cfg.progress,
+        )
+        with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
+            for ep in episodes:
+                f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
+        self.last = named_metrics("eval", episode_summary(episodes))
+        return self.last
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+
+class Checkpointing(Callback):
+    """A checkpoint every ``RunConfig.checkpoint_every`` iterations (the final one is the run's own)."""
+
+    def on_row_logged(self, run: Run, row: dict[str, Any]) -> None:
+        every = run.config.checkpoint_every
+        if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
+            run.save()
