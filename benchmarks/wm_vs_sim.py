@@ -15,6 +15,8 @@ them. Three runs, ``num_envs = --episodes``:
 * ``wm open-loop``: the sim run's actions replayed in the world model, frame for frame, which is
   what PSNR / SSIM compare (a closed-loop run diverges as soon as the two differ).
 
+All three run through the trainers' ``Collector`` (one rollout loop, as training and evaluation).
+
 The policy is ``--checkpoint`` (a run or policy file whose observation keys the world model has:
 image and instruction) or a fresh seeded Gaussian policy: with random weights, tiny or real, the
 table measures the loop and the imagination fidelity, not a success rate worth reading. Writes
@@ -33,6 +35,8 @@ import numpy as np
 import torch
 
 from benchmarks.report import plot_lines, table, write_json
+from policies.base import ActionChunk
+from trainers.rollout import Collector
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -62,40 +66,45 @@ def ssim(a: np.ndarray, b: np.ndarray, window: int = 11, sigma: float = 1.5) -> 
     return float(s.mean())
 
 
-def run_episodes(env: Any, policy: Any, starts: list, actions: list[np.ndarray] | None = None) -> dict:
-    """One episode per env from ``starts`` (frame ids or InitialFrames), every sub-step frame
-    recorded; the policy acts, or ``actions[i]`` (``[C, K, D]``) are replayed (zeros after them)."""
+class Replay:
+    """Plays recorded chunks, ``actions[i]`` ``[C, K, D]`` for env i, then zeros: the open-loop run's
+    stand-in for a policy."""
+
+    def __init__(self, actions: list[np.ndarray], shape: tuple[int, ...]) -> None:
+        self.actions, self.shape, self.t = actions, shape, 0
+
+    def act(self, obs: Any, deterministic: bool = True) -> ActionChunk:
+        chunk = np.zeros(self.shape, np.float32)
+        for i, recorded in enumerate(self.actions):
+            if self.t < len(recorded):
+                chunk[i] = recorded[self.t]
+        self.t += 1
+        return ActionChunk(torch.as_tensor(chunk))
+
+
+def run_episodes(env: Any, policy: Any, starts: list, max_steps: int = 100_000) -> dict:
+    """One episode per env from ``starts`` (frame ids or InitialFrames) with the trainers'
+    ``Collector`` (deterministic actions; finished envs wait), every sub-step frame recorded."""
     n = env.num_envs
     env.unwrapped.record_frames = True
-    obs, _ = env.reset(seed=0, options={"initial_frames": starts})
+    collector = Collector(env, policy, bootstrap="none", reset_finished=False, clip_actions=False)
+    obs = collector.reset(seed=0, options={"initial_frames": starts})
     frames: list[list[np.ndarray]] = [[obs["image"][i]] for i in range(n)]
-    taken: list[list[np.ndarray]] = [[] for _ in range(n)]
-    done = np.zeros(n, bool)
-    success = np.zeros(n, bool)
-    steps, chunks, t0 = 0, 0, time.perf_counter()
-    while not done.all():
-        if actions is None:
-            with torch.no_grad():
-                act = policy.act(obs, deterministic=True).actions.cpu().numpy().astype(np.float32)
-        else:
-            act = np.zeros(env.action_space.shape, np.float32)
-            for i, a in enumerate(actions):
-                if chunks < len(a):
-                    act[i] = a[chunks]
-        obs, _, terminated, truncated, info = env.step(act)
-        chunks += 1
-        for i in np.flatnonzero(~done):
-            taken[i].append(act[i])
+
+    def grab(info: dict[str, Any]) -> None:
+        for i in np.flatnonzero(info["_frames"]):  # envs that ran sub-steps this step
             frames[i].extend(info["frames"][i])
-            steps += int(info["chunk_valid"][i].sum())
-            success[i] |= bool(terminated[i])
-        done |= np.logical_or(terminated, truncated)
+
+    t0 = time.perf_counter()
+    rollout = collector.collect(max_steps, deterministic=True, until_all_done=True, on_step=grab)
     wall = time.perf_counter() - t0
+    done = (rollout.terminated | rollout.truncated).numpy()
+    ends = [int(np.flatnonzero(done[:, i])[0]) for i in range(n)]  # the step each episode ended
     return {
         "frames": frames,
-        "actions": [np.stack(a) for a in taken],
-        "success": success,
-        "steps_per_s": steps / wall,
+        "actions": [rollout.actions[: end + 1, i].numpy() for i, end in enumerate(ends)],
+        "success": np.array([bool(rollout.terminated[end, i]) for i, end in enumerate(ends)]),
+        "steps_per_s": float(rollout.valid.sum()) / wall,
         "wall_s": wall,
     }
 
@@ -161,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
             "sim": run_episodes(sim, policy, ids),
             "wm": run_episodes(wm, policy, starts),
         }
-        runs["wm open-loop"] = run_episodes(wm, policy, starts, actions=runs["sim"]["actions"])
+        replay = Replay(runs["sim"]["actions"], wm.action_space.shape)
+        runs["wm open-loop"] = run_episodes(wm, replay, starts)
     finally:
         wm.close()
         sim.close()

@@ -29,6 +29,7 @@ from trainers.rollout import episode_summary
 if TYPE_CHECKING:
     from trainers.run import Run
 
+
 class Callback:
     """Base class: override the hooks you need (each does nothing by default)."""
 

@@ -218,7 +218,8 @@ class _VideoRecorder:
         self.grab()
         return self.on
 
-    def grab(self) -> None:
+    def grab(self, info: dict[str, Any] | None = None) -> None:
+        """Add the current frame (``info``, the step's, is not needed: ``Collector.collect``'s hook)."""
         if not self.on:
             return
         try:

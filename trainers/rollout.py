@@ -181,12 +181,13 @@ class Collector:
         *,
         deterministic: bool = False,
         until_all_done: bool = False,
-        on_step: Callable[[], None] | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
         record_obs: bool = False,
     ) -> Rollout:
         """Run ``num_steps`` policy steps (fewer with ``until_all_done``, which stops once every env
-        finished an episode in this call) and return what was collected. ``on_step`` is called
-        after every ``env.step`` (e.g. to grab ``env.render()`` for a video); ``record_obs`` keeps
+        finished an episode in this call) and return what was collected. ``on_step(info)`` is called
+        after every ``env.step`` with its info (e.g. to grab ``env.render()`` for a video, or the
+        sub-step frames of ``info["frames"]``); ``record_obs`` keeps
         the observations the policy acted on (``Rollout.observations``, e.g. for demonstrations)."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -215,7 +216,7 @@ class Collector:
             skipped = self._pending_reset | self._frozen  # action ignored by the env
             next_obs, reward, term, trunc, info = self.env.step(self._to_env(actions))
             if on_step is not None:
-                on_step()
+                on_step(info)
             self._check_step(reward, term, trunc)
             try:
                 rewards, valid = chunk_detail(info, reward, n, actions.shape[1])
