@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
-from nets.safe_load import UnsafeFileError, torch_load
+from nets.safe_load import torch_load
 
 _DROPPED = ("pos_embedder.", "_extra_state", "accum_")  # buffers and counters, not weights
 
@@ -88,12 +88,7 @@ def load_cosmos_dit(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Cosmos DiT checkpoint not found: {path}")
-    try:
-        raw = torch_load(path, numpy=True, allow=[io.BytesIO, bytes], mmap=True, trust_pickle=trust_pickle)
-    except UnsafeFileError:
-        raise
-    except Exception as e:  # not a zip-format torch file (mmap needs one), truncated, ...
-        raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
+    raw = torch_load(path, numpy=True, allow=[io.BytesIO, bytes], mmap=True, trust_pickle=trust_pickle)
     for nest in ("model", "state_dict"):
         if isinstance(raw, dict) and isinstance(raw.get(nest), dict):
             raw = raw[nest]

@@ -78,18 +78,22 @@ def torch_load(
 
     ``numpy`` also accepts numpy arrays, dtypes and scalars; ``allow`` names more classes (plain
     data classes of ours). ``trust_pickle=True`` is ``weights_only=False``: only for trusted files.
-    ``opt_in`` is how the caller's user asks for that, quoted in the refusal (None: no way)."""
-    if trust_pickle:
-        return torch.load(file, map_location="cpu", mmap=mmap, weights_only=False)
+    ``opt_in`` is how the caller's user asks for that, quoted in the refusal (None: no way). A file
+    that is no readable torch file (truncated, garbage) raises a ``ValueError`` naming it."""
+    source = getattr(file, "name", file)
     allowed = [*(_numpy_globals() if numpy else []), *allow]
     try:
+        if trust_pickle:
+            return torch.load(file, map_location="cpu", mmap=mmap, weights_only=False)
         with torch.serialization.safe_globals(allowed):
             return torch.load(file, map_location="cpu", mmap=mmap, weights_only=True)
-    except pickle.UnpicklingError as e:
+    except FileNotFoundError:
+        raise
+    except Exception as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        if "Weights only load failed" not in str(e) or not found:
-            raise  # not a pickle at all, or a corrupt one
-        raise _refusal(getattr(file, "name", file), f"the global {found.group(1)!r}", opt_in) from None
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e) and found:
+            raise _refusal(source, f"the global {found.group(1)!r}", opt_in) from None
+        raise ValueError(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
 
 
 def _tensor_from_bytes(data: bytes) -> Any:

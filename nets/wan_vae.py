@@ -21,7 +21,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from torch import nn
 
-from nets.safe_load import UnsafeFileError, torch_load
+from nets.safe_load import torch_load
 
 LATENT_CHANNELS = 16
 SPATIAL_FACTOR = 8
@@ -101,12 +101,7 @@ class WanVAE(nn.Module):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"Wan VAE tokenizer not found: {path} (expected tokenizer.pth)")
-        try:
-            raw = torch_load(path, numpy=True, trust_pickle=trust_pickle)
-        except UnsafeFileError:
-            raise
-        except Exception as e:
-            raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
+        raw = torch_load(path, numpy=True, trust_pickle=trust_pickle)
         for nest in ("model", "state_dict"):
             if isinstance(raw, dict) and isinstance(raw.get(nest), dict):
                 raw = raw[nest]

@@ -118,12 +118,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
-    try:
-        data = torch_load(path, numpy=True, opt_in=None)
-    except UnsafeFileError:
-        raise
-    except Exception as e:
-        raise ValueError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    data = torch_load(path, numpy=True, opt_in=None)  # ValueError if unreadable; UnsafeFileError
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
     if data.get("version") not in READABLE_VERSIONS:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nets.safe_load import UnsafeFileError, torch_load
+from nets.safe_load import torch_load
 
 NUM_KEYS = 127  # entries of a resnet_rm.pth state dict (weights, biases, BatchNorm buffers)
 
@@ -73,12 +73,7 @@ class ResnetRewardModel(nn.Module):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"reward model checkpoint not found: {path} (expected resnet_rm.pth)")
-        try:
-            data = torch_load(path, numpy=True, trust_pickle=trust_pickle)
-        except UnsafeFileError:
-            raise
-        except Exception as e:
-            raise ValueError(f"{path}: cannot read as a torch checkpoint ({type(e).__name__}: {e})") from e
+        data = torch_load(path, numpy=True, trust_pickle=trust_pickle)
         state = data.get("model_state_dict", data) if isinstance(data, dict) else None
         if not isinstance(state, dict):
             raise ValueError(
