@@ -82,6 +82,7 @@ def test_next_step_autoreset_and_bad_actions_are_refused_clearly():
     venv.close()
 
 
+@pytest.mark.slow
 def test_ppo_learns_through_the_adapter_on_a_gymnasium_task():
     venv = SB3VecEnv(cartpole(AutoresetMode.SAME_STEP, 4))
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=2, seed=0, device="cpu")
@@ -90,6 +91,7 @@ def test_ppo_learns_through_the_adapter_on_a_gymnasium_task():
     venv.close()
 
 
+@pytest.mark.slow
 def test_world_model_env_with_encoded_instructions_and_initial_frame_options(tmp_path):
     from envs.world_models.tiny import write_tiny_bundle
 
@@ -146,6 +148,7 @@ def test_ppo_runs_on_libero_through_the_adapter():
 
 @requires_libero
 @pytest.mark.parametrize("mode", ["drop", "encode"])
+@pytest.mark.slow
 def test_one_env_view_passes_sb3s_and_torchrls_checkers(mode):
     """``gym.make`` LIBERO has a Text instruction, which SB3 rejects; ``TextObservation`` fixes it."""
     from stable_baselines3.common.env_checker import check_env

@@ -106,6 +106,7 @@ def test_counting_env_episode_ends_and_terminal_obs():
 
 
 @requires_libero
+@pytest.mark.slow
 def test_libero_rollout_matches_the_env():
     vec = gym.make_vec(
         "Libero-Spatial-v0",

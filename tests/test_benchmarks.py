@@ -68,6 +68,7 @@ def test_env_throughput_runs_a_tiny_world_model(tmp_path):
 
 
 @requires_libero
+@pytest.mark.slow
 def test_wm_vs_sim_compares_the_same_starts(tmp_path):
     from benchmarks.wm_vs_sim import main
 
@@ -79,6 +80,7 @@ def test_wm_vs_sim_compares_the_same_starts(tmp_path):
 
 
 @requires_libero
+@pytest.mark.slow
 def test_evaluate_writes_failure_videos(tmp_path):
     from benchmarks.evaluate import main
 
@@ -97,6 +99,7 @@ def test_evaluate_writes_failure_videos(tmp_path):
     assert json.loads((tmp_path / "e.json").read_text())["args"]["init_states"] == [40, 41]
 
 
+@pytest.mark.slow
 def test_vla_latency_times_both_policies_on_tiny_checkpoints(tmp_path, capsys):
     from benchmarks import vla_latency
 

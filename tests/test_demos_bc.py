@@ -131,6 +131,7 @@ def test_categorical_imitation_loss_and_bad_actions():
         policy.imitation_loss(obs, torch.full((4, 1, 1), 4.0))
 
 
+@pytest.mark.slow
 def test_demos_of_a_discrete_env_and_their_imitation_loss():
     """CartPole (Discrete) takes integer actions; the demos keep them as [C, 1, 1] floats."""
     from gymnasium.vector import AutoresetMode

@@ -71,6 +71,7 @@ def test_same_frame_gives_identical_images_and_different_frames_differ(vec):
     assert np.array_equal(obs["image"], obs2["image"]) and np.array_equal(obs["proprio"], obs2["proprio"])
 
 
+@pytest.mark.slow
 def test_fast_reset_matches_a_full_rebuild_pixel_for_pixel(vec):
     full = make(fast_reset=False)
     try:
@@ -89,6 +90,7 @@ def test_fast_reset_matches_a_full_rebuild_pixel_for_pixel(vec):
         full.close()
 
 
+@pytest.mark.slow
 def test_success_mid_chunk_terminates_and_skips_the_rest_of_the_chunk(vec):
     vec.reset(options={"initial_frames": [0, 0]})
     _, _, _, _, info = vec.step(zeros(vec))
@@ -112,6 +114,7 @@ def test_success_mid_chunk_terminates_and_skips_the_rest_of_the_chunk(vec):
     assert not info["chunk_valid"][0].any() and reward[0] == 0 and info["chunk_valid"][1].all()
 
 
+@pytest.mark.slow
 def test_chunk_step_reports_sub_steps_and_time_limit():
     env = make(max_episode_steps=6)
     try:
@@ -126,6 +129,7 @@ def test_chunk_step_reports_sub_steps_and_time_limit():
         env.close()
 
 
+@pytest.mark.slow
 def test_autoreset_modes():
     for mode in ("NextStep", "SameStep"):
         env = make(num_envs=1, max_episode_steps=K, autoreset_mode=mode)
@@ -153,6 +157,7 @@ def test_partial_reset_with_mask(vec):
     assert info["_initial_frame_id"].tolist() == [True, False]
 
 
+@pytest.mark.slow
 def test_reset_from_saved_and_reloaded_frames(vec, tmp_path):
     obs, _ = vec.reset(options={"initial_frames": [11, 222]})
     envs.save_initial_frames(vec.current_frames(), tmp_path)
@@ -218,6 +223,7 @@ def test_bad_input_raises_and_leaves_the_env_unchanged(vec, call, match):
     assert np.array_equal(moved["image"], ref["image"])
 
 
+@pytest.mark.slow
 def test_crashed_worker_is_restarted_and_its_env_reset():
     env = make()
     try:
@@ -365,6 +371,7 @@ def test_init_state_files_load_arrays_and_never_run_code(tmp_path, monkeypatch):
     assert not (tmp_path / "payload_ran").exists()
 
 
+@pytest.mark.slow
 def test_a_closed_env_refuses_every_call_with_one_clear_error():
     from envs import ClosedEnvError
 
@@ -443,6 +450,7 @@ def test_bad_reset_arguments_are_named(vec):
         vec.reset(options={"initial_frames": 3.5})
 
 
+@pytest.mark.slow
 def test_a_failed_batched_reset_leaves_every_env_reported_truthfully(monkeypatch):
     env = make(cameras=[])
     pool = env.pool
@@ -474,6 +482,7 @@ def test_a_failed_batched_reset_leaves_every_env_reported_truthfully(monkeypatch
         env.close()
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_detected_within_the_step_timeout():
     import time
 
@@ -502,6 +511,7 @@ env.close()
 """
 
 
+@pytest.mark.slow
 def test_workers_start_from_stdin_from_c_and_from_a_script_without_a_main_guard(tmp_path):
     """Workers never re-import ``__main__``: ``python -`` (stdin), ``python -c`` (like a notebook,
     whose main module has no file) and a script without ``if __name__ == "__main__":`` all work."""

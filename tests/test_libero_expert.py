@@ -40,6 +40,7 @@ def _expert_env(suite: str, num_envs: int = 2, **kwargs):
 
 @requires_libero
 @pytest.mark.parametrize("suite, frames", [("spatial", [0, 257, 349]), ("object", [31, 166, 480])])
+@pytest.mark.slow
 def test_expert_succeeds_on_fixed_pairs(suite, frames):
     """(task, init state) pairs 50 * task + state, across tasks of the suite."""
     env = _expert_env(suite, num_envs=len(frames))
@@ -81,6 +82,7 @@ def test_task_state_fields_track_the_simulator():
 
 
 @requires_libero
+@pytest.mark.slow
 def test_expert_demonstrations_are_successful_episodes():
     env = _expert_env("object", num_envs=2, include_instruction=True)
     try:

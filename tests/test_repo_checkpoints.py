@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 from conftest import requires_libero
 
 import envs  # noqa: F401  (registers the LIBERO ids)
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @requires_libero
+@pytest.mark.slow
 def test_bc_libero_spatial_state_checkpoint_acts():
     env = gym.make_vec(
         "Libero-Spatial-v0", num_envs=2, cameras=(), task_state=True, chunk_size=8, autoreset_mode="Disabled"

@@ -125,6 +125,7 @@ def _ppo_args(tmp_path, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_ppo_command_line_learns_logs_and_checkpoints(tmp_path):
     final = ppo_train.main(
         _ppo_args(

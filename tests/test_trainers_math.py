@@ -588,6 +588,7 @@ def test_collector_rejects_mismatched_actions():
 
 
 # ---------------------------------------------------------------------- PPO smoke run
+@pytest.mark.slow
 def test_ppo_learns_cartpole():
     env = gym.make_vec("CartPole-v1", 4)
     policy = _cartpole_policy(env, seed=0)

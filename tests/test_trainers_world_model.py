@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import imageio.v3 as iio
+import pytest
 from conftest import requires_libero
 
 from envs.world_models.tiny import write_tiny_bundle
@@ -14,6 +15,7 @@ from trainers.metrics import read_metrics
 pytestmark = requires_libero
 
 
+@pytest.mark.slow
 def test_grpo_in_the_world_model_evaluated_in_the_simulator(tmp_path):
     bundle = write_tiny_bundle("cosmos", tmp_path / "cosmos")
     size = [32, 48]

@@ -220,6 +220,7 @@ def test_missing_weights_say_what_and_how(tmp_path, monkeypatch):
 
 
 @requires_libero
+@pytest.mark.slow
 def test_train_in_the_world_model_evaluate_in_the_simulator(bundles):
     """The LIBERO env made from ``sim_env_kwargs`` has the same spaces; its frames start the WM."""
     wm = make(bundles, "cosmos")
