@@ -11,9 +11,10 @@ A ``Run`` calls each of its callbacks, in list order, at four points:
 * ``on_training_end(run, final)``: at the end, while the logs are still open (add entries to
   ``final``).
 
-The default list comes from ``RunConfig``: ``Evaluation`` (``eval_every``, ``eval_at_start``, ...)
-then ``Checkpointing`` (``checkpoint_every``). Pass more to a trainer with
-``train(run_config, algo_config, callbacks=[...])``; they run after the defaults.
+The run's list: ``Evaluation`` (``eval_every``, ``eval_at_start``, ...), ``Checkpointing``
+(``checkpoint_every`` and the final checkpoint), the user's callbacks
+(``train(run_config, algo_config, callbacks=[...])``), then ``Report`` (the summary table,
+``summary.md`` and ``learning_curve.png``, from everything the others added to ``final``).
 """
 
 from __future__ import annotations
@@ -103,9 +104,23 @@ class Evaluation(Callback):
 
 
 class Checkpointing(Callback):
-    """A checkpoint every ``RunConfig.checkpoint_every`` iterations (the final one is the run's own)."""
+    """A checkpoint every ``RunConfig.checkpoint_every`` iterations, and one at the end
+    (``run.final_checkpoint``)."""
 
     def on_row_logged(self, run: Run, row: dict[str, Any]) -> None:
         every = run.config.checkpoint_every
         if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
             run.save()
+
+    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+        run.final_checkpoint = run.save()
+
+
+class Report(Callback):
+    """At the end: the summary table on stdout, ``summary.md`` and ``learning_curve.png``."""
+
+    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+        run.close_progress()  # the table prints below a finished bar
+        checkpoint = run.final_checkpoint or run.save()
+        print(run.summary(final, checkpoint))
+        run.write_report(final, checkpoint)

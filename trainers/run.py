@@ -1,7 +1,7 @@
 """What every training run needs besides its algorithm: the env (``trainers/env_factory.py``) and
-policy (``trainers/checkpoint.py``) built from names, the run directory, seeding, metrics, resume,
-the final checkpoint and summary; periodic evaluation and checkpoints are callbacks
-(``trainers/callbacks.py``) that a user can add to.
+policy (``trainers/checkpoint.py``) built from names, the run directory, seeding, metrics and
+resume. Evaluation, checkpoints and the final report are callbacks (``trainers/callbacks.py``) that
+a user can add to.
 
 A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads top to bottom::
 
@@ -11,7 +11,7 @@ A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads t
     while not run.finished:
         ... collect, update ...
         run.end_iteration(env_steps, episodes, metrics)   # log; callbacks evaluate, checkpoint when due
-    run.finish()   # callbacks' final evaluation; final checkpoint and summary table
+    run.finish()   # callbacks: final evaluation, final checkpoint, summary table and report
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
-from trainers.callbacks import Callback, Checkpointing, Evaluation
+from trainers.callbacks import Callback, Checkpointing, Evaluation, Report
 from trainers.config import save_config, to_dict
 from trainers.env_factory import AUTORESET, make_vec_env
 from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics, read_jsonl
@@ -100,7 +100,8 @@ class Run:
         algo: the trainer's name (``"ppo"``, ``"grpo"``), stored in the run and the checkpoints.
         run_config: the shared settings.
         algo_config: the algorithm's dataclass (saved with the run and in every checkpoint).
-        callbacks: run after the default ``Evaluation`` and ``Checkpointing`` callbacks.
+        callbacks: run after the default ``Evaluation`` and ``Checkpointing`` callbacks, before
+            ``Report`` (``trainers/callbacks.py``).
     """
 
     def __init__(
@@ -108,7 +109,8 @@ class Run:
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
         self.evaluation = Evaluation()
-        self.callbacks: list[Callback] = [self.evaluation, Checkpointing(), *(callbacks or [])]
+        self.callbacks: list[Callback] = [self.evaluation, Checkpointing(), *(callbacks or []), Report()]
+        self.final_checkpoint: Path | None = None  # written by Checkpointing at the end
         cfg = run_config
         if cfg.resume:
             source = Path(cfg.resume)
@@ -301,18 +303,20 @@ class Run:
         return self.evaluation.evaluate(self)
 
     def finish(self) -> dict[str, float]:
-        """The callbacks' end (the final evaluation), the final checkpoint, close the logs, print the
-        summary table; returns the last metrics (with ``eval/*``)."""
+        """The callbacks' ends (final evaluation, final checkpoint, summary and report), then close
+        the logs; returns the last metrics (with ``eval/*``)."""
         final = dict(self.last_metrics)
         for callback in self.callbacks:
             callback.on_training_end(self, final)
-        path = self.save()
-        for closable in (self._logger, self._progress):
-            if closable is not None:
-                closable.close()
-        print(self.summary(final, path))
-        self.write_report(final, path)
+        self.close_progress()
+        if self._logger is not None:
+            self._logger.close()
         return final
+
+    def close_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
 
     def write_report(self, final: dict[str, float], checkpoint: Path) -> None:
         """``learning_curve.png`` and ``summary.md`` in the run directory."""
