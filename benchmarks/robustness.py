@@ -116,16 +116,38 @@ def _refused(probe: Probe, call: Callable[[], Any]) -> None:
         raise AssertionError("the payload ran")
 
 
-def _crafted_checkpoint(probe: Probe) -> Path:
+def crafted_checkpoint(path: Path, marker: Path) -> Path:
+    """A file at ``path`` with every tag of a trainer checkpoint and a payload where the policy's
+    arguments go."""
     import torch
 
     import trainers.checkpoint as ckpt
 
-    path = probe.root / "crafted" / "checkpoints" / "iter_000001.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    spec = {"name": "mlp", "kwargs": {"hidden": Payload(probe.marker)}}
+    spec = {"name": "mlp", "kwargs": {"hidden": Payload(marker)}}
     torch.save({"format": ckpt.FORMAT, "version": ckpt.VERSION, "policy": spec, "counters": {}}, path)
     return path
+
+
+def plant_payload(path: Path, marker: Path) -> None:
+    """Rewrite a real ``.npy`` frame record (its ``meta``) or ``torch.save`` dict (its first entry)
+    with a payload inside: what an attacker would publish. The file is read safely first."""
+    import torch
+
+    from nets.safe_load import load_npy, torch_load
+
+    if path.suffix == ".npy":
+        record = load_npy(path)
+        record[0]["meta"] = {"x": Payload(marker)}
+        np.save(path, record, allow_pickle=True)
+    else:
+        data = torch_load(path, numpy=True, allow=[io.BytesIO, bytes])  # TE extra state in DiT files
+        data[next(iter(data))] = Payload(marker)
+        torch.save(data, path)
+
+
+def _crafted_checkpoint(probe: Probe) -> Path:
+    return crafted_checkpoint(probe.root / "crafted" / "checkpoints" / "iter_000001.pt", probe.marker)
 
 
 def _cartpole_spaces() -> tuple[Any, Any]:
@@ -138,20 +160,10 @@ def _cartpole_spaces() -> tuple[Any, Any]:
 def _bundle_with_payload(probe: Probe, rel: str) -> Path:
     import shutil
 
-    import torch
-
     root = probe.root / f"bad-{rel.replace('/', '-')}"
     if not root.exists():
         shutil.copytree(probe.bundle, root)
-    path = root / rel
-    if path.suffix == ".npy":
-        record = np.load(path, allow_pickle=True)  # our own tiny file: trusted
-        record[0]["task"] = Payload(probe.marker)
-        np.save(path, record, allow_pickle=True)
-    else:
-        data = torch.load(path, weights_only=False)  # our own tiny file: trusted
-        data[next(iter(data))] = Payload(probe.marker)
-        torch.save(data, path)
+    plant_payload(root / rel, probe.marker)
     return root
 
 
@@ -174,9 +186,7 @@ def untrusted_files(probe: Probe) -> dict[str, Callable[[], None]]:
         folder = save_initial_frames(
             [InitialFrame("pick", image=np.zeros((4, 4, 3), np.uint8))], probe.root / "f"
         )
-        record = np.load(folder / "frame_00000.npy", allow_pickle=True)
-        record[0]["meta"] = {"x": Payload(probe.marker)}
-        np.save(folder / "frame_00000.npy", record, allow_pickle=True)
+        plant_payload(folder / "frame_00000.npy", probe.marker)
         _refused(probe, lambda: load_initial_frames(folder))
 
     def load_state() -> None:

@@ -13,19 +13,10 @@ import torch
 
 import envs  # noqa: F401
 import trainers.checkpoint as ckpt
+from benchmarks.robustness import Payload, crafted_checkpoint, plant_payload
 from envs.core.frames import InitialFrame, load_initial_frames, save_initial_frames
 from envs.world_models.tiny import write_tiny_bundle
 from nets.safe_load import UnsafeFileError, load_npy, restricted_unpickle, torch_load
-
-
-class Payload:
-    """Unpickling this creates ``marker``: the harmless stand-in for an attacker's code."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 @pytest.fixture
@@ -86,19 +77,11 @@ def test_the_named_opt_in_loads_a_full_pickle(tmp_path):
 
 
 # ---------------------------------------------------------------------- trainer checkpoints
-def _crafted_checkpoint(path, marker):
-    """A file with every tag of a real checkpoint and a payload where the policy arguments go."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    spec = {"name": "mlp", "kwargs": {"hidden": Payload(marker)}}
-    torch.save({"format": ckpt.FORMAT, "version": ckpt.VERSION, "policy": spec, "counters": {}}, path)
-    return path
-
-
 def test_resume_init_policy_and_load_policy_refuse_a_payload(tmp_path, marker):
     from trainers.__main__ import main
 
     run = tmp_path / "run"
-    path = _crafted_checkpoint(run / "checkpoints" / "iter_000001.pt", marker)
+    path = crafted_checkpoint(run / "checkpoints" / "iter_000001.pt", marker)
     env = gym.make("CartPole-v1")
     spaces = (env.observation_space, env.action_space)
     with refused():
@@ -145,9 +128,7 @@ def test_a_corrupt_config_json_on_resume_names_the_file(tmp_path):
 def test_initial_frames_refuse_a_payload(tmp_path, marker):
     frame = InitialFrame(instruction="pick", image=np.zeros((4, 4, 3), np.uint8))
     folder = save_initial_frames([frame, frame], tmp_path)
-    record = np.load(folder / "frame_00001.npy", allow_pickle=True)
-    record[0]["meta"] = {"x": Payload(marker)}
-    np.save(folder / "frame_00001.npy", record, allow_pickle=True)
+    plant_payload(folder / "frame_00001.npy", marker)
     with refused():
         load_initial_frames(tmp_path)
 
@@ -163,15 +144,7 @@ BUNDLE_FILES = {
 @pytest.mark.parametrize("part", list(BUNDLE_FILES))
 def test_world_model_bundle_files_refuse_a_payload(tmp_path, marker, part):
     root = write_tiny_bundle("cosmos", tmp_path / "bundle")
-    path = root / BUNDLE_FILES[part]
-    if path.suffix == ".npy":
-        record = np.load(path, allow_pickle=True)
-        record[0]["task"] = Payload(marker)
-        np.save(path, record, allow_pickle=True)
-    else:
-        data = torch.load(path, weights_only=False)  # our own tiny file: trusted
-        data[next(iter(data))] = Payload(marker)
-        torch.save(data, path)
+    plant_payload(root / BUNDLE_FILES[part], marker)
     with refused():
         gym.make_vec("CosmosWM-LiberoSpatial-v0", num_envs=1, model_dir=root, image_size=(32, 48))
 
