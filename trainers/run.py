@@ -108,8 +108,7 @@ class Run:
         self, algo: str, run_config: RunConfig, algo_config: Any, callbacks: list[Callback] | None = None
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
-        self.evaluation = Evaluation()
-        self.callbacks: list[Callback] = [self.evaluation, Checkpointing(), *(callbacks or []), Report()]
+        self.callbacks: list[Callback] = [Evaluation(), Checkpointing(), *(callbacks or []), Report()]
         self.final_checkpoint: Path | None = None  # written by Checkpointing at the end
         cfg = run_config
         if cfg.resume:
@@ -284,10 +283,10 @@ class Run:
                 "time/sps": c["env_steps"] / max(elapsed, 1e-9),
             }
         )
+        assert self._logger is not None and self._progress is not None, "call restore() before the loop"
         for callback in self.callbacks:
             callback.on_iteration_end(self, row)
         self.last_metrics = row
-        assert self._logger is not None and self._progress is not None, "call restore() before the loop"
         self._logger.log(c["env_steps"], row)
         self._progress.update(int(env_steps), row)
         for callback in self.callbacks:
@@ -297,10 +296,6 @@ class Run:
         """Write one metrics row at the current env step (callbacks use it for rows of their own)."""
         assert self._logger is not None, "call restore() before logging"
         self._logger.log(self.counters["env_steps"], row)
-
-    def evaluate(self) -> dict[str, float]:
-        """One evaluation now, as the ``Evaluation`` callback runs it (``eval/*`` metrics)."""
-        return self.evaluation.evaluate(self)
 
     def finish(self) -> dict[str, float]:
         """The callbacks' ends (final evaluation, final checkpoint, summary and report), then close

@@ -196,14 +196,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         check_int(env_id, "max_episode_steps", max_episode_steps, low=1, none_ok=True)
         check_int(env_id, "max_cached_scenes", max_cached_scenes, low=1)
         check_int(env_id, "envs_per_worker", envs_per_worker, low=1)
-        sub_steps = (check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True) or 1) * envs_per_worker
-        step_default, reset_default = 20 + 0.5 * sub_steps, 120 + 30 * envs_per_worker
-        self.step_timeout_s = check_float(
-            env_id, "step_timeout_s", step_default if step_timeout_s is None else step_timeout_s, low=0.01
-        )
-        self.reset_timeout_s = check_float(
-            env_id, "reset_timeout_s", reset_default if reset_timeout_s is None else reset_timeout_s, low=0.01
-        )
+        for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
+            if value is not None:
+                check_float(env_id, name, value, low=0.01)
         tasks = suite_tasks(suite)
         if task_ids is not None:
             bad = [i for i in task_ids if not isinstance(i, int | np.integer) or not 0 <= i < len(tasks)]
@@ -236,6 +231,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             render_mode=render_mode,
         )
         self.suite = suite
+        sub_steps = (self.chunk_size or 1) * envs_per_worker  # chunk_size checked by the base class
+        self.step_timeout_s = float(step_timeout_s or 20 + 0.5 * sub_steps)
+        self.reset_timeout_s = float(reset_timeout_s or 120 + 30 * envs_per_worker)
         self.scene_seed = scene_seed
         self.max_episode_steps_override = max_episode_steps
         self.object_state_in_info = object_state_in_info

@@ -380,15 +380,13 @@ def _proprio_field_slices(space: spaces.Space, proprio_format: str) -> dict[str,
     if proprio_format == "raw":
         return None
     fields = tuple(getattr(space, "fields", ()))
-    slices, start = {}, 0
-    for name, size in fields:
-        slices[name] = slice(start, start + size)
-        start += size
-    sizes = {name: where.stop - where.start for name, where in slices.items()}
+    sizes = dict(fields)
     if any(sizes.get(name) != size for name, size in LIBERO_PROPRIO_FIELDS.items()):
         raise ValueError(
             f"proprio_format 'libero_axis_angle' reads the proprio fields {LIBERO_PROPRIO_FIELDS} by name; "
             f"the proprio space has fields {sizes or 'none'} (give a FieldBox naming them, as LIBERO's env "
             "does, or proprio_format='raw' with the model's 9-D proprio)"
         )
-    return {name: slices[name] for name in LIBERO_PROPRIO_FIELDS}
+    starts = np.cumsum([0, *(size for _, size in fields)])
+    where = {name: slice(int(start), int(start) + size) for (name, size), start in zip(fields, starts)}
+    return {name: where[name] for name in LIBERO_PROPRIO_FIELDS}

@@ -28,9 +28,9 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         num_envs: envs run as one batch (RLinf: 16 per GPU).
         model_dir, download, revision: where the bundle is (see ``find_bundle``; downloads are off
             unless ``download=True`` with a pinned ``revision``).
-        trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``,
-            and Cosmos' ``.pt`` and ``tokenizer.pth``) with a full unpickler. Off by default: they
-            are read as plain data (tensors, numpy arrays, containers) and anything else is refused.
+        trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``; the
+            video model and VAE are safetensors) with a full unpickler. Off by default: they are
+            read as plain data (tensors, numpy arrays, containers) and anything else is refused.
         device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32 (dtype may be a name).
         image_size: frame (H, W); RLinf: 256x256.
         model_options: ``OpenSoraWorldModel`` options (``num_steps``, ``condition_frames``,
