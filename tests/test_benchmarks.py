@@ -171,3 +171,15 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     rows = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in out.splitlines()[3:6]}
     assert rows == {"untrusted files": ["11", "11"], "checkpoints": ["6", "6"], "all": ["17", "17"]}
     assert json.loads((tmp_path / "robustness.json").read_text()).keys() == results.keys()
+
+
+@requires_libero
+@pytest.mark.slow
+def test_scale_out_compares_ray_actors_with_local_workers(tmp_path, capsys):
+    from benchmarks.scale_out import main
+
+    rows = main(["--num-envs", "2", "--actors", "2", "--rounds", "2", "--steps", "2", "--out", str(tmp_path)])
+    assert [r["what"] for r in rows] == ["local workers", "ray, 2 actors"]
+    assert all(r["steps"] == 2 * 2 * 8 and r["steps_per_s"] > 0 for r in rows)  # 1 timed round, K = 8
+    assert "empty actor call round trip" in capsys.readouterr().out
+    assert json.loads((tmp_path / "scale_out.json").read_text())["round_trip_ms"] > 0

@@ -62,7 +62,7 @@ def test_the_dependency_check_sees_imports_by_name(tmp_path):
 def test_import_envs_is_cheap_and_registers_every_id():
     code = (
         "import sys, envs, gymnasium as gym; "
-        "print(sorted(m for m in ('robosuite', 'libero', 'mujoco', 'torch') if m in sys.modules))"
+        "print(sorted(m for m in ('robosuite', 'libero', 'mujoco', 'torch', 'ray') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

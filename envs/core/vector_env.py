@@ -146,6 +146,10 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         """Sub-step limit of an episode started from ``frame``."""
         raise NotImplementedError
 
+    def _seed_backend(self, seed: int) -> None:
+        """Seed the backend's own random streams (a world model's noise); ``reset(seed=)`` calls it
+        after validating the call and seeding the env's RNG."""
+
     def _episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
         """Backend-specific statistics of episodes ending now in ``env_ids`` (their final state is
         still current), added to ``info["episode"]``; e.g. B1K's partial-success q-score."""
@@ -170,6 +174,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         frames = None if spec is None else self._resolve_frames(spec, len(env_ids))
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(self._seed_int(seed))
+            self._seed_backend(self._seed_int(seed))
         if frames is None:
             frames = self._draw_frames(len(env_ids))
         infos: dict[str, Any] = {}

@@ -52,6 +52,9 @@ def _benchmark_names(suite: str) -> tuple[str, ...]:
 
 
 def _init_states_path(suite: str, name: str) -> str:
+    from envs.libero.install import ensure_config
+
+    ensure_config()  # also here: frames unpickled in a fresh process (a Ray driver) come this way first
     from libero.libero import get_libero_path
 
     return os.path.join(get_libero_path("init_states"), suite, f"{name}.pruned_init")

@@ -303,12 +303,13 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         self._previous = state["previous"].clone()
         self._generator.set_state(state["generator"])
 
+    def _seed_backend(self, seed: int) -> None:
+        self._generator.manual_seed(seed)  # the noise follows the seed too: reset(seed=s) replays exactly
+
     def reset(
         self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         saved = self._generator.get_state()
-        if seed is not None:  # the noise follows the seed too, so reset(seed=s) replays exactly
-            self._generator.manual_seed(self._seed_int(seed))
         try:
             return super().reset(seed=seed, options=options)
         except Exception:

@@ -1,0 +1,482 @@
+"""A chunked vector env whose envs live in Ray actors, on any node of a Ray cluster.
+
+Each actor (``EnvHost``) builds the backend's own vector env for its share of the envs (LIBERO with
+its worker processes, a world model on the actor's GPU). This process keeps what the base class
+owns: validation, autoreset, episode bookkeeping and statistics, the info dict, the RNG that draws
+initial frames. So for the same initial frames and actions the observations, rewards and statistics
+are those of the local vector env. Per step, every actor gets one call (its envs' chunks) and all
+run concurrently; arrays come back through Ray's object store.
+
+An actor that dies is restarted by Ray (``max_restarts``); its envs are truncated with
+``worker_restarted`` (as the local worker pool does) and start again at their next reset.
+
+Seeding: ``reset(seed=s)`` seeds the frame draws here, and actor j's own streams (a world model's
+noise, LIBERO's ``scene_seed=None`` layouts) with ``s + j``: with one actor, everything equals the
+local env seeded with ``s``. A restarted actor's streams start unseeded.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector import AutoresetMode
+
+from envs.core.errors import bad_input, check_int, describe
+from envs.core.frames import InitialFrame
+from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
+
+PLACEMENTS = {
+    "pack": "PACK",
+    "spread": "SPREAD",
+    "strict_pack": "STRICT_PACK",
+    "strict_spread": "STRICT_SPREAD",
+}
+ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "runtime_env", "accelerator_type")
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(
+            'Ray-actor envs need Ray: pip install "vla-gym[ray]" (or pip install "ray>=2.40")'
+        ) from None
+    return ray
+
+
+class EnvHost:
+    """What runs inside one Ray actor: the backend's vector env over this actor's envs, driven
+    through the backend hooks (the ``RayVectorEnv`` in the driver owns the bookkeeping)."""
+
+    def __init__(self, backend: str, num_envs: int, env_kwargs: dict[str, Any]) -> None:
+        self.error: Exception | None = None
+        try:  # a bad argument is reported by describe(), as the backend's own exception
+            kwargs = {**env_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
+            self.env: ChunkedVectorEnv | None = load_env_creator(backend)(num_envs=num_envs, **kwargs)
+        except Exception as e:
+            self.env, self.error = None, e
+
+    def describe(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        env = self.env
+        overrides = type(env)._episode_stats is not ChunkedVectorEnv._episode_stats
+        return {
+            "env_id": env.env_id,
+            "class": type(env).__name__,
+            "observation_space": env.single_observation_space,
+            "action_space": env.single_action_space,
+            "chunk_size": env.chunk_size,
+            "initial_frames": env.initial_frames,
+            "render_mode": env.render_mode,
+            "metadata": {k: v for k, v in env.metadata.items() if k not in ("autoreset_mode", "chunk_size")},
+            "has_episode_stats": overrides,
+        }
+
+    def check_frames(self, frames: list[InitialFrame]) -> list[str | None]:
+        return [self.env._check_frame(f) for f in frames]
+
+    def reset_envs(
+        self, env_ids: np.ndarray, frames: list[InitialFrame], seed: int | None
+    ) -> tuple[dict[str, np.ndarray], list[int]]:
+        if seed is not None:
+            self.seed(seed)
+        obs = self.env._reset_envs(env_ids, frames)
+        return obs, [int(self.env._max_episode_steps(f)) for f in frames]
+
+    def step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
+        return self.env._step_envs(env_ids, actions, max_steps)
+
+    def episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
+        return self.env._episode_stats(env_ids)
+
+    def seed(self, seed: int) -> None:
+        self.env._np_random, self.env._np_random_seed = gym.utils.seeding.np_random(seed)
+        self.env._seed_backend(seed)
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        attr = getattr(self.env, name)
+        return attr(*args, **kwargs) if callable(attr) else attr
+
+    def set_attr(self, name: str, value: Any) -> None:
+        setattr(self.env, name, value)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+
+
+class RayVectorEnv(ChunkedVectorEnv):
+    """A registered env's vector env with its ``num_envs`` envs spread over ``num_actors`` Ray actors.
+
+    Usually built through ``gym.make_vec(id, num_envs, ray_actors=M, ray_options=..., ...)``; the
+    rest of the keyword arguments go to the backend in every actor. Same contract as the local vector
+    env: chunks, ``initial_frames`` ids and ``InitialFrame``s, ``reset_mask``, the three autoreset
+    modes, ``current_frames()``, episode statistics; bad input is refused here, before any actor is
+    called. Actor ``j`` holds envs ``offsets[j]`` to ``offsets[j + 1] - 1`` (sizes differ by at most 1).
+
+    Args:
+        backend: the backend class, ``"module:Class"`` (what the id registered).
+        num_envs: envs in all.
+        num_actors: Ray actors to spread them over (at most ``num_envs``).
+        env_kwargs: the backend's keyword arguments (``autoreset_mode`` applies here).
+        actor_options: per-actor Ray resources: ``num_cpus`` (default 1), ``num_gpus`` (a world model
+            on a GPU; Ray sets the actor's ``CUDA_VISIBLE_DEVICES``, which LIBERO's EGL rendering
+            follows too), ``memory``, ``resources``, ``runtime_env``, ``accelerator_type``.
+        placement: ``pack`` (as few nodes as possible), ``spread``, ``strict_pack`` or ``strict_spread``;
+            the actors are placed in one Ray placement group with this strategy.
+        address: the Ray cluster to join when Ray is not yet initialized in this process (``"auto"``,
+            ``"host:port"``, ``"ray://host:port"``); None starts a local one if there is none.
+        max_restarts: how often Ray restarts a dead actor (-1: always).
+        ready_timeout_s: how long to wait for the cluster to place the actors.
+        restart_timeout_s: how long to wait for Ray to restart a dead actor before giving up.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        num_envs: int,
+        *,
+        num_actors: int,
+        env_kwargs: dict[str, Any] | None = None,
+        actor_options: dict[str, Any] | None = None,
+        placement: str = "pack",
+        address: str | None = None,
+        max_restarts: int = -1,
+        ready_timeout_s: float = 60.0,
+        restart_timeout_s: float = 120.0,
+    ) -> None:
+        env_kwargs = dict(env_kwargs or {})
+        name = str(env_kwargs.get("env_id") or backend)
+        check_int(name, "num_envs", num_envs, low=1)
+        check_int(name, "ray_actors", num_actors, low=1)
+        if num_actors > num_envs:
+            raise bad_input(name, "ray_actors", f"at most num_envs={num_envs} actors", num_actors)
+        if placement not in PLACEMENTS:
+            raise bad_input(name, "ray_placement", f"one of {list(PLACEMENTS)}", describe(placement))
+        actor_options = dict(actor_options or {})
+        unknown = sorted(set(actor_options) - set(ACTOR_OPTIONS))
+        if unknown:
+            raise bad_input(name, "ray_options", f"keys among {ACTOR_OPTIONS}", unknown)
+        check_int(name, "ray_max_restarts", max_restarts, low=-1)
+        ray = import_ray()
+        if not ray.is_initialized():
+            _check_address(name, address)
+            if address:
+                ray.init(address=address)
+            else:  # a local cluster of this machine
+                ray.init(include_dashboard=False)
+        autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
+
+        sizes = [num_envs // num_actors + (j < num_envs % num_actors) for j in range(num_actors)]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self._actor_of = np.repeat(np.arange(num_actors), sizes)
+        bundle = _bundle(actor_options)
+        _check_resources(ray, name, bundle, num_actors, placement)
+        self._group = ray.util.placement_group([bundle] * num_actors, strategy=PLACEMENTS[placement])
+        self._hosts: list[Any] = []
+        try:
+            try:
+                ray.get(self._group.ready(), timeout=ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"{name}: the Ray cluster did not place {num_actors} actors of {bundle} "
+                    f"({placement}) within {ready_timeout_s:g} s"
+                ) from None
+            remote = ray.remote(EnvHost)
+            strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
+            for j, size in enumerate(sizes):
+                options = {
+                    **actor_options,
+                    "num_cpus": bundle.get("CPU", 0),
+                    "num_gpus": bundle.get("GPU", 0),
+                    "max_restarts": max_restarts,
+                    "max_task_retries": 0,
+                    "scheduling_strategy": strategy(self._group, placement_group_bundle_index=j),
+                }
+                self._hosts.append(remote.options(**options).remote(backend, size, env_kwargs))
+            desc = ray.get([host.describe.remote() for host in self._hosts])[0]
+            space = desc["action_space"]
+            chunked = desc["chunk_size"] is not None
+            super().__init__(
+                env_id=desc["env_id"],
+                num_envs=num_envs,
+                single_observation_space=desc["observation_space"],
+                action_low=space.low[0] if chunked else space.low,
+                action_high=space.high[0] if chunked else space.high,
+                chunk_size=desc["chunk_size"],
+                initial_frames=desc["initial_frames"],
+                autoreset_mode=autoreset_mode,
+                render_mode=desc["render_mode"],
+            )
+        except BaseException:
+            self._release()
+            raise
+        self.metadata = {**desc["metadata"], **self.metadata}
+        self.backend = backend
+        self.num_actors = num_actors
+        self.max_restarts, self.restart_timeout_s = max_restarts, restart_timeout_s
+        self._ray = ray
+        self._has_episode_stats = desc["has_episode_stats"]
+        self._lost = np.zeros(num_envs, bool)  # env whose actor died: truncated, waits for a reset
+        self._pending_seed: int | None = None
+        self._limits: list[int] = []
+        self._checked: dict[int, str | None] = {}
+        self._record_frames = False
+
+    # ---------------------------------------------------------------- backend hooks (one call per actor)
+    def reset(
+        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self._pending_seed = None if seed is None else self._seed_int(seed)
+        try:
+            return super().reset(seed=seed, options=options)
+        finally:
+            self._pending_seed = None
+
+    def _resolve_frames(self, spec: Any, count: int) -> list[tuple[InitialFrame, int]]:
+        items = (
+            list(spec) if isinstance(spec, Sequence | np.ndarray) and not isinstance(spec, str) else [spec]
+        )
+        given = [item for item in items if isinstance(item, InitialFrame)]
+        if given:  # checked by the backend in one call, not one round trip per frame
+            self._check_open("reset")
+            reasons = self._ray.get(self._hosts[0].check_frames.remote(given))
+            self._checked = {id(f): why for f, why in zip(given, reasons)}
+        try:
+            return super()._resolve_frames(spec, count)
+        finally:
+            self._checked = {}
+
+    def _check_frame(self, frame: InitialFrame) -> str | None:
+        if id(frame) in self._checked:
+            return self._checked[id(frame)]
+        return self._ray.get(self._hosts[0].check_frames.remote([frame]))[0]
+
+    def _max_episode_steps(self, frame: InitialFrame) -> int:
+        return self._limits.pop(0)  # the backend's limits, in reset order (see _reset_envs)
+
+    def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
+        seed = self._pending_seed
+        parts = self._split(env_ids)
+        calls = {j: (local, [frames[p] for p in pos]) for j, pos, local in parts}
+        results: dict[int, Any] = {}
+        try:
+            for attempt in range(2):  # a restarted actor gets one more try
+                refs = {
+                    j: self._hosts[j].reset_envs.remote(local, fr, None if seed is None else seed + j)
+                    for j, (local, fr) in calls.items()
+                    if j not in results
+                }
+                if seed is not None and attempt == 0:  # actors without envs in this reset follow the seed
+                    for j in set(range(self.num_actors)) - set(calls):
+                        refs[j] = self._hosts[j].seed.remote(seed + j)
+                died = []
+                for j, ref in refs.items():
+                    try:
+                        results[j] = self._ray.get(ref)
+                    except self._ray.exceptions.RayActorError:
+                        died.append(j)
+                for j in died:
+                    self._actor_died(j, "reset")
+                    results.pop(j, None)
+                if not [j for j in died if j in calls]:
+                    break
+            else:
+                raise RuntimeError(f"{self.env_id}: Ray actors {died} died twice in one reset")
+        except BaseException:
+            # some actors may be at their new starts, others not: none is where the bookkeeping says
+            self._lost[env_ids] = True
+            raise
+        self._lost[env_ids] = False
+        obs = {
+            key: np.empty((len(env_ids), *self._obs[key].shape[1:]), self._obs[key].dtype)
+            for key in self._obs
+        }
+        limits = np.zeros(len(env_ids), np.int64)
+        for j, pos, _ in parts:
+            actor_obs, actor_limits = results[j]
+            for key in obs:
+                obs[key][pos] = actor_obs[key]
+            limits[pos] = actor_limits
+        self._limits = limits.tolist()
+        return obs
+
+    def _step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
+        n, k = actions.shape[:2]
+        crashed = self._lost[env_ids].copy()
+        refs = {}
+        for j, pos, local in self._split(env_ids):
+            live = ~crashed[pos]
+            if live.all():  # an actor's envs are lost together, so it is all or none
+                refs[j] = (pos, self._hosts[j].step_envs.remote(local, actions[pos], max_steps[pos]))
+        out = ChunkResult(
+            obs={key: self._obs[key][env_ids].copy() for key in self._array_keys},  # kept where crashed
+            rewards=np.zeros((n, k), np.float32),
+            valid=np.zeros((n, k), bool),
+            success=np.zeros((n, k), bool),
+            terminated=np.zeros(n, bool),
+            crashed=crashed,
+            cut=np.zeros(n, bool),
+        )
+        for j, (pos, ref) in refs.items():
+            try:
+                res: ChunkResult = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError:
+                self._actor_died(j, "step")
+                out.crashed[pos] = True
+                continue
+            for key in self._array_keys:
+                out.obs[key][pos] = res.obs[key]
+            out.rewards[pos], out.valid[pos], out.success[pos] = res.rewards, res.valid, res.success
+            out.terminated[pos] = res.terminated
+            if res.crashed is not None:
+                out.crashed[pos] |= res.crashed
+            if res.cut is not None:
+                out.cut[pos] = res.cut
+            for key, value in res.info.items():
+                value = np.asarray(value)
+                if key not in out.info:
+                    out.info[key] = np.zeros((n, *value.shape[1:]), value.dtype)
+                out.info[key][pos] = value
+        return out
+
+    def _episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
+        if not self._has_episode_stats:
+            return {}
+        stats: dict[str, np.ndarray] = {}
+        for j, pos, local in self._split(env_ids):
+            if self._lost[env_ids[pos]].any():
+                continue
+            for key, value in self._ray.get(self._hosts[j].episode_stats.remote(local)).items():
+                value = np.asarray(value)
+                stats.setdefault(key, np.zeros((len(env_ids), *value.shape[1:]), value.dtype))[pos] = value
+        return stats
+
+    # ---------------------------------------------------------------- helpers
+    def _split(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(actor, positions in env_ids, the actor's own env indices)`` for every actor involved."""
+        actors = self._actor_of[env_ids]
+        parts = []
+        for j in np.unique(actors):
+            pos = np.flatnonzero(actors == j)
+            parts.append((int(j), pos, env_ids[pos] - self.offsets[j]))
+        return parts
+
+    def _actor_died(self, j: int, call: str) -> None:
+        """Mark actor j's envs lost, warn, and wait until Ray has restarted it."""
+        ids = np.arange(self.offsets[j], self.offsets[j + 1])
+        self._lost[ids] = True
+        warnings.warn(
+            f"{self.env_id}: Ray actor {j} (envs {ids[0]}-{ids[-1]}) died during {call}; Ray restarts it "
+            "and its envs are truncated (worker_restarted) and start again at their next reset",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        if self.max_restarts == 0:
+            raise RuntimeError(f"{self.env_id}: Ray actor {j} died during {call} (max_restarts=0)")
+        deadline = time.monotonic() + self.restart_timeout_s
+        while True:
+            try:
+                self._ray.get(self._hosts[j].pid.remote(), timeout=self.restart_timeout_s)
+                return
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.env_id}: Ray actor {j} did not come back within {self.restart_timeout_s:g} s "
+                        f"(max_restarts={self.max_restarts})"
+                    ) from None
+                time.sleep(0.2)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call method ``name`` (or read attribute ``name``) of every actor's backend env; one
+        result per actor (e.g. ``offload`` / ``onload`` of world-model envs)."""
+        self._check_open(name)
+        return self._ray.get([host.call.remote(name, args, kwargs) for host in self._hosts])
+
+    @property
+    def record_frames(self) -> bool:
+        """Put every sub-step's frame in ``info["frames"]`` (backends that support it)."""
+        return self._record_frames
+
+    @record_frames.setter
+    def record_frames(self, value: bool) -> None:
+        self._check_open("record_frames")
+        self._ray.get([host.set_attr.remote("record_frames", bool(value)) for host in self._hosts])
+        self._record_frames = bool(value)
+
+    def actor_pids(self) -> list[int]:
+        """Process ids of the actors (on their nodes)."""
+        return self._ray.get([host.pid.remote() for host in self._hosts])
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        ray = import_ray()
+        hosts, self._hosts = getattr(self, "_hosts", []), []
+        if hosts and ray.is_initialized():
+            try:
+                ray.get([host.close.remote() for host in hosts], timeout=30)
+            except Exception:  # a dead or hung actor: killed below anyway
+                pass
+            for host in hosts:
+                ray.kill(host, no_restart=True)
+        group, self._group = getattr(self, "_group", None), None
+        if group is not None and ray.is_initialized():
+            ray.util.remove_placement_group(group)
+
+
+def _bundle(actor_options: dict[str, Any]) -> dict[str, float]:
+    """One actor's resource request as a placement-group bundle."""
+    bundle = {"CPU": float(actor_options.get("num_cpus", 1))}
+    if actor_options.get("num_gpus"):
+        bundle["GPU"] = float(actor_options["num_gpus"])
+    if actor_options.get("memory"):
+        bundle["memory"] = float(actor_options["memory"])
+    bundle.update({k: float(v) for k, v in actor_options.get("resources", {}).items()})
+    return bundle
+
+
+def _check_resources(ray: Any, name: str, bundle: dict[str, float], count: int, placement: str) -> None:
+    """Refuse, before anything is placed, a request no node (or not the whole cluster) can meet."""
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    fits = [min(int(res.get(k, 0) // v) if v else count for k, v in bundle.items()) for res in nodes]
+    total = sum(fits) if placement != "strict_pack" else max(fits, default=0)
+    if placement == "strict_spread":
+        total = sum(1 for f in fits if f >= 1)
+    if total < count:
+        have = [{k: res.get(k, 0) for k in bundle} for res in nodes]
+        raise ValueError(
+            f"{name}: the Ray cluster cannot meet {count} actors of {bundle} ({placement}): "
+            f"its nodes have {have}; lower ray_options (num_cpus, num_gpus) or ray_actors, or add nodes"
+        )
+
+
+def _check_address(name: str, address: str | None) -> None:
+    """A ``host:port`` (or ``ray://host:port``) that does not answer is an error now, not a hang."""
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise bad_input(
+            name, "ray_address", "'auto', 'local', 'host:port' or 'ray://host:port'", repr(address)
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"{name}: no Ray cluster answers at {address!r} ({e}); start one with `ray start --head` "
+            "and pass its address (or leave ray_address unset for a local one)"
+        ) from None

@@ -1,0 +1,262 @@
+"""Envs on Ray actors (envs/distributed) against the local vector env: same frames and actions give
+the same observations, rewards, infos and episode statistics; a killed actor is restarted; bad input
+is refused before any actor is called. A local Ray cluster with 2 CPUs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import requires_libero
+
+import envs  # noqa: F401
+from envs.distributed.ray_env import RayVectorEnv, import_ray
+from envs.world_models.tiny import write_tiny_bundle
+
+ray = import_ray()
+# Ray gives each 1-CPU actor one torch thread; the local env must sum in the same order to be equal
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+MODES = ["NextStep", "SameStep", "Disabled"]
+STATE = dict(chunk_size=4, cameras=(), init_states=range(3), max_episode_steps=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_cluster():
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def assert_same(a, b, where="") -> None:
+    """Deep equality of observations / infos: dicts, tuples, arrays (object arrays element-wise)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray) and a.dtype == object:
+        assert a.shape == b.shape, where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray | np.generic):
+        np.testing.assert_array_equal(a, b, err_msg=where)
+        assert np.asarray(a).dtype == np.asarray(b).dtype, where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def run_both(ray_env, local_env, resets, steps, seed=0) -> None:
+    """Drive both envs with the same resets and random actions; every return must be equal."""
+    rng = np.random.default_rng(seed)
+    assert_same(ray_env.reset(seed=seed, options=resets[0]), local_env.reset(seed=seed, options=resets[0]))
+    for t in range(steps):
+        actions = rng.uniform(-1, 1, ray_env.action_space.shape).astype(np.float32)
+        out_ray, out_local = ray_env.step(actions), local_env.step(actions)
+        assert_same(out_ray, out_local, f"step {t}")
+        if t + 1 < len(resets) and resets[t + 1] is not None:
+            options = resets[t + 1]
+            assert_same(ray_env.reset(options=options), local_env.reset(options=options), f"reset {t}")
+    assert_same(
+        [f.__dict__ for f in ray_env.current_frames()], [f.__dict__ for f in local_env.current_frames()]
+    )
+
+
+@requires_libero
+@pytest.mark.parametrize("mode", ["SameStep", "Disabled"])  # NextStep: the world-model and kill tests
+def test_libero_state_only_equals_local(mode):
+    kwargs = dict(STATE, autoreset_mode=mode)
+    remote = gym.make_vec("Libero-Spatial-v0", num_envs=3, ray_actors=2, **kwargs)
+    local = gym.make_vec("Libero-Spatial-v0", num_envs=3, **kwargs)
+    try:
+        assert isinstance(remote, RayVectorEnv) and remote.num_actors == 2
+        assert remote.single_observation_space == local.single_observation_space
+        assert remote.action_space == local.action_space and remote.metadata == local.metadata
+        assert len(remote.initial_frames) == len(local.initial_frames) == 30
+        # episodes end every 2 steps (8 sub-steps): autoreset draws frames from the seeded RNG
+        resets = [{"initial_frames": [0, 4, 7]}]
+        if mode == "Disabled":  # partial resets by mask, with ids and with InitialFrame objects
+            frame = local.initial_frames[11]
+            resets += [None, {"initial_frames": [2, frame], "reset_mask": np.array([True, False, True])}]
+            resets += [None, {"initial_frames": [1, 2, 3]}]
+        run_both(remote, local, resets, steps=6)
+    finally:
+        remote.close()
+        local.close()
+
+
+@requires_libero
+@pytest.mark.slow
+def test_libero_with_camera_equals_local():
+    kwargs = dict(STATE, cameras=("agentview",), image_size=32, autoreset_mode="SameStep")
+    remote = gym.make_vec("Libero-Spatial-v0", num_envs=2, ray_actors=2, **kwargs)
+    local = gym.make_vec("Libero-Spatial-v0", num_envs=2, **kwargs)
+    try:
+        run_both(remote, local, [{"initial_frames": [3, 12]}], steps=3)
+        np.testing.assert_array_equal(np.stack(remote.render()), np.stack(local.render()))
+    finally:
+        remote.close()
+        local.close()
+
+
+@pytest.fixture(scope="module")
+def cosmos_bundle(tmp_path_factory):
+    return write_tiny_bundle("cosmos", tmp_path_factory.mktemp("cosmos"))
+
+
+def make_world_model(bundle, num_envs, **kwargs):
+    kwargs = {"image_size": (32, 48), "model_options": {"num_steps": 2}, "max_episode_steps": 16, **kwargs}
+    return gym.make_vec("CosmosWM-LiberoSpatial-v0", num_envs=num_envs, model_dir=bundle, **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_world_model_one_actor_equals_local(cosmos_bundle, mode):
+    """One actor: its noise is seeded exactly as the local env's."""
+    remote = make_world_model(cosmos_bundle, 2, ray_actors=1, autoreset_mode=mode)
+    local = make_world_model(cosmos_bundle, 2, autoreset_mode=mode)
+    try:
+        run_both(remote, local, [{"initial_frames": [0, 1]}], steps=4)
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_world_model_two_actors_equal_two_local_envs(cosmos_bundle):
+    """Actor j's noise follows seed + j: two actors are two local envs seeded 5 and 6, side by side."""
+    remote = make_world_model(cosmos_bundle, 4, ray_actors=2, autoreset_mode="Disabled")
+    halves = [make_world_model(cosmos_bundle, 2, autoreset_mode="Disabled") for _ in range(2)]
+    try:
+        frames = [0, 1, 2, 3]
+        obs, _ = remote.reset(seed=5, options={"initial_frames": frames})
+        parts = [
+            h.reset(seed=5 + j, options={"initial_frames": frames[2 * j : 2 * j + 2]})
+            for j, h in enumerate(halves)
+        ]
+        np.testing.assert_array_equal(obs["image"], np.concatenate([p[0]["image"] for p in parts]))
+        actions = np.random.default_rng(1).uniform(-1, 1, remote.action_space.shape).astype(np.float32)
+        _, reward, _, _, info = remote.step(actions)
+        local = [h.step(actions[2 * j : 2 * j + 2]) for j, h in enumerate(halves)]
+        np.testing.assert_array_equal(reward, np.concatenate([out[1] for out in local]))
+        np.testing.assert_array_equal(
+            info["reward_model_scores"], np.concatenate([out[4]["reward_model_scores"] for out in local])
+        )
+        assert remote.call("offload") == [None, None]  # a backend method on every actor
+    finally:
+        remote.close()
+        for h in halves:
+            h.close()
+
+
+@requires_libero
+@pytest.mark.slow
+def test_killed_actor_is_restarted_and_its_envs_truncated():
+    kwargs = dict(STATE, max_episode_steps=100, autoreset_mode="NextStep")
+    env = gym.make_vec("Libero-Spatial-v0", num_envs=2, ray_actors=2, **kwargs)
+    try:
+        env.reset(seed=0, options={"initial_frames": [0, 1]})
+        zeros = np.zeros(env.action_space.shape, np.float32)
+        env.step(zeros)
+        old = env.actor_pids()
+        os.kill(old[1], signal.SIGKILL)
+        with pytest.warns(RuntimeWarning, match="Ray actor 1 .* died during step"):
+            _, _, terminated, truncated, info = env.step(zeros)
+        assert truncated.tolist() == [False, True] and not terminated.any()
+        assert info["worker_restarted"].tolist() == [False, True]
+        assert info["_episode"].tolist() == [False, True]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the next steps run normally: no more warnings
+            _, _, _, truncated, info = env.step(zeros)  # NEXT_STEP: env 1 starts again, on the new actor
+            assert info["_initial_frame_id"].tolist() == [False, True] and not truncated.any()
+            env.step(zeros)
+        new = env.actor_pids()
+        assert new[0] == old[0] and new[1] != old[1]
+    finally:
+        env.close()
+
+
+def test_bad_input_is_refused_before_any_actor_is_called(cosmos_bundle):
+    env = make_world_model(cosmos_bundle, 2, ray_actors=2, autoreset_mode="Disabled")
+    try:
+        obs, _ = env.reset(seed=0, options={"initial_frames": [0, 1]})
+        for bad in (np.zeros((2, 8, 6), np.float32), np.full((2, 8, 7), np.nan, np.float32)):
+            with pytest.raises(ValueError, match="CosmosWM-LiberoSpatial-v0: bad actions"):
+                env.step(bad)
+        with pytest.raises(ValueError, match="initial frame id"):
+            env.reset(options={"initial_frames": [0, 10_000]})
+        with pytest.raises(ValueError, match="a frame with an image"):  # the backend's check, one call
+            env.reset(options={"initial_frames": [0, envs.InitialFrame(instruction="x", task="t")]})
+        with pytest.raises(ValueError, match="reset option"):
+            env.reset(options={"initial_frame": [0, 1]})
+        assert_same(env.current_frames()[0].__dict__, env.current_frames()[0].__dict__)
+        np.testing.assert_array_equal(env._obs["image"], obs["image"])  # nothing moved
+    finally:
+        env.close()
+    with pytest.raises(envs.ClosedEnvError):
+        env.step(np.zeros(env.action_space.shape, np.float32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"ray_actors": 3}, "at most num_envs=2 actors"),
+        ({"ray_actors": 0}, "ray_actors"),
+        ({"ray_actors": 1, "ray_options": {"num_gpus": 1}}, "cannot meet 1 actors of .*GPU"),
+        ({"ray_actors": 2, "ray_options": {"num_cpus": 2}}, "cannot meet 2 actors"),
+        ({"ray_actors": 1, "ray_options": {"cpus": 1}}, "ray_options"),
+        ({"ray_actors": 1, "ray_placement": "tight"}, "ray_placement"),
+        ({"ray_options": {"num_cpus": 1}}, "need ray_actors"),
+        ({"ray_actors": 1, "image_size": -3}, "image_size"),  # the backend's own check, from the actor
+    ],
+)
+def test_bad_arguments_give_clear_errors(cosmos_bundle, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_world_model(cosmos_bundle, 2, **kwargs)
+
+
+def test_unanswering_address_and_missing_ray_give_clear_errors():
+    code = (
+        "import gymnasium as gym, envs\n"
+        "try:\n"
+        "    gym.make_vec('Libero-Spatial-v0', num_envs=1, ray_actors=1, ray_address='127.0.0.1:9')\n"
+        "except ConnectionError as e:\n"
+        "    print('refused:', e)\n"
+        "import sys; sys.modules['ray'] = None\n"
+        "try:\n"
+        "    gym.make_vec('Libero-Spatial-v0', num_envs=1, ray_actors=1)\n"
+        "except ImportError as e:\n"
+        "    print('missing:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused: Libero-Spatial-v0: no Ray cluster answers at '127.0.0.1:9'" in out.stdout, out.stderr
+    assert 'missing: Ray-actor envs need Ray: pip install "vla-gym[ray]"' in out.stdout, out.stderr
+
+
+def test_trainer_runs_on_ray_actors_chosen_by_env_kwargs(cosmos_bundle, tmp_path):
+    """The trainers never import envs: Ray is chosen by the env kwargs alone (here GRPO, 2 actors)."""
+    import json
+
+    from trainers.grpo import train as grpo_train
+    from trainers.metrics import read_metrics
+
+    wm_kwargs = {"model_dir": str(cosmos_bundle), "image_size": [32, 48], "model_options": {"num_steps": 2},
+                 "max_episode_steps": 16, "ray_actors": 2}  # fmt: skip
+    args = [
+        "--env", "envs:CosmosWM-LiberoSpatial-v0", "--env-kwargs", json.dumps(wm_kwargs),
+        "--policy", "gaussian", "--policy-kwargs", json.dumps({"hidden_sizes": [16], "squash": True}),
+        "--num-envs", "4", "--group-size", "2", "--total-steps", "64", "--no-dynamic-sampling",
+        "--eval-episodes", "2", "--run-dir", str(tmp_path), "--no-progress", "--torch-threads", "1",
+    ]  # fmt: skip
+    final = grpo_train.main(args)
+    assert final["iteration"] == 1 and final["eval/episode_len"] == 16.0
+    train = [r for r in read_metrics(tmp_path) if "train/loss" in r]
+    assert len(train) == 1 and np.isfinite(train[0]["train/loss"]) and train[0]["env/episode_len"] == 16
+    assert json.loads((tmp_path / "config.json").read_text())["run"]["env_kwargs"]["ray_actors"] == 2
