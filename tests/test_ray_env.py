@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import warnings
 
 import gymnasium as gym
@@ -260,3 +262,39 @@ def test_trainer_runs_on_ray_actors_chosen_by_env_kwargs(cosmos_bundle, tmp_path
     train = [r for r in read_metrics(tmp_path) if "train/loss" in r]
     assert len(train) == 1 and np.isfinite(train[0]["train/loss"]) and train[0]["env/episode_len"] == 16
     assert json.loads((tmp_path / "config.json").read_text())["run"]["env_kwargs"]["ray_actors"] == 2
+
+
+@requires_libero
+@pytest.mark.slow
+def test_joins_a_cluster_started_with_ray_start():
+    """The multi-node recipe on one node: `ray start --head`, then envs placed by its address."""
+    port = 6391
+    head = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
+         f"--port={port}", "--num-cpus=2", "--include-dashboard=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    code = (
+        "import numpy as np, gymnasium as gym, envs\n"
+        f"env = gym.make_vec('Libero-Spatial-v0', num_envs=2, ray_actors=2, ray_address='127.0.0.1:{port}',\n"
+        "                   chunk_size=4, cameras=(), init_states=range(2))\n"
+        "obs, _ = env.reset(seed=0, options={'initial_frames': [0, 1]})\n"
+        "env.step(np.zeros(env.action_space.shape, np.float32))\n"
+        "print('actors', len(set(env.actor_pids())), 'proprio', obs['proprio'].shape)\n"
+        "env.close()\n"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the head's port opens once it is up
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        env = {**os.environ, "RAY_AUTH_MODE": "token"}  # `ray start` (Ray 2.60) issues a token
+        run = [sys.executable, "-c", code]
+        out = subprocess.run(run, capture_output=True, text=True, timeout=180, env=env)
+        assert "actors 2 proprio (2, 8)" in out.stdout, out.stderr[-2000:]
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
