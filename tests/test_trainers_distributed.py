@@ -1,0 +1,174 @@
+"""Data-parallel PPO and GRPO (``trainers/distributed.py``) on CPU with the gloo backend.
+
+Two processes share a rollout collected from CartPole, each taking half of the envs (whole GRPO
+groups); their DDP update must give the weights of the single-process update on the whole rollout.
+That is exact (up to float summation order) when every minibatch is the whole batch: with several
+shuffled minibatches the two runs draw different minibatches, so there the test checks that the
+ranks stay in step (same number of updates, same early stop, identical weights). The end-to-end
+tests run ``torchrun`` (``python -m torch.distributed.run``) on the trainers' command lines.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from policies.registry import make_policy
+from trainers import distributed
+from trainers.grpo import GRPOConfig, episode_scores, group_seeds, grpo_update, select_envs
+from trainers.grpo import make_optimizer as grpo_optimizer
+from trainers.ppo import PPOConfig, make_optimizer, ppo_update
+from trainers.rollout import Collector, Rollout
+from trainers.self_imitation import SuccessBuffer
+
+WORLD = 2
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------- a fixed rollout
+def _policy(critic: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    space = gym.make("CartPole-v1")
+    policy = make_policy("categorical", space.observation_space, space.action_space, use_critic=critic)
+    policy.seed(1)
+    return policy
+
+
+def _ppo_rollout(policy) -> Rollout:
+    env = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync")
+    collector = Collector(env, policy)
+    collector.reset(seed=3)
+    return collector.collect(24)
+
+
+def _grpo_rollout(policy, group_size: int) -> Rollout:
+    env = gym.make_vec("CartPole-v1", 8, vectorization_mode="sync")
+    collector = Collector(env, policy, bootstrap="none")
+    collector.reset(seed=group_seeds(7, 8, group_size))
+    rollout = collector.collect(300, until_all_done=True)
+    rollout.rewards[:, 4:] *= 0.0  # the second half's groups carry no signal: rank 1 has no rows
+    return rollout
+
+
+def _run_update(algo: str, kwargs: dict, rollout_envs: range | None, sil: bool = False) -> dict:
+    """One update (PPO) or two (GRPO) of the fixed rollout's envs ``rollout_envs`` (all: None),
+    with the policy wrapped by ``distributed.data_parallel`` (plain at world size 1)."""
+    torch.set_num_threads(1)
+    policy = _policy(critic=algo == "ppo")
+    generator = torch.Generator().manual_seed(5 + distributed.rank())
+    if algo == "ppo":
+        rollout = _ppo_rollout(policy)
+        if rollout_envs is not None:
+            rollout = select_envs([(rollout, rollout_envs)])
+        config = PPOConfig(**kwargs)
+        optimizer = make_optimizer(policy, config)
+        evaluator = distributed.data_parallel(policy)
+        metrics = [ppo_update(policy, optimizer, rollout, config, generator=generator, evaluator=evaluator)]
+    else:
+        config = GRPOConfig(**kwargs)
+        rollout = _grpo_rollout(policy, config.group_size)
+        if rollout_envs is not None:
+            rollout = select_envs([(rollout, rollout_envs)])
+        ref = _policy(critic=False).requires_grad_(False)
+        buffer = None
+        if sil and distributed.rank() == 0:  # only rank 0 has something to imitate
+            buffer = SuccessBuffer(100)
+            buffer.add(rollout, episode_scores(rollout.rewards, rollout.first_episode) > 20)
+        optimizer = grpo_optimizer(policy, config)
+        evaluator = distributed.data_parallel(policy)
+        metrics = [
+            grpo_update(
+                policy,
+                optimizer,
+                rollout,
+                config,
+                ref_policy=ref,
+                generator=generator,
+                sil=buffer,
+                evaluator=evaluator,
+            )
+            for _ in range(2)
+        ]
+    return {"state": {k: v.detach().clone() for k, v in policy.state_dict().items()}, "metrics": metrics}
+
+
+def _worker(rank: int, store: str, out_dir: str, algo: str, kwargs: dict, sil: bool) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        envs = 4 if algo == "ppo" else 8
+        share = distributed.shard(envs, rank, WORLD)
+        torch.save(_run_update(algo, kwargs, share, sil), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_ranks(tmp_path, algo: str, kwargs: dict, sil: bool = False) -> list[dict]:
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path), algo, kwargs, sil), nprocs=WORLD)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _assert_close(a: dict, b: dict, atol: float) -> None:
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
+
+
+# ---------------------------------------------------------------------- updates
+def test_ppo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
+    # one minibatch (batch_size >= all rows) per epoch: the same batch in both runs; minibatch
+    # advantage normalization, value clipping and the entropy bonus all over the whole batch
+    kwargs = dict(n_steps=24, batch_size=4096, n_epochs=3, ent_coef=0.01, clip_value=0.2, learning_rate=1e-3)
+    ranks = _two_ranks(tmp_path, "ppo", kwargs)
+    single = _run_update("ppo", kwargs, None)
+    for r in ranks:
+        _assert_close(r["state"], single["state"], atol=1e-6)
+    start = dict(_policy(critic=True).named_parameters())
+    assert max((single["state"][k] - p).abs().max() for k, p in start.items()) > 1e-4  # it learned
+    one, both = single["metrics"][0], ranks[0]["metrics"][0]
+    for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "samples"):
+        assert both[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    assert both["explained_variance"] == pytest.approx(one["explained_variance"], rel=1e-6)
+    assert ranks[1]["metrics"] == ranks[0]["metrics"]
+
+
+def test_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
+    # rank 1's groups all carry no signal: it has no rows and still steps with rank 0; traj_mean
+    # weights and the reference KL divide by counts over both ranks
+    kwargs = dict(
+        group_size=2, learning_rate=1e-2, loss_agg="traj_mean", kl_beta=0.05, log_prob_level="chunk"
+    )
+    ranks = _two_ranks(tmp_path, "grpo", kwargs)
+    single = _run_update("grpo", kwargs, None)
+    for r in ranks:
+        _assert_close(r["state"], single["state"], atol=1e-6)
+    assert single["metrics"][1]["groups_kept"] == ranks[0]["metrics"][1]["groups_kept"] <= 0.5
+    for key in ("loss", "policy_loss", "kl_ref", "approx_kl", "score_mean", "samples"):
+        assert ranks[0]["metrics"][1][key] == pytest.approx(single["metrics"][1][key], rel=1e-5, abs=1e-7)
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+
+
+def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
+    # several minibatches: the ranks draw their own, so only agreement between ranks is checked
+    kwargs = dict(n_steps=24, batch_size=10, n_epochs=10, target_kl=0.002, learning_rate=3e-3)
+    ppo = _two_ranks(tmp_path, "ppo", kwargs)
+    assert ppo[0]["metrics"][0]["early_stop"] == 1.0 and 1 <= ppo[0]["metrics"][0]["updates"] < 100
+    grpo_kwargs = dict(
+        group_size=2, learning_rate=0.05, batch_size=8, n_epochs=6, target_kl=0.01, sil_coef=0.5
+    )
+    grpo = _two_ranks(tmp_path, "grpo", grpo_kwargs, sil=True)
+    assert grpo[0]["metrics"][0]["sil_loss"] != 0.0
+    for runs in (ppo, grpo):
+        assert runs[0]["metrics"] == runs[1]["metrics"]
+        for key, value in runs[0]["state"].items():
+            assert torch.equal(value, runs[1]["state"][key]), key
