@@ -167,12 +167,8 @@ def all_gather_cat(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return torch.cat([t.to(x.device) for t in all_gather(x.detach().cpu())], dim=dim)
 
 
-def mean_over_ranks(metrics: Mapping[str, float]) -> dict[str, float]:
-    """Each metric averaged over the ranks that report it (values that are already the same on
-    every rank stay what they are)."""
-    rows = all_gather(dict(metrics))
-    if len(rows) == 1:
-        return dict(metrics)
+def average(rows: list[Mapping[str, float]]) -> dict[str, float]:
+    """Each key's mean over the rows that have it (the ranks' metrics, from ``all_gather``)."""
     keys = list(dict.fromkeys(k for row in rows for k in row))
     return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
 
