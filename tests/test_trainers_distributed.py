@@ -11,18 +11,25 @@ tests run ``torchrun`` (``python -m torch.distributed.run``) on the trainers' co
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from policies.registry import make_policy
+from trainers import checkpoint as ckpt
 from trainers import distributed
 from trainers.grpo import GRPOConfig, episode_scores, group_seeds, grpo_update, select_envs
 from trainers.grpo import make_optimizer as grpo_optimizer
+from trainers.metrics import read_metrics
 from trainers.ppo import PPOConfig, make_optimizer, ppo_update
 from trainers.rollout import Collector, Rollout
 from trainers.self_imitation import SuccessBuffer
@@ -172,3 +179,113 @@ def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
         assert runs[0]["metrics"] == runs[1]["metrics"]
         for key, value in runs[0]["state"].items():
             assert torch.equal(value, runs[1]["state"][key]), key
+
+
+# ---------------------------------------------------------------------- torchrun, end to end
+FAST = ["--no-progress", "--no-video", "--torch-threads", "1"]
+
+
+def _torchrun(*args: str) -> str:
+    """``torchrun --nproc-per-node 2`` (as ``python -m torch.distributed.run``) on this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), *args]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _only_rank0_wrote(run_dir: Path, stdout: str, iterations: int) -> None:
+    # every rank writing would double the appended logs, add a second TensorBoard event file
+    # (each writer names its own) and print the summary twice
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows if "train/loss" in r] == list(range(1, iterations + 1))
+    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
+    assert stdout.count("summary: ") == 1
+
+
+def test_torchrun_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tmp_path):
+    from trainers.evaluation import evaluate_episodes
+    from trainers.ppo import train as ppo_train
+
+    run_dir = tmp_path / "run"
+    common = ["--n-steps", "64", "--batch-size", "64", "--checkpoint-every", "2", "--eval-episodes", "5"]
+    stdout = _torchrun(
+        "-m", "trainers.ppo", "--env", "CartPole-v1", "--num-envs", "4", "--total-steps", "1024",
+        *common, "--run-dir", str(run_dir), *FAST,
+    )  # fmt: skip
+    _only_rank0_wrote(run_dir, stdout, iterations=4)  # 4 x 64 steps x 4 envs
+    path, data = ckpt.latest_checkpoint(run_dir)
+    assert path.name == "iter_000004.pt" and data["counters"]["env_steps"] == 1024
+    assert [p.name for p in ckpt.checkpoint_paths(run_dir)] == ["iter_000002.pt", "iter_000004.pt"]
+
+    # the split evaluation equals a single-process one of the same weights (deterministic policy)
+    evaluated = [json.loads(line) for line in (run_dir / "eval_episodes.jsonl").read_text().splitlines()]
+    space = gym.make("CartPole-v1")
+    policy = ckpt.load_policy(path, space.observation_space, space.action_space)
+    env = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync")
+    single = evaluate_episodes(policy, env, 5, seed=10**6)
+    assert [e["return"] for e in evaluated] == [e["return"] for e in single]
+
+    # the same run goes on in one process: weights, optimizer and counters from the 2-rank checkpoint
+    final = ppo_train.main(["--resume", str(run_dir), "--total-steps", "1536", "--eval-every", "-1", *FAST])
+    assert np.isfinite(final["train/loss"])
+    _, resumed = ckpt.latest_checkpoint(run_dir)
+    assert resumed["counters"]["iteration"] == 6 and resumed["counters"]["env_steps"] == 1536
+    assert resumed["optimizer"]["state"][0]["step"] > data["optimizer"]["state"][0]["step"]
+    assert [r["iteration"] for r in read_metrics(run_dir) if "train/loss" in r] == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_torchrun_grpo_checkpoints_resumes_on_one_rank_then_on_two(tmp_path):
+    from trainers import __main__ as cli
+
+    run_dir = tmp_path / "run"
+    grpo = ["--group-size", "2", "--learning-rate", "3e-3", "--log-prob-level", "chunk", "--kl-beta", "0.05"]
+    stdout = _torchrun(
+        "-m", "trainers", "--algo", "grpo", "--env", "CartPole-v1", "--num-envs", "8", *grpo,
+        "--max-iterations", "3", "--total-steps", "100000", "--checkpoint-every", "2",
+        "--eval-episodes", "3", "--run-dir", str(run_dir), *FAST,
+    )  # fmt: skip
+    _only_rank0_wrote(run_dir, stdout, iterations=3)
+    rows = read_metrics(run_dir)
+    assert rows[0]["env/episodes"] == 8  # every rank's first episodes, gathered
+    path, data = ckpt.latest_checkpoint(run_dir)
+    assert data["counters"]["iteration"] == 3 and "ref_policy" in data["extra"]
+    # env steps count both ranks' envs: at least the 8 first episodes of each iteration (a round
+    # runs until every env of the rank finished one)
+    assert data["counters"]["env_steps"] >= sum(r["env/return"] * r["env/episodes"] for r in rows[:3])
+    assert len((run_dir / "eval_episodes.jsonl").read_text().splitlines()) == 3
+
+    final = cli.main(["--resume", str(run_dir), "--max-iterations", "4", "--eval-every", "-1", *FAST])
+    assert np.isfinite(final["train/loss"])
+    _, resumed = ckpt.latest_checkpoint(run_dir)
+    assert resumed["counters"]["iteration"] == 4
+    for key, value in data["extra"]["ref_policy"].items():  # the frozen reference policy carries over
+        assert torch.equal(value, resumed["extra"]["ref_policy"][key])
+
+    # and back onto two ranks: both load the 1-rank checkpoint and train on from it
+    stdout = _torchrun("-m", "trainers.grpo", "--resume", str(run_dir), "--max-iterations", "5", *FAST)
+    assert "resumed from" in stdout and stdout.count("summary: ") == 1
+    _, again = ckpt.latest_checkpoint(run_dir)
+    assert (
+        again["counters"]["iteration"] == 5
+        and again["counters"]["env_steps"] > resumed["counters"]["env_steps"]
+    )
+    assert [r["iteration"] for r in read_metrics(run_dir) if "train/loss" in r] == list(range(1, 6))
+
+
+# ---------------------------------------------------------------------- bad input
+def test_envs_that_do_not_split_over_the_ranks_are_refused_before_any_work(tmp_path, monkeypatch):
+    from trainers.grpo import train as grpo_train
+    from trainers.ppo import train as ppo_train
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="num_envs=4 does not split over 3 ranks"):
+        ppo_train.main(["--num-envs", "4", "--run-dir", str(tmp_path / "ppo"), *FAST])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    match = "num_envs=8 over 2 ranks gives 4 envs per rank, not a multiple of group_size=8"
+    with pytest.raises(ValueError, match=match):
+        grpo_train.main(["--num-envs", "8", "--group-size", "8", "--run-dir", str(tmp_path / "grpo"), *FAST])
+    assert not dist.is_initialized() and not any(tmp_path.iterdir())  # no process group, no run directory
+    assert distributed.check_split(8, 2, group_size=2) == 4
