@@ -289,3 +289,80 @@ def test_envs_that_do_not_split_over_the_ranks_are_refused_before_any_work(tmp_p
         grpo_train.main(["--num-envs", "8", "--group-size", "8", "--run-dir", str(tmp_path / "grpo"), *FAST])
     assert not dist.is_initialized() and not any(tmp_path.iterdir())  # no process group, no run directory
     assert distributed.check_split(8, 2, group_size=2) == 4
+
+
+# ---------------------------------------------------------------------- shares of evaluations and starts
+def test_the_ranks_shares_of_an_evaluation_are_the_single_process_episodes():
+    from policies.gaussian import GaussianPolicy
+    from tests.counting_env import CountingVectorEnv
+    from trainers.evaluation import evaluate_episodes
+
+    def shares(policy, make_env, episodes: int, key) -> tuple[list, list]:
+        single = evaluate_episodes(policy, make_env(4), episodes, seed=11)
+        split = [
+            ep
+            for r in range(3)
+            for ep in evaluate_episodes(policy, make_env(2), episodes, seed=11, shard=(r, 3))
+        ]
+        return sorted(map(key, single)), sorted(map(key, split))
+
+    # seeds (seed + episode index; gymnasium's sync vector env seeds env i with seed + i): CartPole;
+    # 7 episodes over 3 ranks: 3, 2, 2
+    cartpole = _policy(critic=False)
+    sync = lambda n: gym.make_vec("CartPole-v1", n, vectorization_mode="sync")  # noqa: E731
+    single, split = shares(cartpole, sync, 7, lambda e: e["return"])
+    assert single == split and len(set(single)) > 1
+    # initial frames, played as a queue (DISABLED autoreset): the same frames, the same episodes
+    env = CountingVectorEnv(num_envs=2, autoreset_mode="Disabled")
+    torch.manual_seed(0)
+    walker = GaussianPolicy(env.single_observation_space, env.single_action_space)
+    single, split = shares(
+        walker,
+        lambda n: CountingVectorEnv(num_envs=n, autoreset_mode="Disabled"),
+        5,
+        lambda e: (e["frame"], e["return"], e["length"]),
+    )
+    assert single == split and len(single) == 5
+    assert evaluate_episodes(cartpole, sync(1), 1, shard=(1, 2)) == []  # rank 1 has no share of 1 episode
+
+
+def test_group_starts_of_the_ranks_are_the_single_process_starts():
+    from tests.counting_env import CountingVectorEnv
+    from trainers.grpo import group_reset
+
+    seeds = gym.make_vec("CartPole-v1", 4)  # no initial frames: one seed per group
+    whole = group_reset(gym.make_vec("CartPole-v1", 8), 2, seed=3, iteration=5, rnd=1)
+    parts = [group_reset(seeds, 2, seed=3, iteration=5, rnd=1, shard=(r, 2)) for r in range(2)]
+    assert parts[0]["seed"] + parts[1]["seed"] == whole["seed"]
+    frames = CountingVectorEnv(num_envs=4)
+    whole = group_reset(CountingVectorEnv(num_envs=8), 2, seed=3, iteration=5, rnd=1)
+    parts = [group_reset(frames, 2, seed=3, iteration=5, rnd=1, shard=(r, 2)) for r in range(2)]
+    ids = [p["options"]["initial_frames"] for p in parts]
+    assert ids[0] + ids[1] == whole["options"]["initial_frames"]
+    assert [p["seed"] for p in parts] == [whole["seed"], whole["seed"] + 4]  # env i gets seed + i
+
+
+def _merge_worker(rank: int, store: str, out_dir: str) -> None:
+    from tests.counting_env import CountingVectorEnv
+    from trainers.grpo import GroupStarts
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        starts = GroupStarts(
+            CountingVectorEnv(num_envs=4), 2, seed=0, weighting="informative", shard=(rank, 2)
+        )
+        for rnd in range(2):  # two rounds: rank 0's groups carry signal, rank 1's do not
+            starts.reset_kwargs(iteration=0, rnd=rnd)
+            starts.record(torch.tensor([rank == 0, rank == 0]))
+        starts.merge_ranks()
+        torch.save(starts.state_dict(), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_group_start_counts_are_merged_over_the_ranks(tmp_path):
+    mp.spawn(_merge_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
+    states = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert states[0] == states[1]
+    kept, groups = np.sum(list(states[0]["counts"].values()), axis=0)
+    assert (kept, groups) == (4, 8)  # 2 ranks x 2 rounds x 2 groups, rank 0's kept

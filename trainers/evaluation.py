@@ -60,7 +60,8 @@ def evaluate_episodes(
 
     ``shard=(rank, world_size)``: play only this rank's contiguous share of those episodes (the
     same frames, or the same seeds ``seed + episode index``); the shares of all ranks together are
-    the single-process episodes, so a deterministic policy gives the same results.
+    the single-process episodes, so a deterministic policy gives the same results (for envs that
+    seed env i of a reset with ``seed + i``, as gymnasium's Sync/Async vector envs do).
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
