@@ -123,26 +123,33 @@ def rank_seed(seed: int, rank: int, iteration: int) -> int:
 
 
 # ---------------------------------------------------------------------- collectives
+def _comm_device() -> torch.device:
+    """Where the backend takes tensors: this rank's GPU for nccl, the CPU for gloo."""
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+
+
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """``x`` summed over ranks (a new tensor, no gradient); ``x`` itself at world size 1."""
+    """``x`` summed over ranks (a new tensor on ``x``'s device, no gradient); ``x`` itself at world
+    size 1."""
     if world_size() == 1:
         return x
-    out = x.detach().clone()
+    out = x.detach().to(_comm_device(), copy=True)
     dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out
+    return out.to(x.device)
 
 
 def sum_over_ranks(values: Mapping[str, torch.Tensor | float]) -> dict[str, torch.Tensor]:
     """Named scalars summed over ranks in one ``all_reduce`` (float64, so counts stay exact);
-    each comes back as a 0-dim tensor of its own dtype, without gradient. At world size 1 the
-    values are returned as they are."""
+    each comes back as a 0-dim tensor of its own dtype and device (integers: float64), without
+    gradient. At world size 1 the values are returned as they are."""
     if world_size() == 1:
         return {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in values.items()}
     tensors = {k: torch.as_tensor(v).detach() for k, v in values.items()}
-    device = next((t.device for t in tensors.values() if t.device.type != "cpu"), torch.device("cpu"))
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    stacked = torch.stack([t.to(device, torch.float64).reshape(()) for t in tensors.values()])
+    stacked = torch.stack([t.to(_comm_device(), torch.float64).reshape(()) for t in tensors.values()])
     dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
     return {
         k: total.to(t.device, t.dtype if t.is_floating_point() else torch.float64)
