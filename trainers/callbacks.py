@@ -15,13 +15,18 @@ The run's list: ``Evaluation`` (``eval_every``, ``eval_at_start``, ...), ``Check
 (``checkpoint_every`` and the final checkpoint), the user's callbacks
 (``train(run_config, algo_config, callbacks=[...])``), then ``Report`` (the summary table,
 ``summary.md`` and ``learning_curve.png``, from everything the others added to ``final``).
+
+With several ranks (torchrun) every rank calls every callback, at the same points: evaluation
+is split over the ranks, and what writes files asks ``run.is_main`` (rank 0).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
+from trainers import distributed
 from trainers.evaluation import evaluate_episodes
 from trainers.metrics import named_metrics
 from trainers.report import EVAL_EPISODES_FILE
@@ -50,7 +55,12 @@ class Callback:
 class Evaluation(Callback):
     """Deterministic episodes on a separate eval env (``RunConfig.eval_*``): before training
     (``eval_at_start``), every ``eval_every`` iterations and at the end (``eval_every`` -1: never).
-    Each episode goes to ``eval_episodes.jsonl``; with ``video`` an mp4 under ``videos/``."""
+    Each episode goes to ``eval_episodes.jsonl``; with ``video`` an mp4 under ``videos/``.
+
+    With several ranks each plays its share of the episodes (``evaluate_episodes(shard=...)``: the
+    same starts the single process plays) on its share of the eval envs, and the episodes are
+    gathered on every rank; the video shows rank 0's.
+    """
 
     def __init__(self) -> None:
         self.env: Any = None
@@ -76,24 +86,31 @@ class Evaluation(Callback):
 
     def evaluate(self, run: Run) -> dict[str, float]:
         cfg = run.config
-        if self.env is None:
-            n = cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)
-            render_mode = "rgb_array" if cfg.video else None
-            self.env = run.make_env(n, autoreset="disabled_native", render_mode=render_mode, evaluation=True)
         step = run.counters["env_steps"]
-        video = run.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video else None
-        episodes = evaluate_episodes(
-            run.policy,
-            self.env,
-            cfg.eval_episodes,
-            seed=cfg.seed + 10**6,
-            video_path=video,
-            video_fps=cfg.video_fps,
-            progress=cfg.progress,
-        )
-        with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
-            for ep in episodes:
-                f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
+        episodes = []
+        if len(distributed.shard(cfg.eval_episodes, run.rank, run.world_size)):  # this rank's share
+            if self.env is None:
+                n = math.ceil((cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)) / run.world_size)
+                render_mode = "rgb_array" if cfg.video else None
+                self.env = run.make_env(
+                    n, autoreset="disabled_native", render_mode=render_mode, evaluation=True
+                )
+            video = run.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video and run.is_main else None
+            episodes = evaluate_episodes(
+                run.policy,
+                self.env,
+                cfg.eval_episodes,
+                seed=cfg.seed + 10**6,
+                video_path=video,
+                video_fps=cfg.video_fps,
+                progress=cfg.progress and run.is_main,
+                shard=(run.rank, run.world_size),
+            )
+        episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
+        if run.is_main:
+            with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
+                for ep in episodes:
+                    f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
         self.last = named_metrics("eval", episode_summary(episodes))
         return self.last
 
@@ -122,5 +139,6 @@ class Report(Callback):
     def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
         run.close_progress()  # the table prints below a finished bar
         checkpoint = run.final_checkpoint or run.save()
-        print(run.summary(final, checkpoint))
-        run.write_report(final, checkpoint)
+        if run.is_main:
+            print(run.summary(final, checkpoint))
+            run.write_report(final, checkpoint)

@@ -13,6 +13,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunkPolicy
+from trainers import distributed
 from trainers.env_contract import initial_frames, start_options
 from trainers.rollout import Collector, episode_summary
 
@@ -43,6 +44,7 @@ def evaluate_episodes(
     video_fps: int = 20,
     frame_ids: Sequence[int] | None = None,
     progress: bool = False,
+    shard: tuple[int, int] = (0, 1),
 ) -> list[dict[str, Any]]:
     """The statistics of ``num_episodes`` episodes, one dict each.
 
@@ -55,6 +57,11 @@ def evaluate_episodes(
     all envs with seeds ``seed + episode index`` and keeps each env's first episode. With
     ``video_path`` the first episode of up to 8 envs is recorded from ``env.render()`` (envs made
     with ``render_mode="rgb_array"``) as a grid. ``progress`` shows a bar with the success so far.
+
+    ``shard=(rank, world_size)``: play only this rank's contiguous share of those episodes (the
+    same frames, or the same seeds ``seed + episode index``); the shares of all ranks together are
+    the single-process episodes, so a deterministic policy gives the same results (for envs that
+    seed env i of a reset with ``seed + i``, as gymnasium's Sync/Async vector envs do).
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -67,6 +74,14 @@ def evaluate_episodes(
             raise ValueError("frame_ids needs an env with initial_frames (this project's envs)")
         frame_ids = [int(i) for i in frame_ids][:num_episodes]
         num_episodes = len(frame_ids)
+    share = distributed.shard(num_episodes, *shard)
+    if frame_ids is not None:
+        frame_ids = frame_ids[share.start : share.stop]
+    elif shard[1] > 1:  # episode j of the whole evaluation is reset with seed + j
+        seed += share.start
+    num_episodes = len(share)
+    if num_episodes == 0:
+        return []
     collector = Collector(env, policy, bootstrap="none", reset_finished=False)
     bar = _bar(num_episodes, progress)
     recorder = _VideoRecorder(env) if video_path is not None else None

@@ -7,6 +7,7 @@ Shapes: M samples (chunk-steps), K sub-steps per chunk, E log-prob elements per 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -16,10 +17,16 @@ LOG_PROB_LEVELS = ("element", "step", "chunk")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps a wild ratio finite; never reached in a healthy run
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over the entries where ``mask`` (broadcast to ``x``) is true or weighted."""
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, weight_sum: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the entries where ``mask`` (broadcast to ``x``) is true or weighted.
+
+    ``weight_sum``: divide by this instead of the sum of ``mask``'s weights; in a data-parallel
+    update the sum over every rank's minibatch, which makes the result this rank's share of the
+    mean over all of them (``trainers/distributed.py``).
+    """
     w = mask.to(x.dtype).expand_as(x)
-    return (x * w).sum() / w.sum().clamp_min(1e-12)
+    total = w.sum() if weight_sum is None else weight_sum.to(x.dtype)
+    return (x * w).sum() / total.clamp_min(1e-12)
 
 
 def to_level(
@@ -80,20 +87,57 @@ def clipped_surrogate(
 
 
 def ratio_stats(
-    log_ratio: torch.Tensor, mask: torch.Tensor, clip_low: float, clip_high: float
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    weight_sum: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Diagnostics of a batch of log-ratios at their level (0-dim tensors): mean ratio, approx KL
-    (k3 as SB3 and CleanRL, k1 as RLinf) and clip fraction (ratio outside the clip range, as SB3)."""
+    (k3 as SB3 and CleanRL, k1 as RLinf) and clip fraction (ratio outside the clip range, as SB3).
+    ``weight_sum``: as in ``masked_mean``."""
     with torch.no_grad():
         lr = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         r = torch.exp(lr)
         outside = ((r < 1.0 - clip_low) | (r > 1.0 + clip_high)).to(r.dtype)
         return {
-            "ratio": masked_mean(r, mask),
-            "approx_kl": masked_mean((r - 1.0) - lr, mask),
-            "approx_kl_k1": masked_mean(-lr, mask),
-            "clip_fraction": masked_mean(outside, mask),
+            "ratio": masked_mean(r, mask, weight_sum),
+            "approx_kl": masked_mean((r - 1.0) - lr, mask, weight_sum),
+            "approx_kl_k1": masked_mean(-lr, mask, weight_sum),
+            "clip_fraction": masked_mean(outside, mask, weight_sum),
         }
+
+
+def _policy_masks(
+    old_log_probs: torch.Tensor,
+    valid: torch.Tensor,
+    level: LogProbLevel,
+    adv_width: int,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``policy_loss``'s old log-probs at ``level``, the mask of its ratio statistics and the
+    (weighted) mask of its loss grid."""
+    old, mask = to_level(old_log_probs, valid, level)
+    grid = loss_grid_mask(valid, level, adv_width).to(old.dtype)
+    if weights is not None:
+        grid = grid * weights[:, None, None]
+    return old, mask, grid
+
+
+def policy_loss_weights(
+    old_log_probs: torch.Tensor,
+    valid: torch.Tensor,
+    level: LogProbLevel,
+    adv_width: int,
+    weights: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The weight sums ``policy_loss`` divides by, known before the forward pass: ``"grid"`` (the
+    loss and ``clip_active``) and ``"level"`` (the ratio statistics; also entropy and KL at the
+    same level). Summed over ranks, they make ``policy_loss(..., weight_sums=...)`` each rank's
+    share of the loss over every rank's minibatch."""
+    old, mask, grid = _policy_masks(old_log_probs, valid, level, adv_width, weights)
+    loss_shape = torch.broadcast_shapes(old.shape, (old.shape[0], adv_width, 1))
+    return {"grid": grid.expand(loss_shape).sum(), "level": mask.to(old.dtype).expand_as(old).sum()}
 
 
 def policy_loss(
@@ -106,33 +150,46 @@ def policy_loss(
     clip_high: float,
     dual_clip: float | None = None,
     weights: torch.Tensor | None = None,
+    weight_sums: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss of a minibatch and its diagnostics (0-dim tensors).
 
     ``new/old_log_probs`` ``[M, K, E]`` are reduced to ``level``; ``advantages`` ``[M, U]`` (U = 1 or K)
     are broadcast over the ratio's grid; ``valid`` ``[M, K]``; the loss is the mean over valid grid
     entries, each weighted by ``weights[m]`` if given (GRPO's per-trajectory averaging).
+    ``weight_sums`` (``policy_loss_weights`` summed over ranks) replace the local denominators.
     """
-    new, mask = to_level(new_log_probs, valid, level)
-    old, _ = to_level(old_log_probs, valid, level)
+    sums = weight_sums or {}
+    new, _ = to_level(new_log_probs, valid, level)
+    old, mask, grid = _policy_masks(old_log_probs, valid, level, advantages.shape[-1], weights)
     log_ratio = new - old
     loss, active = clipped_surrogate(log_ratio, advantages[..., None], clip_low, clip_high, dual_clip)
-    grid = loss_grid_mask(valid, level, advantages.shape[-1]).to(loss.dtype)
-    if weights is not None:
-        grid = grid * weights[:, None, None]
-    stats = ratio_stats(log_ratio, mask, clip_low, clip_high)
-    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid)
-    return masked_mean(loss, grid), stats
+    grid = grid.to(loss.dtype)
+    stats = ratio_stats(log_ratio, mask, clip_low, clip_high, sums.get("level"))
+    stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid, sums.get("grid"))
+    return masked_mean(loss, grid, sums.get("grid")), stats
 
 
-def normalize(x: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(x - mean) / (std + eps)`` over the masked entries (unbiased std, as ``torch.std``)."""
+def normalize(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over the masked entries (unbiased std, as ``torch.std``).
+
+    ``reduce`` sums its argument over ranks (``trainers.distributed.all_reduce_sum``): mean and
+    std are then those of every rank's entries together.
+    """
     m = mask.to(x.dtype).expand_as(x)
-    n = m.sum()
+    n, total = m.sum(), (x * m).sum()
+    if reduce is not None:
+        n, total = reduce(torch.stack([n, total]))
     if n < 2:
         return x
-    mean = (x * m).sum() / n
-    var = (((x - mean) * m) ** 2).sum() / (n - 1)
+    mean = total / n
+    squares = (((x - mean) * m) ** 2).sum()
+    var = (squares if reduce is None else reduce(squares)) / (n - 1)
     return (x - mean) / (var.sqrt() + eps)
 
 

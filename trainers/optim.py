@@ -16,10 +16,20 @@ def flatten_time(x: torch.Tensor) -> torch.Tensor:
 
 
 def minibatches(
-    num_samples: int, batch_size: int | None, generator: torch.Generator | None
+    num_samples: int,
+    batch_size: int | None,
+    generator: torch.Generator | None,
+    num_batches: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Shuffled index batches covering ``range(num_samples)`` once; the last one may be smaller."""
+    """Shuffled index batches covering ``range(num_samples)`` once; the last one may be smaller.
+
+    ``num_batches``: split into exactly this many near-equal batches instead (some may be empty):
+    in a data-parallel update every rank splits its own rows into the same number of minibatches.
+    """
     perm = torch.randperm(num_samples, generator=generator)
+    if num_batches is not None:
+        yield from perm.tensor_split(num_batches)
+        return
     size = num_samples if batch_size is None else batch_size
     for start in range(0, num_samples, size):
         yield perm[start : start + size]
@@ -86,18 +96,46 @@ def step_optimizer(
     optimizer: torch.optim.Optimizer,
     max_grad_norm: float | None,
     guard: BadUpdateGuard,
+    guard_loss: torch.Tensor | None = None,
 ) -> tuple[bool, torch.Tensor]:
     """Backward, clip gradients, step; skip (and zero the gradients) if the loss or the gradient
     norm is not finite. Returns ``(stepped, grad_norm)`` (the norm as a 0-dim tensor, so that
-    callers can average it without a host sync per minibatch)."""
+    callers can average it without a host sync per minibatch).
+
+    ``guard_loss``: the loss the guard checks instead of ``loss`` (data parallel: the loss over
+    all ranks, so that every rank takes the same decision; the norm is of the all-reduced
+    gradients, the same on every rank).
+    """
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     params = [p for p in optimizer_params(optimizer) if p.grad is not None]
     if not params:
         return False, torch.zeros(())
     norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
-    if not guard.ok(loss, norm):
+    if not guard.ok(loss if guard_loss is None else guard_loss, norm):
         optimizer.zero_grad(set_to_none=True)
         return False, norm.detach()
     optimizer.step()
     return True, norm.detach()
+
+
+def select_rows(
+    data: dict[str, torch.Tensor],
+    replay: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    blank_masks: tuple[str, ...] = (),
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The ``rows`` of per-sample ``data`` and ``replay`` records.
+
+    With ``blank_masks`` (data parallel), one more row is appended last: a copy of row 0 with
+    those masks all False. A rank whose share of a minibatch is empty evaluates that row instead,
+    so its forward and backward still run with the other ranks' (DDP needs every rank in every
+    step) while it adds nothing to any loss or statistic.
+    """
+    if blank_masks:
+        rows = torch.cat([rows, rows.new_zeros(1)])
+    data = {k: v[rows] for k, v in data.items()}
+    replay = {k: v[rows] for k, v in replay.items()}
+    for key in blank_masks:
+        data[key][-1] = False
+    return data, replay

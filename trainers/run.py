@@ -12,6 +12,18 @@ A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads t
         ... collect, update ...
         run.end_iteration(env_steps, episodes, metrics)   # log; callbacks evaluate, checkpoint when due
     run.finish()   # callbacks: final evaluation, final checkpoint, summary table and report
+
+Data parallel (``torchrun --nproc-per-node N -m trainers ...``, ``trainers/distributed.py``): every
+rank builds a ``Run`` and runs the same loop on its ``num_envs / N`` envs. The run sums env steps
+and gathers episodes over ranks at each iteration (so every rank agrees on the counters and on
+``finished``); rank 0 alone writes the run directory (config, logs, progress bar, evaluation
+episodes and videos, checkpoints, report) while the others wait for each checkpoint at a barrier.
+Callbacks run on every rank (evaluation is split over them); ``run.is_main`` says which one writes.
+On resume every rank loads the same checkpoint, also with another number of ranks than the run
+that wrote it: weights, optimizer and counters are restored; with several ranks each rank's random
+streams are seeded anew from (seed, rank, iteration) (``distributed.rank_seed``), so a data-parallel
+resume is reproducible but, unlike a single-process one, not the continuation the uninterrupted run
+would have drawn.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import torch
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
+from trainers import distributed
 from trainers.callbacks import Callback, Checkpointing, Evaluation, Report
 from trainers.config import save_config, to_dict
 from trainers.env_factory import AUTORESET, make_vec_env
@@ -47,7 +60,7 @@ class RunConfig:
 
     env: str = "CartPole-v1"
     env_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gym.make_vec
-    num_envs: int = 8
+    num_envs: int = 8  # over all ranks (torchrun): each rank steps num_envs / world size of them
     # auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"  # auto: the trainer picks
@@ -56,7 +69,7 @@ class RunConfig:
     total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)
     max_iterations: int = 0  # also stop after this many iterations (0: no limit)
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cuda with several ranks: cuda:LOCAL_RANK
     torch_threads: int = 0  # 0: torch's default
     run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
     resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
@@ -102,15 +115,26 @@ class Run:
         algo_config: the algorithm's dataclass (saved with the run and in every checkpoint).
         callbacks: run after the default ``Evaluation`` and ``Checkpointing`` callbacks, before
             ``Report`` (``trainers/callbacks.py``).
+        group_size: the envs of a rank must split into groups of this size (GRPO).
+
+    Under torchrun this starts the process group (after checking that ``num_envs`` splits over
+    the ranks: a ``ValueError`` before any work otherwise).
     """
 
     def __init__(
-        self, algo: str, run_config: RunConfig, algo_config: Any, callbacks: list[Callback] | None = None
+        self,
+        algo: str,
+        run_config: RunConfig,
+        algo_config: Any,
+        callbacks: list[Callback] | None = None,
+        group_size: int | None = None,
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
+        cfg = run_config
+        self.ranks, self._owns_group = distributed.init(cfg.num_envs, cfg.device, group_size)
+        self.device = distributed.local_device(cfg.device, self.ranks)
         self.callbacks: list[Callback] = [Evaluation(), Checkpointing(), *(callbacks or []), Report()]
         self.final_checkpoint: Path | None = None  # written by Checkpointing at the end
-        cfg = run_config
         if cfg.resume:
             source = Path(cfg.resume)
             self.dir = source.parent.parent if source.is_file() else source
@@ -118,9 +142,10 @@ class Run:
             self.dir = Path(cfg.run_dir)
         else:
             name = f"{algo}-{cfg.env.split(':')[-1]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-            self.dir = Path("runs") / name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.dir / "config.json", self.configs)
+            self.dir = Path(distributed.broadcast(str(Path("runs") / name)))  # rank 0's clock names it
+        if self.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.dir / "config.json", self.configs)
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
@@ -133,6 +158,19 @@ class Run:
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes the run's files and logs (rank 0)."""
+        return self.ranks.is_main
 
     @property
     def configs(self) -> dict[str, Any]:
@@ -153,7 +191,7 @@ class Run:
         evaluation: bool = False,
     ) -> gym.vector.VectorEnv:
         """``make_vec_env`` of the configured env (``evaluation``: of the eval env); ``autoreset`` is
-        the mode used when the config says ``auto``."""
+        the mode used when the config says ``auto``. ``num_envs`` defaults to this rank's share."""
         cfg = self.config
         env_id, env_kwargs = cfg.env, cfg.env_kwargs
         if evaluation and cfg.eval_env is not None:
@@ -163,7 +201,7 @@ class Run:
         mode = cfg.autoreset_mode if cfg.autoreset_mode != "auto" else autoreset
         return make_vec_env(
             env_id,
-            num_envs or cfg.num_envs,
+            num_envs or cfg.num_envs // self.world_size,
             env_kwargs,
             cfg.vectorization,
             mode,
@@ -185,16 +223,22 @@ class Run:
             init_policy=cfg.init_policy,
             resume=cfg.resume,
         )
-        policy = policy.to(cfg.device)
-        policy.seed(cfg.seed)
+        policy = policy.to(self.device)
+        policy.seed(cfg.seed)  # several ranks: reseeded per rank in restore
         return policy
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        """Write a checkpoint of everything needed to continue exactly from here."""
+        """Write a checkpoint of everything needed to continue exactly from here. Rank 0 writes it
+        (the ranks hold the same weights and optimizer state; its RNG states are the ones kept)
+        while the others wait, so that no rank runs ahead of a checkpoint."""
         policy, optimizer = self.policy, self.optimizer
         if self._policy_spec is None:
             raise RuntimeError("Run.save needs a policy built with Run.make_policy (its class and arguments)")
+        path = self.dir / "checkpoints" / f"iter_{self.counters['iteration']:06d}.pt"
+        if not self.is_main:
+            distributed.barrier()
+            return path
         generators = {"policy": policy.generator, **self.generators}
         state, omitted = ckpt.policy_state(policy)
         payload = {
@@ -206,10 +250,9 @@ class Run:
             "counters": {**self.counters, "elapsed": self._elapsed()},
             "extra": self.extra,
         }
-        path = ckpt.save_checkpoint(
-            self.dir / "checkpoints" / f"iter_{self.counters['iteration']:06d}.pt", payload
-        )
+        ckpt.save_checkpoint(path, payload)
         ckpt.prune_checkpoints(self.dir, self.config.keep_checkpoints)
+        distributed.barrier()
         return path
 
     def restore(
@@ -239,8 +282,24 @@ class Run:
             self.counters.update(data["counters"])
             extra = data["extra"]
             resume_iteration, resume_step = self.counters["iteration"], self.counters["env_steps"]
-            print(f"resumed from {path} (iteration {resume_iteration}, {resume_step} env steps)")
+            if self.is_main:
+                print(f"resumed from {path} (iteration {resume_iteration}, {resume_step} env steps)")
+        if self.world_size > 1:  # each rank samples, shuffles and explores on streams of its own
+            seed = distributed.rank_seed(self.config.seed, self.rank, self.counters["iteration"])
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
+            for g in [policy.generator, *generators.values()]:
+                if g is not None:
+                    g.manual_seed(seed)
         self._clock = time.perf_counter()
+        if self.is_main:
+            self._open_logs(resume_iteration, resume_step)
+        for callback in self.callbacks:
+            callback.on_training_start(self)
+        return extra
+
+    def _open_logs(self, resume_iteration: int | None, resume_step: int | None) -> None:
         self._logger = MetricsLogger(
             self.dir,
             tensorboard=self.config.tensorboard,
@@ -261,15 +320,25 @@ class Run:
             episodes_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         elif episodes_file.exists():
             episodes_file.unlink()
-        for callback in self.callbacks:
-            callback.on_training_start(self)
-        return extra
 
     # ------------------------------------------------------------------ per iteration
     def end_iteration(
         self, env_steps: int, episodes: list[dict[str, float]], metrics: dict[str, float]
     ) -> None:
-        """Count, log, evaluate and checkpoint (when due) after one collect + update iteration."""
+        """Count, log, evaluate and checkpoint (when due) after one collect + update iteration.
+
+        ``env_steps`` and ``episodes`` are this rank's: with several ranks they are summed and
+        gathered over all of them, and ``metrics`` averaged (the updates' own are already the same
+        on every rank).
+        """
+        if self.world_size > 1:
+            parts = distributed.all_gather((int(env_steps), episodes, metrics))
+            env_steps = sum(steps for steps, _, _ in parts)
+            local = self.config.num_envs // self.world_size  # rank r's env i is env r * local + i
+            episodes = [
+                {**ep, "env": ep["env"] + r * local} for r, (_, eps, _) in enumerate(parts) for ep in eps
+            ]
+            metrics = distributed.average([m for _, _, m in parts])
         c = self.counters
         c["iteration"] += 1
         c["env_steps"] += int(env_steps)
@@ -283,17 +352,21 @@ class Run:
                 "time/sps": c["env_steps"] / max(elapsed, 1e-9),
             }
         )
-        assert self._logger is not None and self._progress is not None, "call restore() before the loop"
+        assert not self.is_main or self._logger is not None, "call restore() before the loop"
         for callback in self.callbacks:
             callback.on_iteration_end(self, row)
         self.last_metrics = row
-        self._logger.log(c["env_steps"], row)
-        self._progress.update(int(env_steps), row)
+        if self._logger is not None and self._progress is not None:
+            self._logger.log(c["env_steps"], row)
+            self._progress.update(int(env_steps), row)
         for callback in self.callbacks:
             callback.on_row_logged(self, row)
 
     def log(self, row: dict[str, Any]) -> None:
-        """Write one metrics row at the current env step (callbacks use it for rows of their own)."""
+        """Write one metrics row at the current env step (callbacks use it for rows of their own);
+        only rank 0 writes."""
+        if not self.is_main:
+            return
         assert self._logger is not None, "call restore() before logging"
         self._logger.log(self.counters["env_steps"], row)
 
@@ -306,6 +379,8 @@ class Run:
         self.close_progress()
         if self._logger is not None:
             self._logger.close()
+        if self._owns_group:
+            distributed.shutdown()
         return final
 
     def close_progress(self) -> None:

@@ -62,6 +62,9 @@ class SuccessBuffer:
         self.replay, self.valid = dict(state["replay"]), state["valid"]
 
 
-def imitation_nll(log_probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood ``[B, K, E] -> ()`` over the executed sub-steps' elements."""
-    return -masked_mean(log_probs, valid[..., None])
+def imitation_nll(
+    log_probs: torch.Tensor, valid: torch.Tensor, weight_sum: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean negative log-likelihood ``[B, K, E] -> ()`` over the executed sub-steps' elements
+    (``weight_sum``: their count over all ranks, see ``masked_mean``)."""
+    return -masked_mean(log_probs, valid[..., None], weight_sum)

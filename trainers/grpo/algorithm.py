@@ -24,9 +24,19 @@ from typing import Literal
 import torch
 
 from policies.base import ActionChunkPolicy
+from trainers import distributed
+from trainers.distributed import Evaluate
 from trainers.grpo.groups import keep_groups, num_groups
-from trainers.losses import LOG_PROB_LEVELS, LogProbLevel, loss_grid_mask, masked_mean, policy_loss, to_level
-from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, step_optimizer
+from trainers.losses import (
+    LOG_PROB_LEVELS,
+    LogProbLevel,
+    loss_grid_mask,
+    masked_mean,
+    policy_loss,
+    policy_loss_weights,
+    to_level,
+)
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, select_rows, step_optimizer
 from trainers.rollout import Rollout
 from trainers.self_imitation import SuccessBuffer, imitation_nll
 
@@ -144,21 +154,29 @@ def grpo_update(
     generator: torch.Generator | None = None,
     guard: BadUpdateGuard | None = None,
     sil: SuccessBuffer | None = None,
+    evaluator: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """``n_epochs`` passes of minibatches of chunk-steps over a group rollout.
 
     Every element of env i's first episode gets env i's group advantage; groups dropped by dynamic
     sampling and everything after the first done are masked out. With ``sil`` and ``sil_coef > 0``
     each minibatch also imitates as many chunk-steps drawn from the buffer.
+
+    Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
+    rank holds whole groups, so advantages need no communication; the loss denominators (token
+    count, or trajectory count for ``traj_mean``), the minibatch count and the early-stop and
+    bad-update decisions are taken over all ranks, as in ``ppo_update``.
     """
     if config.kl_beta > 0 and ref_policy is None:
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
+    evaluator = evaluator or Evaluate(policy)
+    world = distributed.world_size()
     T, N, K = rollout.rewards.shape
     G = config.group_size
 
-    # 1. scores, group-normalized advantages, dynamic sampling
+    # 1. scores, group-normalized advantages, dynamic sampling (within this rank's groups)
     scores = episode_scores(rollout.rewards, rollout.first_episode)
     advantages = group_advantages(scores, G, config.std, config.adv_eps)
     keep = torch.ones(N // G, dtype=torch.bool)
@@ -167,11 +185,13 @@ def grpo_update(
     env_keep = keep.repeat_interleave(G)
     valid = rollout.first_episode & env_keep[None, :, None]  # [T, N, K]
 
+    all_scores, all_keep, all_adv = (distributed.all_gather_cat(x) for x in (scores, keep, advantages))
+    all_env_keep = all_keep.repeat_interleave(G)
     metrics: dict[str, float] = {
-        "score_mean": scores.mean().item(),
-        "groups_kept": keep.float().mean().item(),
-        "advantages_mean": advantages[env_keep].mean().item() if env_keep.any() else 0.0,
-        "advantages_abs_max": advantages.abs().max().item(),
+        "score_mean": all_scores.mean().item(),
+        "groups_kept": all_keep.float().mean().item(),
+        "advantages_mean": all_adv[all_env_keep].mean().item() if all_env_keep.any() else 0.0,
+        "advantages_abs_max": all_adv.abs().max().item(),
     }
 
     # 2. one row per chunk-step that still has something to learn from
@@ -189,29 +209,55 @@ def grpo_update(
     }
     replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
     rows = torch.nonzero(data["valid"].any(-1)).squeeze(-1)
-    data = {k: v[rows] for k, v in data.items()}
-    replay = {k: v[rows] for k, v in replay.items()}
-    if rows.numel() == 0:
+    num_rows = rows.numel()
+    total_rows = float(distributed.all_reduce_sum(torch.tensor(float(num_rows))))
+    if total_rows == 0:
         return {**metrics, "updates": 0.0, "skipped_updates": 0.0, "samples": 0.0}
+    blank = ("valid",) if world > 1 else ()  # a row for a rank with no share in a minibatch
+    data, replay = select_rows(data, replay, rows, blank)
+    num_batches = distributed.minibatch_count(total_rows, config.batch_size) if world > 1 else None
 
     if config.kl_beta > 0:  # reference log-probs, once
         with torch.no_grad():
             data["ref_log_probs"] = torch.cat(
                 [
                     ref_policy.evaluate({k: v[i].to(device) for k, v in replay.items()}).log_probs.cpu()
-                    for i in torch.arange(rows.numel()).split(config.batch_size or rows.numel())
+                    for i in torch.arange(len(data["valid"])).split(config.batch_size or len(data["valid"]))
                 ]
             )
 
     # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
+    use_sil = sil is not None and config.sil_coef > 0 and len(sil) > 0
     sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     stop = False
     for _ in range(config.n_epochs):
-        for idx in minibatches(rows.numel(), config.batch_size, generator):
+        for idx in minibatches(num_rows, config.batch_size, generator, num_batches):
+            count = idx.numel()
+            if world > 1 and count == 0:
+                idx = torch.tensor([num_rows])  # the blank row
             mb = {k: v[idx].to(device) for k, v in data.items()}
-            out = policy.evaluate({k: v[idx].to(device) for k, v in replay.items()})
             weights = mb["weights"] if config.loss_agg == "traj_mean" else None
+            replays = [{k: v[idx].to(device) for k, v in replay.items()}]
+            sil_rows = None
+            if use_sil and world > 1:  # DDP wants one forward per backward: the same one as the minibatch
+                sil_rows = sil.sample(idx.numel(), generator)
+                replays.append({k: v.to(device) for k, v in sil_rows[0].items()})
+            # the counts every mean divides by, over all ranks (at world size 1: computed locally)
+            counts: dict[str, torch.Tensor] = {}
+            if world > 1:
+                level = config.log_prob_level
+                counts = distributed.sum_over_ranks(
+                    {
+                        **policy_loss_weights(mb["log_probs"], mb["valid"], level, 1, weights),
+                        "sil": float(sil_rows[1].sum()) * E if sil_rows is not None else 0.0,
+                        "rows": count,
+                    }
+                )
+                if int(counts["rows"]) == 0:  # this minibatch is empty on every rank
+                    continue
+            outs = distributed.evaluate(evaluator, *replays)
+            out = outs[0]
             pg_loss, stats = policy_loss(
                 out.log_probs,
                 mb["log_probs"],
@@ -222,42 +268,44 @@ def grpo_update(
                 config.clip_high,
                 config.dual_clip,
                 weights,
+                weight_sums=counts or None,
             )
-            if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
-                stop = True
-                break
+            if config.target_kl is not None:  # decided on the approx KL over all ranks
+                approx_kl = distributed.all_reduce_sum(stats["approx_kl"])
+                if float(approx_kl) > 1.5 * config.target_kl:
+                    stop = True
+                    break
             loss = config.pg_coef * pg_loss
             kl = torch.zeros(())
             if config.kl_beta > 0:
                 new, mask = to_level(out.log_probs, mb["valid"], config.log_prob_level)
                 ref, _ = to_level(mb["ref_log_probs"], mb["valid"], config.log_prob_level)
                 d = ref - new
-                kl = masked_mean(torch.exp(d) - d - 1.0, mask)  # k3 estimate of KL(pi || pi_ref)
+                kl = masked_mean(torch.exp(d) - d - 1.0, mask, counts.get("level"))  # k3 of KL(pi || pi_ref)
                 loss = loss + config.kl_beta * kl
             sil_loss = torch.zeros(())
-            if sil is not None and config.sil_coef > 0 and len(sil):
-                sil_replay, sil_valid = sil.sample(idx.numel(), generator)
-                sil_out = policy.evaluate({k: v.to(device) for k, v in sil_replay.items()})
-                sil_loss = imitation_nll(sil_out.log_probs, sil_valid.to(device))
+            if use_sil:
+                if sil_rows is None:  # single process: drawn after the early-stop check
+                    sil_rows = sil.sample(idx.numel(), generator)
+                    outs += distributed.evaluate(evaluator, {k: v.to(device) for k, v in sil_rows[0].items()})
+                sil_loss = imitation_nll(outs[1].log_probs, sil_rows[1].to(device), counts.get("sil"))
                 loss = loss + config.sil_coef * sil_loss
-            stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
             with torch.no_grad():  # logged only: GRPO has no entropy bonus
                 elem = out.entropy if out.entropy is not None else -out.log_probs
                 ent, ent_mask = to_level(elem.detach(), mb["valid"], config.log_prob_level)
-                entropy = masked_mean(ent, ent_mask)
+                entropy = masked_mean(ent, ent_mask, counts.get("level"))
+            # this rank's shares summed over ranks: the minibatch's values, the same on every rank
+            terms = {"policy_loss": pg_loss, "kl_ref": kl, "sil_loss": sil_loss, "entropy": entropy}
+            reported = distributed.sum_over_ranks({**stats, **terms, "loss": loss})
+            # DDP averages the gradients over ranks: scaling by the world size makes that their sum
+            stepped, grad_norm = step_optimizer(
+                loss * world, optimizer, config.max_grad_norm, guard, guard_loss=reported["loss"]
+            )
             updates += stepped
             skipped += not stepped
             if not stepped:
                 continue
-            for key, value in {
-                **stats,
-                "policy_loss": pg_loss,
-                "kl_ref": kl,
-                "sil_loss": sil_loss,
-                "entropy": entropy,
-                "loss": loss,
-                "grad_norm": grad_norm,
-            }.items():
+            for key, value in {**reported, "grad_norm": grad_norm}.items():
                 sums[key] = sums.get(key, 0.0) + value.detach()
         if stop:
             break
@@ -268,7 +316,7 @@ def grpo_update(
             "updates": float(updates),
             "skipped_updates": float(skipped),
             "early_stop": float(stop),
-            "samples": float(rows.numel()),
+            "samples": total_rows,
         }
     )
     return metrics

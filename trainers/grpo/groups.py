@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from trainers import distributed
 from trainers.env_contract import frame_tasks, initial_frames, start_options
 from trainers.rollout import Rollout
 
@@ -138,17 +139,23 @@ def group_reset(
     same_task_iters: int = 1,
     tasks: Sequence[str] | None = None,
     task_weights: dict[str, float] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """``reset`` arguments that give each group of envs one common start (module docstring).
 
     ``tasks``: the task of each frame (``frame_tasks``), needed by ``same_task_iters > 1`` and
     ``task_weights`` (task -> relative weight; default: each task in proportion to its frames).
+    ``shard=(rank, world_size)``: ``env`` is one rank's share of ``world_size`` equal ones; the
+    starts are drawn for all of them and this rank's envs get their slice (one int seed for a reset
+    seeds env i with ``seed + i``, gymnasium's rule, so the rank's seed moves by its first env).
     """
     rng = np.random.default_rng([seed, iteration, rnd])
-    n = env.num_envs
+    rank, world = shard
+    local = env.num_envs
+    n, first = local * world, local * rank  # all ranks' envs; this rank's first
     frames = initial_frames(env)
     if frames is None:
-        return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)}
+        return {"seed": group_seeds(int(rng.integers(2**31 - n)), n, group_size)[first : first + local]}
     count = num_groups(n, group_size)
     if tasks is None or (same_task_iters == 1 and task_weights is None):
         ids = rng.integers(len(frames), size=count)
@@ -161,8 +168,8 @@ def group_reset(
         block = np.random.default_rng([seed, iteration // same_task_iters, 1])  # one task per block
         chosen = block.choice(len(names), size=count, p=weights / weights.sum())
         ids = np.array([pools[names[c]][rng.integers(len(pools[names[c]]))] for c in chosen])
-    ids = ids.repeat(group_size)
-    return {"seed": int(rng.integers(2**31)), "options": start_options(ids.tolist())}
+    ids = ids.repeat(group_size)[first : first + local]
+    return {"seed": int(rng.integers(2**31)) + first, "options": start_options(ids.tolist())}
 
 
 class GroupStarts:
@@ -176,10 +183,11 @@ class GroupStarts:
         seed: int,
         same_task_iters: int = 1,
         weighting: Weighting = "uniform",
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if weighting not in ("uniform", "informative"):
             raise ValueError(f"start weighting must be 'uniform' or 'informative', got {weighting!r}")
-        self.env, self.group_size, self.seed = env, group_size, seed
+        self.env, self.group_size, self.seed, self.shard = env, group_size, seed, shard
         self.same_task_iters, self.weighting = same_task_iters, weighting
         needs_tasks = same_task_iters > 1 or weighting == "informative"
         self.tasks = frame_tasks(env) if needs_tasks else None
@@ -189,6 +197,7 @@ class GroupStarts:
                 "(frame.task); use 'uniform'"
             )
         self.counts: dict[str, list[int]] = {}  # task -> [groups with signal, groups]
+        self._recent: dict[str, list[int]] = {}  # this rank's counts since the last merge_ranks
         self._weights: dict[str, float] | None = None  # of the current block
         self._block = -1
         self._last_ids: list[int] | None = None
@@ -207,6 +216,7 @@ class GroupStarts:
             self.same_task_iters,
             self.tasks,
             self._weights,
+            self.shard,
         )
         self._last_ids = kwargs.get("options", {}).get("initial_frames")
         return kwargs
@@ -216,9 +226,24 @@ class GroupStarts:
         if self.tasks is None or self._last_ids is None:
             return
         for g, kept in enumerate(keep.tolist()):
-            counts = self.counts.setdefault(self.tasks[self._last_ids[g * self.group_size]], [0, 0])
-            counts[0] += int(kept)
-            counts[1] += 1
+            task = self.tasks[self._last_ids[g * self.group_size]]
+            for table in (self.counts, self._recent):
+                counts = table.setdefault(task, [0, 0])
+                counts[0] += int(kept)
+                counts[1] += 1
+
+    def merge_ranks(self) -> None:
+        """Add the other ranks' counts recorded since the last call (several ranks: every rank
+        then draws from the same weights; a no-op in a single process)."""
+        parts = distributed.all_gather(self._recent)
+        self._recent = {}
+        for r, part in enumerate(parts):
+            if r == self.shard[0]:
+                continue  # already counted
+            for task, (kept, groups) in part.items():
+                counts = self.counts.setdefault(task, [0, 0])
+                counts[0] += kept
+                counts[1] += groups
 
     def state_dict(self) -> dict[str, Any]:
         counts = {t: list(c) for t, c in self.counts.items()}

@@ -9,6 +9,12 @@ plays one episode (what follows its first done is masked), and ``grpo_update`` t
 group-normalized episode scores. Where groups start is ``trainers/grpo/groups.py``: a function of
 ``(seed, iteration, round)`` and of checkpointed counts, so a resumed run repeats exactly what the
 uninterrupted run would have done.
+
+Data parallel: ``torchrun --nproc-per-node N -m trainers.grpo ...`` (``trainers/distributed.py``).
+Each rank holds whole groups (its envs must split into groups); the starts of a round are drawn
+for all ``num_envs`` and rank r takes its groups' share of them, so the ranks' groups start
+where the single process's would. Each rank resamples (DAPO) its own groups; the per-task counts
+behind ``start_weighting`` are merged over ranks after each iteration.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import copy
 
 import torch
 
+from trainers import distributed
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer
@@ -80,7 +87,7 @@ def train(
         raise ValueError(
             f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}"
         )
-    run = Run("grpo", run_config, config, callbacks)
+    run = Run("grpo", run_config, config, callbacks, group_size=config.group_size)
     env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
     try:
         policy = run.make_policy(env, use_critic=False)
@@ -91,11 +98,18 @@ def train(
         if config.kl_beta > 0:  # frozen copy of the initial policy (restored as such on resume)
             ref_policy = copy.deepcopy(policy).requires_grad_(False)
         starts = GroupStarts(
-            env, config.group_size, run_config.seed, config.same_task_iters, config.start_weighting
+            env,
+            config.group_size,
+            run_config.seed,
+            config.same_task_iters,
+            config.start_weighting,
+            shard=(run.rank, run.world_size),
         )
         extra = run.restore(policy, optimizer, generators)
+        evaluator = distributed.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         if ref_policy is not None:
             ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
+            distributed.broadcast_module(ref_policy)
         if "starts" in extra:
             starts.load_state_dict(extra["starts"])
         sil = SuccessBuffer(config.sil_capacity) if config.sil_coef > 0 else None
@@ -108,6 +122,7 @@ def train(
             batch, env_steps, episodes, sampling = collect_groups(
                 collector, config, starts, run.counters["iteration"]
             )
+            starts.merge_ranks()  # every rank's per-task counts (several ranks)
             if sil is not None:  # episodes that beat their group's mean score
                 scores = episode_scores(batch.rewards, batch.first_episode)
                 means = scores.reshape(-1, config.group_size).mean(1).repeat_interleave(config.group_size)
@@ -122,6 +137,7 @@ def train(
                 generator=shuffle,
                 guard=guard,
                 sil=sil,
+                evaluator=evaluator,
             )
             run.extra = {"starts": starts.state_dict()}  # checkpointed with the run
             if ref_policy is not None:

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from policies.base import ActionChunkPolicy
+from trainers import distributed
+from trainers.distributed import Evaluate
 from trainers.losses import (
     LOG_PROB_LEVELS,
     LogProbLevel,
@@ -27,9 +29,10 @@ from trainers.losses import (
     masked_mean,
     normalize,
     policy_loss,
+    policy_loss_weights,
     to_level,
 )
-from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, step_optimizer
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, select_rows, step_optimizer
 from trainers.rollout import Bootstrap, Rollout
 
 
@@ -194,9 +197,11 @@ def value_loss(
     kind: Literal["mse", "huber"] = "mse",
     clip: float | None = None,
     huber_delta: float = 10.0,
+    weight_sum: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked mean of ``(R - V)^2`` (SB3, no 1/2) or Huber(R - V); with ``clip`` the pessimistic
-    max of the unclipped and the clipped (``V_old + clamp(V - V_old, -clip, clip)``) losses."""
+    max of the unclipped and the clipped (``V_old + clamp(V - V_old, -clip, clip)``) losses.
+    ``weight_sum``: the mask's count over all ranks (see ``masked_mean``)."""
 
     def err(v: torch.Tensor) -> torch.Tensor:
         if kind == "mse":
@@ -207,7 +212,7 @@ def value_loss(
     if clip is not None:
         clipped = old_values + (new_values - old_values).clamp(-clip, clip)
         loss = torch.maximum(loss, err(clipped))
-    return masked_mean(loss, mask)
+    return masked_mean(loss, mask, weight_sum)
 
 
 # ---------------------------------------------------------------------- update
@@ -220,20 +225,31 @@ def ppo_update(
     generator: torch.Generator | None = None,
     guard: BadUpdateGuard | None = None,
     train_actor: bool = True,
+    evaluator: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """``n_epochs`` passes of shuffled minibatches of chunk-steps over one rollout.
 
     ``train_actor=False`` (critic warm-up) minimizes the value loss alone: the actor gets no
     gradient and its ratios stay 1. Returns the mean of each minibatch metric plus rollout-level
     ones (explained variance, advantage and return statistics, updates done and skipped).
+
+    Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
+    rank holds its own envs' rollout. Every mean (losses, advantage normalization, statistics)
+    divides by its count over all ranks, so each rank's loss is its share of the loss over the
+    whole minibatch and DDP's gradient sum is the gradient of that loss. Every rank splits its rows
+    into the same number of minibatches (set by the total row count), and the early stop and
+    the skipping of bad updates are decided on values summed over ranks, so all ranks step
+    together. At world size 1 all of this reduces to the single-process update.
     """
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
+    evaluator = evaluator or Evaluate(policy)
+    world = distributed.world_size()
 
     # advantages on the whole rollout, then one row per chunk-step with at least one valid entry
     adv, ret, mask = compute_advantages(rollout, config.gamma, config.gae_lambda, config.time_unit)
     if config.adv_norm == "global":
-        adv = normalize(adv, mask, config.adv_norm_eps)
+        adv = normalize(adv, mask, config.adv_norm_eps, reduce=distributed.all_reduce_sum)
     width = adv.shape[-1]
     data = {
         "log_probs": flatten_time(rollout.log_probs).detach(),
@@ -245,21 +261,39 @@ def ppo_update(
     }
     replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
     keep = torch.nonzero(data["mask"].any(-1)).squeeze(-1)
-    data = {k: v[keep] for k, v in data.items()}
-    replay = {k: v[keep] for k, v in replay.items()}
     num_samples = keep.numel()
+    blank = ("valid", "mask") if world > 1 else ()  # a row for a rank with no share in a minibatch
+    data, replay = select_rows(data, replay, keep, blank)
+    total_samples = float(distributed.all_reduce_sum(torch.tensor(float(num_samples))))
+    num_batches = distributed.minibatch_count(total_samples, config.batch_size) if world > 1 else None
 
     sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     stop = False
     for _ in range(config.n_epochs):
-        for idx in minibatches(num_samples, config.batch_size, generator):
+        for idx in minibatches(num_samples, config.batch_size, generator, num_batches):
+            rows = idx.numel()
+            if world > 1 and rows == 0:
+                idx = torch.tensor([num_samples])  # the blank row
             mb = {k: v[idx].to(device) for k, v in data.items()}
-            out = policy.evaluate({k: v[idx].to(device) for k, v in replay.items()})
+            # the counts every mean divides by, over all ranks (at world size 1: computed locally)
+            counts: dict[str, torch.Tensor] = {}
+            if world > 1:
+                counts = distributed.sum_over_ranks(
+                    {
+                        **policy_loss_weights(mb["log_probs"], mb["valid"], config.log_prob_level, width),
+                        "value": mb["mask"].sum(),
+                        "rows": rows,
+                    }
+                )
+                rows = int(counts["rows"])
+                if rows == 0:  # this minibatch is empty on every rank
+                    continue
+            (out,) = distributed.evaluate(evaluator, {k: v[idx].to(device) for k, v in replay.items()})
 
             a = mb["advantages"]
-            if config.adv_norm == "minibatch" and idx.numel() > 1:
-                a = normalize(a, mb["mask"], config.adv_norm_eps)
+            if config.adv_norm == "minibatch" and rows > 1:
+                a = normalize(a, mb["mask"], config.adv_norm_eps, reduce=distributed.all_reduce_sum)
             pg_loss, stats = policy_loss(
                 out.log_probs,
                 mb["log_probs"],
@@ -269,6 +303,7 @@ def ppo_update(
                 config.clip_low,
                 config.clip_high,
                 config.dual_clip,
+                weight_sums=counts or None,
             )
 
             if out.value is None:
@@ -281,48 +316,54 @@ def ppo_update(
                 config.value_loss,
                 config.clip_value,
                 config.huber_delta,
+                counts.get("value"),
             )
 
             # entropy of the distribution at the ratio's level (or -log_prob when not available)
             elem = out.entropy if out.entropy is not None else -out.log_probs
             ent, ent_mask = to_level(elem, mb["valid"], config.log_prob_level)
-            entropy = masked_mean(ent, ent_mask)
+            entropy = masked_mean(ent, ent_mask, counts.get("level"))
 
             loss = config.vf_coef * v_loss
             if train_actor:
                 loss = loss + pg_loss - config.ent_coef * entropy
 
-            if config.target_kl is not None and float(stats["approx_kl"]) > 1.5 * config.target_kl:
+            # this rank's shares summed over ranks: the minibatch's values, the same on every rank
+            metrics = distributed.sum_over_ranks(
+                {**stats, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "loss": loss}
+            )
+            if config.target_kl is not None and float(metrics["approx_kl"]) > 1.5 * config.target_kl:
                 stop = True
                 break
-            stepped, grad_norm = step_optimizer(loss, optimizer, config.max_grad_norm, guard)
+            # DDP averages the gradients over ranks: scaling by the world size makes that their sum
+            stepped, grad_norm = step_optimizer(
+                loss * world, optimizer, config.max_grad_norm, guard, guard_loss=metrics["loss"]
+            )
             updates += stepped
             skipped += not stepped
             if not stepped:
                 continue
-            metrics = {
-                **stats,
-                "policy_loss": pg_loss,
-                "value_loss": v_loss,
-                "entropy": entropy,
-                "loss": loss,
-                "grad_norm": grad_norm,
-            }
-            for key, value in metrics.items():  # summed as tensors: one host sync per metric at the end
-                sums[key] = sums.get(key, 0.0) + value.detach()
+            for key, value in {**metrics, "grad_norm": grad_norm}.items():  # summed as tensors: one host
+                sums[key] = sums.get(key, 0.0) + value.detach()  # sync per metric at the end
         if stop:
             break
 
+    if world > 1:  # rollout-level statistics over every rank's envs
+        values, ret, mask, adv = (
+            distributed.all_gather_cat(x, dim=1) for x in (rollout.values[..., :width], ret, mask, adv)
+        )
+    else:
+        values = rollout.values[..., :width]
     out_metrics = {key: float(value) / max(updates, 1) for key, value in sums.items()}
     out_metrics.update(
         {
             "updates": float(updates),
             "skipped_updates": float(skipped),
             "early_stop": float(stop),
-            "explained_variance": explained_variance(rollout.values[..., :width], ret, mask),
+            "explained_variance": explained_variance(values, ret, mask),
             "advantages_mean": masked_mean(adv, mask).item(),
             "returns_mean": masked_mean(ret, mask).item(),
-            "samples": float(num_samples),
+            "samples": total_samples,
         }
     )
     return out_metrics

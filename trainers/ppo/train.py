@@ -8,6 +8,10 @@ Each iteration collects ``n_steps`` policy steps from every env (episodes contin
 iterations), then runs ``ppo_update``. On resume the model, optimizer, RNGs and counters are
 restored exactly; the envs start new episodes (an env's internal state is not checkpointed), seeded
 from the iteration so that a resumed run is itself reproducible.
+
+Data parallel: ``torchrun --nproc-per-node N -m trainers.ppo ...`` (``trainers/distributed.py``).
+Rank r steps envs ``r * n .. (r + 1) * n - 1`` of the ``num_envs`` (n = num_envs / N) and seeds
+them as the single process seeds those envs (``seed + env index``); the update runs through DDP.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainers import distributed
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
@@ -40,20 +45,30 @@ def train(
         shuffle = torch.Generator().manual_seed(run_config.seed)
         generators = {"shuffle": shuffle}
         run.restore(policy, optimizer, generators)
+        evaluator = distributed.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         guard = BadUpdateGuard(config.max_bad_updates)
         collector = Collector(env, policy, bootstrap=config.bootstrap)
-        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
+        first_env = run.rank * env.num_envs  # this rank's first env among all ranks'
+        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"] + first_env)
 
         while not run.finished:
             rollout = collector.collect(config.n_steps)
-            env_steps = int(rollout.valid.sum())
-            left = max(0.0, 1.0 - (run.counters["env_steps"] + env_steps) / run_config.total_steps)
+            env_steps = int(rollout.valid.sum())  # this rank's
+            all_steps = int(distributed.all_reduce_sum(torch.tensor(env_steps)))  # every rank's
+            left = max(0.0, 1.0 - (run.counters["env_steps"] + all_steps) / run_config.total_steps)
             step_config = scheduled(config, left)
             for group in optimizer.param_groups:
                 group["lr"] = step_config.learning_rate
             actor_on = run.counters["iteration"] >= config.critic_warmup_iters  # after the warm-up
             metrics = ppo_update(
-                policy, optimizer, rollout, step_config, generator=shuffle, guard=guard, train_actor=actor_on
+                policy,
+                optimizer,
+                rollout,
+                step_config,
+                generator=shuffle,
+                guard=guard,
+                train_actor=actor_on,
+                evaluator=evaluator,
             )
             metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
             run.end_iteration(env_steps, rollout.episodes, {f"train/{k}": v for k, v in metrics.items()})
