@@ -5,10 +5,12 @@ is refused before any actor is called. A local Ray cluster with 2 CPUs."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -31,7 +33,7 @@ STATE = dict(chunk_size=4, cameras=(), init_states=range(3), max_episode_steps=8
 @pytest.fixture(scope="module", autouse=True)
 def local_cluster():
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -269,9 +271,10 @@ def test_trainer_runs_on_ray_actors_chosen_by_env_kwargs(cosmos_bundle, tmp_path
 def test_joins_a_cluster_started_with_ray_start():
     """The multi-node recipe on one node: `ray start --head`, then envs placed by its address."""
     port = 6391
-    head = subprocess.Popen(
+    temp = tempfile.mkdtemp(prefix="vgr", dir="/tmp")  # short (socket paths) and its own: no stale
+    head = subprocess.Popen(  # "current cluster" file in /tmp/ray once the head is stopped
         [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false"],
+         f"--port={port}", "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     code = (
@@ -298,3 +301,4 @@ def test_joins_a_cluster_started_with_ray_start():
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)

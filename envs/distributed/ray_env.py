@@ -137,7 +137,8 @@ class RayVectorEnv(ChunkedVectorEnv):
         placement: ``pack`` (as few nodes as possible), ``spread``, ``strict_pack`` or ``strict_spread``;
             the actors are placed in one Ray placement group with this strategy.
         address: the Ray cluster to join when Ray is not yet initialized in this process (``"auto"``,
-            ``"host:port"``, ``"ray://host:port"``); None starts a local one if there is none.
+            ``"host:port"``, ``"ray://host:port"``, ``"local"``: always a new one on this machine);
+            None: Ray's default (the cluster ``ray start`` started on this node, else a new local one).
         max_restarts: how often Ray restarts a dead actor (-1: always).
         ready_timeout_s: how long to wait for the cluster to place the actors.
         restart_timeout_s: how long to wait for Ray to restart a dead actor before giving up.
@@ -175,7 +176,7 @@ class RayVectorEnv(ChunkedVectorEnv):
             _check_address(name, address)
             if address:
                 ray.init(address=address)
-            else:  # a local cluster of this machine
+            else:  # Ray's default: a cluster started on this node, else a new local one
                 ray.init(include_dashboard=False)
         autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
 
