@@ -160,6 +160,28 @@ def test_world_model_two_actors_equal_two_local_envs(cosmos_bundle):
             h.close()
 
 
+def test_a_failed_reset_loses_only_the_envs_it_reset(cosmos_bundle):
+    """A reset that raises in an actor leaves its envs lost (truncated with worker_restarted at the
+    next step); the actor's other envs and the other actors go on."""
+    env = make_world_model(cosmos_bundle, 4, ray_actors=2, autoreset_mode="Disabled", max_episode_steps=64)
+    try:
+        env.reset(seed=0, options={"initial_frames": [0, 1, 2, 3]})
+        ray.get(env._hosts[0].set_attr.remote("_seed_backend", None))  # actor 0's next seeded reset raises
+        first = np.array([True, False, False, False])
+        with pytest.raises(TypeError):
+            env.reset(seed=1, options={"reset_mask": first, "initial_frames": [2]})
+        zeros = np.zeros(env.action_space.shape, np.float32)
+        _, _, terminated, truncated, info = env.step(zeros)
+        assert truncated.tolist() == first.tolist() and not terminated.any()
+        assert info["worker_restarted"].tolist() == first.tolist()
+        assert info["chunk_valid"][1:].all() and not info["chunk_valid"][0].any()  # env 1 (actor 0) ran
+        env.reset(options={"reset_mask": first, "initial_frames": [2]})  # unseeded: works, env 0 is back
+        _, _, _, truncated, info = env.step(zeros)
+        assert not truncated.any() and info["chunk_valid"].all()
+    finally:
+        env.close()
+
+
 @requires_libero
 @pytest.mark.slow
 def test_killed_actor_is_restarted_and_its_envs_truncated():

@@ -319,8 +319,9 @@ class RayVectorEnv(ChunkedVectorEnv):
         crashed = self._lost[env_ids].copy()
         refs = {}
         for j, pos, local in self._split(env_ids):
-            live = ~crashed[pos]
-            if live.all():  # an actor's envs are lost together, so it is all or none
+            live = ~crashed[pos]  # lost envs (dead actor, failed reset) wait for their next reset
+            if live.any():
+                pos, local = pos[live], local[live]
                 refs[j] = (pos, self._hosts[j].step_envs.remote(local, actions[pos], max_steps[pos]))
         out = ChunkResult(
             obs={key: self._obs[key][env_ids].copy() for key in self._array_keys},  # kept where crashed
