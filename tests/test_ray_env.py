@@ -76,7 +76,7 @@ def run_both(ray_env, local_env, resets, steps, seed=0) -> None:
 
 
 @requires_libero
-@pytest.mark.parametrize("mode", ["SameStep", "Disabled"])  # NextStep: the world-model and kill tests
+@pytest.mark.parametrize("mode", MODES)
 def test_libero_state_only_equals_local(mode):
     kwargs = dict(STATE, autoreset_mode=mode)
     remote = gym.make_vec("Libero-Spatial-v0", num_envs=3, ray_actors=2, **kwargs)
