@@ -104,7 +104,7 @@ def update_seconds(world: int, args: dict[str, Any], tmp: Path) -> float:
     """Median seconds of one PPO update over ``world`` processes."""
     import torch.multiprocessing as mp
 
-    out, store = tmp / f"update_{world}.txt", tmp / f"store_{world}"
+    out, store = tmp / f"update_{world}.txt", (tmp / f"store_{world}").resolve()  # file:// needs it absolute
     store.unlink(missing_ok=True)
     mp.spawn(_update_rank, args=(world, str(store), args, str(out)), nprocs=world)
     return float(out.read_text())
