@@ -1,0 +1,169 @@
+"""FSDP2 data parallel (``--data-parallel fsdp``, ``trainers/distributed.py``) on CPU with gloo.
+
+As in ``tests/test_trainers_distributed.py`` (whose fixed CartPole rollouts these tests share),
+two spawned ranks each update on half of the envs, and their weights must equal those of the
+single-process update over the whole rollout (one minibatch per epoch). The policy is sharded
+at the root alone (the small policies' case) or, in addition, in two sub-units (``fsdp_units``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.test_trainers_distributed import (
+    FAST,
+    WORLD,
+    _assert_close,
+    _grpo_rollout,
+    _policy,
+    _ppo_rollout,
+    _run_update,
+    _torchrun,
+)
+from trainers import checkpoint as ckpt
+from trainers import distributed
+from trainers.grpo import GRPOConfig, grpo_update, select_envs
+from trainers.grpo import make_optimizer as grpo_optimizer
+from trainers.metrics import read_metrics
+from trainers.ppo import PPOConfig, make_optimizer, ppo_update
+from trainers.run import RunConfig
+
+PPO = dict(n_steps=24, batch_size=4096, n_epochs=3, ent_coef=0.01, clip_value=0.2, learning_rate=1e-3)
+GRPO = dict(group_size=2, learning_rate=1e-2, loss_agg="traj_mean", kl_beta=0.05, log_prob_level="chunk")
+
+
+def _fsdp_update(algo: str, kwargs: dict, envs: range, units: bool, dtype, checkpointing: bool) -> dict:
+    """``_run_update`` with the policy sharded by FSDP (before its optimizer is built); the rollout
+    is collected inside ``gathered`` (whole parameters for ``policy.act``)."""
+    policy = _policy(critic=algo == "ppo")
+    if units:  # the torsos as FSDP units of their own, as a VLA's transformer blocks would be
+        policy.fsdp_units = lambda: [policy.torso, *([policy.critic_torso] if algo == "ppo" else [])]
+    generator = torch.Generator().manual_seed(5 + distributed.rank())
+    root = distributed.fully_shard_policy(policy, dtype, checkpointing)
+    before = {k: v.detach().clone() for k, v in distributed.full_state(root, policy)[0].items()}
+    with distributed.gathered(root):
+        if algo == "ppo":
+            config = PPOConfig(**kwargs)
+            rollout = select_envs([(_ppo_rollout(policy), envs)])
+        else:
+            config = GRPOConfig(**kwargs)
+            rollout = select_envs([(_grpo_rollout(policy, config.group_size), envs)])
+    if algo == "ppo":
+        optimizer = make_optimizer(policy, config)
+        metrics = [ppo_update(policy, optimizer, rollout, config, generator=generator, evaluator=root)]
+    else:
+        ref = _policy(critic=False).requires_grad_(False)
+        optimizer = grpo_optimizer(policy, config)
+        metrics = [
+            grpo_update(
+                policy, optimizer, rollout, config, ref_policy=ref, generator=generator, evaluator=root
+            )
+            for _ in range(2)
+        ]
+    state, optim = distributed.full_state(root, policy, optimizer)
+    return {"state": state, "before": before, "optimizer": optim, "metrics": metrics}
+
+
+def _worker(
+    rank: int, store: str, out_dir: str, algo: str, kwargs: dict, units: bool, dtype, ac: bool
+) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        share = distributed.shard(4 if algo == "ppo" else 8, rank, WORLD)
+        out = _fsdp_update(algo, kwargs, share, units, dtype, ac)
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_ranks(tmp_path, algo: str, kwargs: dict, units: bool = False, dtype=None, ac: bool = False) -> dict:
+    args = (str(tmp_path / "store"), str(tmp_path), algo, kwargs, units, dtype, ac)
+    mp.spawn(_worker, args=args, nprocs=WORLD)
+    return torch.load(tmp_path / "rank0.pt")  # the full states are gathered to rank 0
+
+
+@pytest.mark.parametrize("units", [False, True], ids=["root", "units"])
+def test_fsdp_ppo_update_over_two_ranks_equals_the_single_process_update(tmp_path, units):
+    sharded = _two_ranks(tmp_path, "ppo", PPO, units=units)
+    single = _run_update("ppo", PPO, None)
+    _assert_close(sharded["state"], single["state"], atol=1e-6)
+    for key in ("loss", "policy_loss", "value_loss", "approx_kl", "samples"):
+        assert sharded["metrics"][0][key] == pytest.approx(single["metrics"][0][key], rel=1e-5, abs=1e-7)
+    # the optimizer state comes back in Optimizer.state_dict form, indexed as in one process
+    params = len(list(_policy(critic=True).parameters()))
+    assert sorted(sharded["optimizer"]["state"]) == list(range(params))
+    assert all(
+        s["exp_avg"].shape == p.shape
+        for s, p in zip(sharded["optimizer"]["state"].values(), _policy(True).parameters())
+    )
+
+
+def test_fsdp_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
+    # sub-units: during the rollout (inside gathered) the ranks call act different numbers of
+    # times (episodes until all done), with no collective in between; rank 1 has no rows
+    sharded = _two_ranks(tmp_path, "grpo", GRPO, units=True)
+    single = _run_update("grpo", GRPO, None)
+    _assert_close(sharded["state"], single["state"], atol=1e-6)
+    for key in ("loss", "policy_loss", "kl_ref", "samples"):
+        assert sharded["metrics"][1][key] == pytest.approx(single["metrics"][1][key], rel=1e-5, abs=1e-7)
+
+
+def test_fsdp_bf16_and_activation_checkpointing_update(tmp_path):
+    # no equality claim: bfloat16 compute; the weights (kept in float32) move and stay finite
+    sharded = _two_ranks(tmp_path, "ppo", PPO, units=True, dtype=torch.bfloat16, ac=True)
+    before, after = sharded["before"], sharded["state"]
+    params = dict(_policy(critic=True).named_parameters())
+    assert all(after[k].dtype == torch.float32 and torch.isfinite(after[k]).all() for k in params)
+    assert max((after[k] - before[k]).abs().max() for k in params) > 1e-4
+    assert np.isfinite(sharded["metrics"][0]["loss"])
+
+
+def test_bad_data_parallel_options_are_refused():
+    with pytest.raises(ValueError, match=r"data_parallel must be one of \['ddp', 'fsdp'\], got 'zero'"):
+        RunConfig(data_parallel="zero")
+    with pytest.raises(ValueError, match=r"fsdp_param_dtype must be one of \['bfloat16'"):
+        RunConfig(data_parallel="fsdp", fsdp_param_dtype="bf16")
+    with pytest.raises(ValueError, match="need data_parallel='fsdp'"):
+        RunConfig(activation_checkpointing=True)
+    assert RunConfig(data_parallel="fsdp", fsdp_param_dtype="bfloat16").fsdp_param_dtype == "bfloat16"
+
+
+def test_torchrun_fsdp_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tmp_path):
+    from trainers.ppo import train as ppo_train
+
+    run_dir = tmp_path / "run"
+    stdout = _torchrun(
+        "-m", "trainers.ppo", "--env", "CartPole-v1", "--num-envs", "4", "--total-steps", "512",
+        "--n-steps", "64", "--batch-size", "64", "--checkpoint-every", "1", "--eval-episodes", "3",
+        "--data-parallel", "fsdp", "--run-dir", str(run_dir), *FAST,
+    )  # fmt: skip
+    assert stdout.count("summary: ") == 1
+    path, data = ckpt.latest_checkpoint(run_dir)
+    assert path.name == "iter_000002.pt" and data["counters"]["env_steps"] == 512
+    assert len((run_dir / "eval_episodes.jsonl").read_text().splitlines()) == 3
+    # the single-file format with full tensors: a plain policy loads it
+    space = gym.make("CartPole-v1")
+    policy = ckpt.load_policy(path, space.observation_space, space.action_space)
+    assert policy.state_dict().keys() == data["policy"]["state_dict"].keys()
+    state = data["optimizer"]["state"]
+    assert sorted(state) == list(range(len(list(policy.parameters()))))
+    assert all(s["exp_avg"].shape == p.shape for s, p in zip(state.values(), policy.parameters()))
+
+    # resumed in one process (world size 1: plain policy) from the 2-rank fsdp checkpoint
+    final = ppo_train.main(["--resume", str(run_dir), "--total-steps", "768", "--eval-episodes", "2", *FAST])
+    assert np.isfinite(final["train/loss"]) and np.isfinite(final["eval/return"])
+    _, resumed = ckpt.latest_checkpoint(run_dir)
+    assert resumed["counters"]["iteration"] == 3 and resumed["counters"]["env_steps"] == 768
+    assert resumed["optimizer"]["state"][0]["step"] > data["optimizer"]["state"][0]["step"]
+    assert [r["iteration"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3]
