@@ -167,3 +167,51 @@ def test_torchrun_fsdp_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tm
     assert resumed["counters"]["iteration"] == 3 and resumed["counters"]["env_steps"] == 768
     assert resumed["optimizer"]["state"][0]["step"] > data["optimizer"]["state"][0]["step"]
     assert [r["iteration"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3]
+
+    # and back onto two fsdp ranks: weights loaded before sharding, optimizer state into the shards
+    stdout = _torchrun(
+        "-m", "trainers.ppo", "--resume", str(run_dir), "--total-steps", "1024", "--eval-every", "-1",
+        "--data-parallel", "fsdp", *FAST,
+    )  # fmt: skip
+    assert "resumed from" in stdout and stdout.count("summary: ") == 1
+    _, again = ckpt.latest_checkpoint(run_dir)
+    assert again["counters"]["iteration"] == 4 and again["counters"]["env_steps"] == 1024
+    # Adam's step counts went on from the loaded ones (not from a fresh optimizer)
+    updates = [r["train/updates"] for r in read_metrics(run_dir) if "train/updates" in r][-1]
+    start = resumed["optimizer"]["state"][0]["step"]
+    assert {float(s["step"]) for s in again["optimizer"]["state"].values()} == {float(start) + updates}
+
+
+def _round_trip_worker(rank: int, store: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        saved = torch.load(Path(out_dir) / "single.pt")
+        policy = _policy(critic=True)
+        policy.load_state_dict(saved["policy"])
+        policy.fsdp_units = lambda: [policy.torso]
+        root = distributed.fully_shard_policy(policy)
+        optimizer = make_optimizer(policy, PPOConfig())
+        distributed.load_optimizer_state(root, policy, optimizer, saved["optimizer"])
+        torch.save(distributed.full_state(root, policy, optimizer), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_loads_and_gives_back_a_single_process_checkpoint_state(tmp_path):
+    # a single-process policy and Adam state (after two steps) go into the shards and come back whole
+    policy = _policy(critic=True)
+    optimizer = make_optimizer(policy, PPOConfig())
+    for _ in range(2):
+        optimizer.zero_grad()
+        sum(p.square().sum() for p in policy.parameters()).backward()
+        optimizer.step()
+    single = {"policy": policy.state_dict(), "optimizer": optimizer.state_dict()}
+    torch.save(single, tmp_path / "single.pt")
+    mp.spawn(_round_trip_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
+    model, optim = torch.load(tmp_path / "rank0.pt")
+    _assert_close(model, single["policy"], atol=0)
+    tuples = lambda groups: [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in groups]  # noqa: E731
+    assert tuples(optim["param_groups"]) == single["optimizer"]["param_groups"]  # (a list from DCP)
+    for i, state in single["optimizer"]["state"].items():
+        _assert_close(optim["state"][i], state, atol=0)
+    assert torch.load(tmp_path / "rank1.pt") == ({}, {})  # gathered to rank 0 only
