@@ -30,6 +30,7 @@ from tests.test_trainers_distributed import (
 )
 from trainers import checkpoint as ckpt
 from trainers import distributed
+from trainers.distributed import Evaluate
 from trainers.grpo import GRPOConfig, grpo_update, select_envs
 from trainers.grpo import make_optimizer as grpo_optimizer
 from trainers.metrics import read_metrics
@@ -215,3 +216,65 @@ def test_fsdp_loads_and_gives_back_a_single_process_checkpoint_state(tmp_path):
     for i, state in single["optimizer"]["state"].items():
         _assert_close(optim["state"][i], state, atol=0)
     assert torch.load(tmp_path / "rank1.pt") == ({}, {})  # gathered to rank 0 only
+
+
+# ---------------------------------------------------------------------- a tiny VLA (pi0.5)
+def _pi05(folder: str):
+    from policies.pi05 import Pi05Policy
+    from tests.test_pi05 import ACT_SPACE, KW, OBS_SPACE
+
+    torch.manual_seed(0)  # the value head is not in the checkpoint: drawn at random
+    policy = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=folder, **KW)
+    policy.seed(0)
+    return policy
+
+
+def _pi05_step(policy, evaluator, replay: dict, rows: int) -> None:
+    """One SGD step on minus the mean log-prob over ``rows`` rows of all ranks (FSDP averages the
+    ranks' gradients: each rank's share is scaled by the world size)."""
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.1)
+    (out,) = distributed.evaluate(evaluator, replay)
+    loss = -out.log_probs.sum() / (rows * out.log_probs[0].numel()) * distributed.world_size()
+    loss.backward()
+    optimizer.step()
+
+
+def _pi05_worker(rank: int, store: str, out_dir: str) -> None:
+    from tests.test_pi05 import _obs
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        data = torch.load(Path(out_dir) / "single.pt")
+        policy = _pi05(data["folder"])
+        root = distributed.fully_shard_policy(policy)
+        with distributed.gathered(root):  # whole weights for act; rank 0 acts twice, rank 1 once
+            acted = [policy.act(_obs(4)).actions for _ in range(2 - rank)]
+        share = distributed.shard(4, rank, WORLD)
+        _pi05_step(policy, root, {k: v[share.start : share.stop] for k, v in data["replay"].items()}, 4)
+        torch.save(
+            {"acted": acted[0], "state": distributed.full_state(root, policy)[0]},
+            Path(out_dir) / f"rank{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_update_of_a_tiny_pi05_over_two_ranks_equals_the_single_process_update(tmp_path):
+    from policies.pi05.tiny import write_tiny_pi05
+    from tests.test_pi05 import _obs
+
+    folder = str(write_tiny_pi05(tmp_path / "pi05"))
+    policy = _pi05(folder)
+    out = policy.act(_obs(4))
+    torch.save({"folder": folder, "replay": out.replay}, tmp_path / "single.pt")
+    _pi05_step(policy, Evaluate(policy), out.replay, 4)
+    mp.spawn(_pi05_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
+    sharded = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for r in sharded:  # act with the gathered weights samples what the plain policy sampled
+        assert torch.equal(r["acted"], out.actions)
+    _assert_close(sharded[0]["state"], policy.state_dict(), atol=1e-6)
+    start = _pi05(folder).state_dict()
+    assert (
+        max((policy.state_dict()[k] - v).abs().max() for k, v in start.items() if v.is_floating_point())
+        > 1e-4
+    )

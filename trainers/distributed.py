@@ -14,12 +14,12 @@ single-process run is exactly what it was.
 
 ``--data-parallel fsdp`` shards the policy instead (FSDP2 ``fully_shard``, ``fully_shard_policy``):
 each rank keeps a shard of every parameter, gradient and optimizer state; ``Evaluate(policy)`` is
-the root whose forward all-gathers the parameters, with the policy's big repeated blocks
-(``fsdp_units``) sharded first; bf16 compute (``--fsdp-param-dtype``) and activation checkpointing
-are options. Rollouts and evaluations run inside ``gathered`` (whole parameters for
-``policy.act``). Checkpoints keep the single-process format (``full_state``,
-``load_optimizer_state``), so a run resumes on any number of ranks with ddp or fsdp. At world size
-1, fsdp is the plain policy (no process group is started for one rank).
+the root whose forward all-gathers the parameters, with the sub-modules a policy lists in
+``fsdp_units()`` (e.g. transformer blocks) sharded first; bf16 compute (``--fsdp-param-dtype``)
+and activation checkpointing are options. Rollouts and evaluations run inside ``gathered`` (whole
+parameters for ``policy.act``). Checkpoints keep the single-process format (``full_state``,
+``load_optimizer_state``), so a run resumes on any number of ranks with ddp or fsdp. At world
+size 1, fsdp is the plain policy (no process group is started for one rank).
 
 Rank 0 alone logs and writes files; ``Run`` (``trainers/run.py``) asks ``is_main``.
 """
@@ -304,25 +304,18 @@ def param_dtype(name: str | None) -> torch.dtype | None:
 
 
 def fsdp_units(policy: nn.Module) -> list[nn.Module]:
-    """The sub-modules that ``fully_shard`` shards on their own (each all-gathers its parameters
-    in its own forward and frees them after, so that a big model is never whole at once).
+    """The sub-modules that ``fully_shard`` shards on their own before the root (each all-gathers
+    its parameters in its own forward and frees them after, so that a big model is never whole
+    at once): what the policy's method ``fsdp_units()`` lists, none when it has no such method
+    (the root alone holds every parameter, gathered whole in each forward).
 
-    A policy names them with a method ``fsdp_units()``; otherwise they are the elements of every
-    ``nn.ModuleList`` of two or more modules of one class (a transformer's repeated blocks), the
-    outermost such lists only. The small policies have none: their FSDP unit is the root alone.
+    A unit must be run through its ``forward`` (``unit(...)``), never by reaching into its
+    sub-modules, since FSDP gathers its parameters in forward hooks. That is why repeated blocks
+    are not picked automatically: pi0.5 runs its Gemma layers inline (``layer.self_attn.o_proj``),
+    so sharding those layers on their own would leave their parameters unassembled.
     """
     named = getattr(policy, "fsdp_units", None)
-    if callable(named):
-        return list(named())
-    units: list[nn.Module] = []
-    inside: set[int] = set()  # ids of modules within a unit already chosen
-    for module in policy.modules():
-        if id(module) in inside or not isinstance(module, nn.ModuleList) or len(module) < 2:
-            continue
-        if len({type(m) for m in module}) == 1:
-            units += list(module)
-            inside.update(id(m) for unit in module for m in unit.modules())
-    return units
+    return list(named()) if callable(named) else []
 
 
 def fully_shard_policy(
