@@ -140,6 +140,15 @@ def test_bad_data_parallel_options_are_refused():
     assert RunConfig(data_parallel="fsdp", fsdp_param_dtype="bfloat16").fsdp_param_dtype == "bfloat16"
 
 
+def test_fsdp_options_in_one_process_train_the_plain_policy_with_a_warning(tmp_path):
+    from trainers.ppo import train as ppo_train
+
+    args = ["--total-steps", "256", "--n-steps", "32", "--eval-episodes", "1", "--run-dir", str(tmp_path)]
+    with pytest.warns(RuntimeWarning, match="a single process trains the plain policy"):
+        final = ppo_train.main([*args, "--data-parallel", "fsdp", "--fsdp-param-dtype", "bfloat16", *FAST])
+    assert np.isfinite(final["train/loss"])
+
+
 def test_torchrun_fsdp_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tmp_path):
     from trainers.ppo import train as ppo_train
 
@@ -278,3 +287,26 @@ def test_fsdp_update_of_a_tiny_pi05_over_two_ranks_equals_the_single_process_upd
         max((policy.state_dict()[k] - v).abs().max() for k, v in start.items() if v.is_floating_point())
         > 1e-4
     )
+
+
+@pytest.mark.slow
+def test_torchrun_fsdp_grpo_with_a_reference_policy_then_fsdp_at_world_size_one(tmp_path):
+    from trainers import __main__ as cli
+
+    run_dir = tmp_path / "run"
+    grpo = ["--group-size", "2", "--learning-rate", "3e-3", "--log-prob-level", "chunk", "--kl-beta", "0.05"]
+    stdout = _torchrun(
+        "-m", "trainers", "--algo", "grpo", "--env", "CartPole-v1", "--num-envs", "8", *grpo,
+        "--max-iterations", "2", "--total-steps", "100000", "--eval-episodes", "3",
+        "--data-parallel", "fsdp", "--run-dir", str(run_dir), *FAST,
+    )  # fmt: skip
+    assert stdout.count("summary: ") == 1
+    _, data = ckpt.latest_checkpoint(run_dir)
+    assert data["counters"]["iteration"] == 2
+    # the reference policy is the unsharded initial copy: plain tensors, the policy's names
+    assert data["extra"]["ref_policy"].keys() == data["policy"]["state_dict"].keys()
+    # --data-parallel fsdp in one process is the plain single-process run
+    final = cli.main(["--resume", str(run_dir), "--max-iterations", "3", "--data-parallel", "fsdp", *FAST])
+    assert np.isfinite(final["train/loss"]) and np.isfinite(final["eval/return"])
+    for key, value in data["extra"]["ref_policy"].items():
+        assert torch.equal(value, ckpt.latest_checkpoint(run_dir)[1]["extra"]["ref_policy"][key])

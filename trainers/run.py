@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -251,16 +252,21 @@ class Run:
         """With fsdp over several ranks, shard ``policy`` (``distributed.fully_shard_policy``),
         after loading the resumed run's weights into it: call it after ``make_policy`` and before
         building the optimizer (which must hold the sharded parameters). Otherwise nothing."""
+        cfg = self.config
         if not self.fsdp:
+            if cfg.fsdp_param_dtype or cfg.activation_checkpointing:  # fsdp at world size 1
+                warnings.warn(
+                    "fsdp_param_dtype and activation_checkpointing apply to fsdp over several ranks; "
+                    "a single process trains the plain policy",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return
-        if self.config.resume:
-            path, data = ckpt.latest_checkpoint(self.config.resume)
+        if cfg.resume:
+            path, data = ckpt.latest_checkpoint(cfg.resume)
             ckpt.load_policy_state(policy, data["policy"], path)
-        self.sharded = distributed.fully_shard_policy(
-            policy,
-            distributed.param_dtype(self.config.fsdp_param_dtype),
-            self.config.activation_checkpointing,
-        )
+        dtype = distributed.param_dtype(cfg.fsdp_param_dtype)
+        self.sharded = distributed.fully_shard_policy(policy, dtype, cfg.activation_checkpointing)
 
     def data_parallel(self, policy: ActionChunkPolicy) -> nn.Module:
         """The module the updates call (after ``restore``): the FSDP root from ``shard``, or
