@@ -85,9 +85,21 @@ class Evaluation(Callback):
         self.close()
 
     def evaluate(self, run: Run) -> dict[str, float]:
-        cfg = run.config
         step = run.counters["env_steps"]
-        episodes = []
+        with run.gathered():  # fsdp: whole parameters (every rank, also one without a share)
+            episodes = self._episodes(run, step)
+        episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
+        if run.is_main:
+            with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
+                for ep in episodes:
+                    f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
+        self.last = named_metrics("eval", episode_summary(episodes))
+        return self.last
+
+    def _episodes(self, run: Run, step: int) -> list[dict[str, float]]:
+        """This rank's share of the evaluation episodes."""
+        cfg = run.config
+        episodes: list[dict[str, float]] = []
         if len(distributed.shard(cfg.eval_episodes, run.rank, run.world_size)):  # this rank's share
             if self.env is None:
                 n = math.ceil((cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)) / run.world_size)
@@ -106,13 +118,7 @@ class Evaluation(Callback):
                 progress=cfg.progress and run.is_main,
                 shard=(run.rank, run.world_size),
             )
-        episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
-        if run.is_main:
-            with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
-                for ep in episodes:
-                    f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
-        self.last = named_metrics("eval", episode_summary(episodes))
-        return self.last
+        return episodes
 
     def close(self) -> None:
         if self.env is not None:

@@ -185,11 +185,12 @@ def policy_observation_space(spec: dict[str, Any], observation_space: Any, sourc
     return spaces.Dict({k: observation_space.spaces[k] for k in keys})
 
 
-def policy_state(policy: Any) -> tuple[dict[str, Any], list[str]]:
-    """What a checkpoint keeps of a policy: its state dict, less the frozen parameters that its
-    constructor loads again from pretrained files (policies with ``rebuilds_frozen_weights``: the
-    VLAs' frozen vision / backbone / LoRA base weights, several GB), and the names left out."""
-    state = policy.state_dict()
+def policy_state(policy: Any, state: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """What a checkpoint keeps of a policy: its state dict (or ``state``, e.g. the full state of
+    a sharded policy), less the frozen parameters that its constructor loads again from pretrained
+    files (policies with ``rebuilds_frozen_weights``: the VLAs' frozen vision / backbone / LoRA
+    base weights, several GB), and the names left out."""
+    state = policy.state_dict() if state is None else state
     if not getattr(policy, "rebuilds_frozen_weights", False):
         return state, []
     frozen = sorted(name for name, p in policy.named_parameters() if not p.requires_grad)

@@ -12,15 +12,25 @@ sums of a few numbers over ranks (``sum_over_ranks``), gathering python objects
 ``--nproc-per-node 1``) no process group is started and every helper returns its input: a
 single-process run is exactly what it was.
 
+``--data-parallel fsdp`` shards the policy instead (FSDP2 ``fully_shard``, ``fully_shard_policy``):
+each rank keeps a shard of every parameter, gradient and optimizer state; ``Evaluate(policy)`` is
+the root whose forward all-gathers the parameters, with the sub-modules a policy lists in
+``fsdp_units()`` (e.g. transformer blocks) sharded first; bf16 compute (``--fsdp-param-dtype``)
+and activation checkpointing are options. Rollouts and evaluations run inside ``gathered`` (whole
+parameters for ``policy.act``). Checkpoints keep the single-process format (``full_state``,
+``load_optimizer_state``), so a run resumes on any number of ranks with ddp or fsdp. At world
+size 1, fsdp is the plain policy (no process group is started for one rank).
+
 Rank 0 alone logs and writes files; ``Run`` (``trainers/run.py``) asks ``is_main``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,10 +226,21 @@ class Evaluate(nn.Module):
     def __init__(self, policy: ActionChunkPolicy) -> None:
         super().__init__()
         self.policy = policy
+        # FSDP mixed precision: autocast to the parameters' compute dtype, since the policies mix
+        # in tensors of their own (float32 buffers, constants) that FSDP does not cast
+        self.autocast_dtype: torch.dtype | None = None
 
     def forward(self, *replays: dict[str, torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
-        outs = [self.policy.evaluate(replay) for replay in replays]
+        with _autocast(self.policy, self.autocast_dtype):
+            outs = [self.policy.evaluate(replay) for replay in replays]
         return tuple((o.log_probs, o.entropy, o.value) for o in outs)
+
+
+def _autocast(module: nn.Module, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to ``dtype`` on ``module``'s device type (a no-op context for None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(module.parameters()).device.type, dtype=dtype)
 
 
 def data_parallel(policy: ActionChunkPolicy) -> nn.Module:
@@ -265,3 +286,160 @@ def minibatch_count(total_rows: float, batch_size: int | None) -> int:
     """Minibatches per epoch for ``total_rows`` rows over all ranks: every rank splits its own
     rows into this many parts, so that all ranks step together."""
     return max(1, math.ceil(total_rows / (batch_size or max(total_rows, 1))))
+
+
+# ---------------------------------------------------------------------- FSDP2
+DATA_PARALLEL = ("ddp", "fsdp")
+PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def param_dtype(name: str | None) -> torch.dtype | None:
+    """The ``torch.dtype`` of ``--fsdp-param-dtype`` (None: the parameters' own); a ``ValueError``
+    naming the choices otherwise."""
+    if name is None:
+        return None
+    if name not in PARAM_DTYPES:
+        raise ValueError(f"fsdp_param_dtype must be one of {list(PARAM_DTYPES)} or None, got {name!r}")
+    return PARAM_DTYPES[name]
+
+
+def fsdp_units(policy: nn.Module) -> list[nn.Module]:
+    """The sub-modules that ``fully_shard`` shards on their own before the root (each all-gathers
+    its parameters in its own forward and frees them after, so that a big model is never whole
+    at once): what the policy's method ``fsdp_units()`` lists, none when it has no such method
+    (the root alone holds every parameter, gathered whole in each forward).
+
+    A unit must be run through its ``forward`` (``unit(...)``), never by reaching into its
+    sub-modules, since FSDP gathers its parameters in forward hooks. That is why repeated blocks
+    are not picked automatically: pi0.5 runs its Gemma layers inline (``layer.self_attn.o_proj``),
+    so sharding those layers on their own would leave their parameters unassembled.
+    """
+    named = getattr(policy, "fsdp_units", None)
+    return list(named()) if callable(named) else []
+
+
+def fully_shard_policy(
+    policy: ActionChunkPolicy, dtype: torch.dtype | None = None, checkpointing: bool = False
+) -> nn.Module:
+    """``Evaluate(policy)`` sharded with FSDP2 over all ranks, its ``fsdp_units`` first (with
+    ``checkpointing``, each unit, or the root where there are none, recomputes its activations in
+    backward). Returns the root, the module the updates call.
+
+    Rank 0's weights are broadcast first (as DDP does), then every rank keeps its shard of each
+    parameter; the policy's parameters become ``DTensor``s, so build the optimizer after this
+    call. ``dtype``: parameters all-gathered in it for forward and backward, gradients reduced
+    in float32, the root's outputs returned in float32. Rollouts and evaluations call
+    ``policy.act`` outside ``forward``: run them inside ``gathered(root)``.
+    """
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    broadcast_module(policy)
+    device = policy._param_device()
+    mesh = init_device_mesh(device.type, (world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    root = Evaluate(policy)
+    root.autocast_dtype = dtype
+    units = fsdp_units(policy)
+    for unit in units:
+        if checkpointing:
+            checkpoint(unit)  # hook-based: parameter names stay as they are
+        fully_shard(unit, mesh=mesh, mp_policy=mp)
+    if checkpointing and not units:
+        checkpoint(root)
+    fully_shard(root, mesh=mesh, mp_policy=mp)
+    # the root must be the first FSDP state to initialize: rollouts may call a unit's forward
+    # (through policy.act) before the root's forward ever runs
+    root._get_fsdp_state()._lazy_init()
+    return root
+
+
+def _fsdp_modules(root: nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(evaluator: nn.Module | None) -> Iterator[None]:
+    """Whole parameters in the policy for the duration (rollouts, evaluation: ``policy.act``
+    outside ``forward``); a no-op unless ``evaluator`` is ``fully_shard_policy``'s root.
+
+    Every FSDP module is all-gathered once on entry (all ranks enter together) and kept whole
+    (no reshard after a unit's forward), so that ranks may then call ``act`` different numbers of
+    times with no collective in between; on exit all are resharded for the update. With a
+    ``param_dtype`` the whole parameters are in it: ``act`` runs under autocast to that dtype.
+    """
+    modules = _fsdp_modules(evaluator) if evaluator is not None else []
+    if not modules:
+        yield
+        return
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        with _autocast(evaluator, getattr(evaluator, "autocast_dtype", None)):
+            yield
+    finally:
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(module is not evaluator, recurse=False)  # fully_shard's default
+
+
+def is_sharded(module: nn.Module | None) -> bool:
+    return module is not None and bool(_fsdp_modules(module))
+
+
+# FSDP checkpoints keep the single-process format (full tensors, optimizer state keyed by the
+# parameter's index as ``Optimizer.state_dict`` numbers them), so that a run resumes on any number
+# of ranks with ddp or fsdp. torch.distributed.checkpoint keys the optimizer state by parameter
+# name: the two helpers below translate.
+def _param_names(root: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names (in ``root``) of the optimizer's parameters, in ``Optimizer.state_dict`` order."""
+    names = {id(p): name for name, p in root.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_state(
+    root: nn.Module, policy: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sharded policy's full state dict (policy's own names) and the optimizer's (empty
+    without one), as ``state_dict()`` gives them in one process, on CPU; gathered to rank 0 (the
+    other ranks get empty dicts). A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    prefix = next(name for name, child in root.named_children() if child is policy) + "."
+    model = {k.removeprefix(prefix): v for k, v in get_model_state_dict(root, options=options).items()}
+    optim = get_optimizer_state_dict(root, optimizer, options=options) if optimizer is not None else {}
+    if not optim:
+        return model, optim
+    index = {name: i for i, name in enumerate(_param_names(root, optimizer))}
+    return model, {
+        "state": {index[name]: value for name, value in optim["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]} for group in optim["param_groups"]
+        ],
+    }
+
+
+def load_optimizer_state(
+    root: nn.Module, policy: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a checkpoint's full optimizer state (``Optimizer.state_dict`` form) into the
+    optimizer of the sharded policy; every rank loads the same state and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _param_names(root, optimizer)
+    named = {
+        "state": {names[i]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(root, optimizer, named, options=StateDictOptions(full_state_dict=True))

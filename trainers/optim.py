@@ -112,6 +112,8 @@ def step_optimizer(
     if not params:
         return False, torch.zeros(())
     norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP's sharded gradients give a DTensor: the whole norm
+        norm = norm.full_tensor()
     if not guard.ok(loss if guard_loss is None else guard_loss, norm):
         optimizer.zero_grad(set_to_none=True)
         return False, norm.detach()

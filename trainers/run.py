@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
@@ -93,6 +95,12 @@ class RunConfig:
     tensorboard: bool = True
     wandb_project: str | None = None
     progress: bool = True
+    # several ranks (torchrun): ddp keeps a whole copy of the model on every rank; fsdp shards
+    # parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard). At world size 1
+    # fsdp changes nothing (no process group, no sharding; the two options below are then unused)
+    data_parallel: Literal["ddp", "fsdp"] = "ddp"
+    fsdp_param_dtype: str | None = None  # fsdp: compute in this dtype (bfloat16, float16), reduce in float32
+    activation_checkpointing: bool = False  # fsdp: recompute activations in backward
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "eval_episodes"):
@@ -104,6 +112,13 @@ class RunConfig:
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
             )
+        if self.data_parallel not in distributed.DATA_PARALLEL:
+            raise ValueError(
+                f"data_parallel must be one of {list(distributed.DATA_PARALLEL)}, got {self.data_parallel!r}"
+            )
+        distributed.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
+        if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
+            raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
 
 
 class Run:
@@ -155,6 +170,7 @@ class Run:
         self.last_metrics: dict[str, float] = {}
         self.extra: dict[str, Any] = {}  # saved with every checkpoint, returned by restore on resume
         self._policy_spec: dict[str, Any] | None = None  # set by make_policy: how to rebuild the policy
+        self.sharded: nn.Module | None = None  # fsdp over several ranks: shard's root module
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
@@ -227,6 +243,41 @@ class Run:
         policy.seed(cfg.seed)  # several ranks: reseeded per rank in restore
         return policy
 
+    @property
+    def fsdp(self) -> bool:
+        """Whether the policy is sharded with FSDP (``data_parallel="fsdp"`` over several ranks)."""
+        return self.config.data_parallel == "fsdp" and self.world_size > 1
+
+    def shard(self, policy: ActionChunkPolicy) -> None:
+        """With fsdp over several ranks, shard ``policy`` (``distributed.fully_shard_policy``),
+        after loading the resumed run's weights into it: call it after ``make_policy`` and before
+        building the optimizer (which must hold the sharded parameters). Otherwise nothing."""
+        cfg = self.config
+        if not self.fsdp:
+            if cfg.fsdp_param_dtype or cfg.activation_checkpointing:  # fsdp at world size 1
+                warnings.warn(
+                    "fsdp_param_dtype and activation_checkpointing apply to fsdp over several ranks; "
+                    "a single process trains the plain policy",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return
+        if cfg.resume:
+            path, data = ckpt.latest_checkpoint(cfg.resume)
+            ckpt.load_policy_state(policy, data["policy"], path)
+        dtype = distributed.param_dtype(cfg.fsdp_param_dtype)
+        self.sharded = distributed.fully_shard_policy(policy, dtype, cfg.activation_checkpointing)
+
+    def data_parallel(self, policy: ActionChunkPolicy) -> nn.Module:
+        """The module the updates call (after ``restore``): the FSDP root from ``shard``, or
+        ``distributed.data_parallel(policy)`` (DDP; the plain policy at world size 1)."""
+        return self.sharded if self.sharded is not None else distributed.data_parallel(policy)
+
+    def gathered(self) -> Any:
+        """A context with whole parameters in the policy (rollouts, evaluation); a no-op
+        unless sharded (``distributed.gathered``)."""
+        return distributed.gathered(self.sharded)
+
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """Write a checkpoint of everything needed to continue exactly from here. Rank 0 writes it
@@ -236,16 +287,23 @@ class Run:
         if self._policy_spec is None:
             raise RuntimeError("Run.save needs a policy built with Run.make_policy (its class and arguments)")
         path = self.dir / "checkpoints" / f"iter_{self.counters['iteration']:06d}.pt"
+        if self.sharded is not None:  # every rank takes part in gathering the full state (to rank 0)
+            full = distributed.full_state(self.sharded, policy, optimizer)
         if not self.is_main:
             distributed.barrier()
             return path
         generators = {"policy": policy.generator, **self.generators}
-        state, omitted = ckpt.policy_state(policy)
+        if self.sharded is not None:
+            state, omitted = ckpt.policy_state(policy, full[0])
+            optimizer_state = full[1]
+        else:
+            state, omitted = ckpt.policy_state(policy)
+            optimizer_state = optimizer.state_dict()
         payload = {
             "algo": self.algo,
             "config": to_dict(self.configs),
             "policy": {**self._policy_spec, "state_dict": state, "omitted": omitted},
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "rng": ckpt.rng_state(generators),
             "counters": {**self.counters, "elapsed": self._elapsed()},
             "extra": self.extra,
@@ -276,8 +334,11 @@ class Run:
                 raise ValueError(f"{path} holds a policy only (exported): start from it with --init-policy")
             if data["algo"] != self.algo:
                 raise ValueError(f"{path} is a {data['algo']} checkpoint, not {self.algo}")
-            ckpt.load_policy_state(policy, data["policy"], path)
-            optimizer.load_state_dict(data["optimizer"])
+            if self.sharded is not None:  # the weights were loaded before sharding (shard)
+                distributed.load_optimizer_state(self.sharded, policy, optimizer, data["optimizer"])
+            else:
+                ckpt.load_policy_state(policy, data["policy"], path)
+                optimizer.load_state_dict(data["optimizer"])
             ckpt.restore_rng_state(data["rng"], {"policy": policy.generator, **generators})
             self.counters.update(data["counters"])
             extra = data["extra"]

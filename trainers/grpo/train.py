@@ -91,12 +91,13 @@ def train(
     env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
     try:
         policy = run.make_policy(env, use_critic=False)
-        optimizer = make_optimizer(policy, config)
         shuffle = torch.Generator().manual_seed(run_config.seed)
         generators = {"shuffle": shuffle}
         ref_policy = None
         if config.kl_beta > 0:  # frozen copy of the initial policy (restored as such on resume)
             ref_policy = copy.deepcopy(policy).requires_grad_(False)
+        run.shard(policy)  # fsdp (after the copy, a plain module): before the optimizer
+        optimizer = make_optimizer(policy, config)
         starts = GroupStarts(
             env,
             config.group_size,
@@ -106,7 +107,7 @@ def train(
             shard=(run.rank, run.world_size),
         )
         extra = run.restore(policy, optimizer, generators)
-        evaluator = distributed.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
+        evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         if ref_policy is not None:
             ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
             distributed.broadcast_module(ref_policy)
@@ -119,9 +120,10 @@ def train(
         collector = Collector(env, policy, bootstrap="none", reset_finished=False)
 
         while not run.finished:
-            batch, env_steps, episodes, sampling = collect_groups(
-                collector, config, starts, run.counters["iteration"]
-            )
+            with run.gathered():  # fsdp: whole parameters for policy.act
+                batch, env_steps, episodes, sampling = collect_groups(
+                    collector, config, starts, run.counters["iteration"]
+                )
             starts.merge_ranks()  # every rank's per-task counts (several ranks)
             if sil is not None:  # episodes that beat their group's mean score
                 scores = episode_scores(batch.rewards, batch.first_episode)

@@ -11,7 +11,8 @@ from the iteration so that a resumed run is itself reproducible.
 
 Data parallel: ``torchrun --nproc-per-node N -m trainers.ppo ...`` (``trainers/distributed.py``).
 Rank r steps envs ``r * n .. (r + 1) * n - 1`` of the ``num_envs`` (n = num_envs / N) and seeds
-them as the single process seeds those envs (``seed + env index``); the update runs through DDP.
+them as the single process seeds those envs (``seed + env index``); the update runs through DDP
+(or FSDP with ``--data-parallel fsdp``).
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ def train(
     env = run.make_env(autoreset="same_step")  # SB3's DummyVecEnv behaviour: no lost steps
     try:
         policy = run.make_policy(env)
+        run.shard(policy)  # fsdp: before the optimizer, which holds the sharded parameters
         optimizer = make_optimizer(policy, config)
         shuffle = torch.Generator().manual_seed(run_config.seed)
         generators = {"shuffle": shuffle}
         run.restore(policy, optimizer, generators)
-        evaluator = distributed.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
+        evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         guard = BadUpdateGuard(config.max_bad_updates)
         collector = Collector(env, policy, bootstrap=config.bootstrap)
         first_env = run.rank * env.num_envs  # this rank's first env among all ranks'
         collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"] + first_env)
 
         while not run.finished:
-            rollout = collector.collect(config.n_steps)
+            with run.gathered():  # fsdp: whole parameters for policy.act
+                rollout = collector.collect(config.n_steps)
             env_steps = int(rollout.valid.sum())  # this rank's
             all_steps = int(distributed.all_reduce_sum(torch.tensor(env_steps)))  # every rank's
             left = max(0.0, 1.0 - (run.counters["env_steps"] + all_steps) / run_config.total_steps)
