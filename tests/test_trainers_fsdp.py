@@ -227,18 +227,35 @@ def test_fsdp_loads_and_gives_back_a_single_process_checkpoint_state(tmp_path):
     assert torch.load(tmp_path / "rank1.pt") == ({}, {})  # gathered to rank 0 only
 
 
-# ---------------------------------------------------------------------- a tiny VLA (pi0.5)
-def _pi05(folder: str):
-    from policies.pi05 import Pi05Policy
-    from tests.test_pi05 import ACT_SPACE, KW, OBS_SPACE
+# ---------------------------------------------------------------------- tiny VLAs
+def _vla(name: str, folder: str):
+    """A tiny pi0.5 (sharded at the root only) or OpenVLA-OFT (vision blocks and LLaMA layers as
+    FSDP units), built from the checkpoint in ``folder``."""
+    torch.manual_seed(0)  # heads not in the checkpoint (pi0.5's value head) are drawn at random
+    if name == "pi05":
+        from policies.pi05 import Pi05Policy
+        from tests.test_pi05 import ACT_SPACE, KW, OBS_SPACE
 
-    torch.manual_seed(0)  # the value head is not in the checkpoint: drawn at random
-    policy = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=folder, **KW)
+        policy = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=folder, **KW)
+    else:
+        from tests.test_openvla_oft import _policy
+
+        policy = _policy(folder, freeze_vision=False)
     policy.seed(0)
     return policy
 
 
-def _pi05_step(policy, evaluator, replay: dict, rows: int) -> None:
+def _vla_obs(name: str) -> dict:
+    if name == "pi05":
+        from tests.test_pi05 import _obs
+
+        return _obs(4)
+    from tests.test_openvla_oft import INSTRUCTIONS, _obs
+
+    return _obs((*INSTRUCTIONS, INSTRUCTIONS[0]))
+
+
+def _vla_step(policy, evaluator, replay: dict, rows: int) -> None:
     """One SGD step on minus the mean log-prob over ``rows`` rows of all ranks (FSDP averages the
     ranks' gradients: each rank's share is scaled by the world size)."""
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.1)
@@ -248,18 +265,16 @@ def _pi05_step(policy, evaluator, replay: dict, rows: int) -> None:
     optimizer.step()
 
 
-def _pi05_worker(rank: int, store: str, out_dir: str) -> None:
-    from tests.test_pi05 import _obs
-
+def _vla_worker(rank: int, store: str, out_dir: str, name: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         data = torch.load(Path(out_dir) / "single.pt")
-        policy = _pi05(data["folder"])
+        policy = _vla(name, data["folder"])
         root = distributed.fully_shard_policy(policy)
         with distributed.gathered(root):  # whole weights for act; rank 0 acts twice, rank 1 once
-            acted = [policy.act(_obs(4)).actions for _ in range(2 - rank)]
+            acted = [policy.act(_vla_obs(name)).actions for _ in range(2 - rank)]
         share = distributed.shard(4, rank, WORLD)
-        _pi05_step(policy, root, {k: v[share.start : share.stop] for k, v in data["replay"].items()}, 4)
+        _vla_step(policy, root, {k: v[share.start : share.stop] for k, v in data["replay"].items()}, 4)
         torch.save(
             {"acted": acted[0], "state": distributed.full_state(root, policy)[0]},
             Path(out_dir) / f"rank{rank}.pt",
@@ -268,21 +283,25 @@ def _pi05_worker(rank: int, store: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_fsdp_update_of_a_tiny_pi05_over_two_ranks_equals_the_single_process_update(tmp_path):
-    from policies.pi05.tiny import write_tiny_pi05
-    from tests.test_pi05 import _obs
+@pytest.mark.parametrize("name", ["pi05", "openvla_oft"])
+def test_fsdp_update_of_a_tiny_vla_over_two_ranks_equals_the_single_process_update(tmp_path, name):
+    if name == "pi05":
+        from policies.pi05.tiny import write_tiny_pi05 as write
+    else:
+        from policies.openvla_oft.tiny import write_tiny_openvla as write
 
-    folder = str(write_tiny_pi05(tmp_path / "pi05"))
-    policy = _pi05(folder)
-    out = policy.act(_obs(4))
+    folder = str(write(tmp_path / name))
+    policy = _vla(name, folder)
+    assert (len(distributed.fsdp_units(policy)) > 0) == (name == "openvla_oft")
+    out = policy.act(_vla_obs(name))
     torch.save({"folder": folder, "replay": out.replay}, tmp_path / "single.pt")
-    _pi05_step(policy, Evaluate(policy), out.replay, 4)
-    mp.spawn(_pi05_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD)
+    _vla_step(policy, Evaluate(policy), out.replay, 4)
+    mp.spawn(_vla_worker, args=(str(tmp_path / "store"), str(tmp_path), name), nprocs=WORLD)
     sharded = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for r in sharded:  # act with the gathered weights samples what the plain policy sampled
         assert torch.equal(r["acted"], out.actions)
     _assert_close(sharded[0]["state"], policy.state_dict(), atol=1e-6)
-    start = _pi05(folder).state_dict()
+    start = _vla(name, folder).state_dict()
     assert (
         max((policy.state_dict()[k] - v).abs().max() for k, v in start.items() if v.is_floating_point())
         > 1e-4

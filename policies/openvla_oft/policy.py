@@ -186,6 +186,14 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         if lora_rank > 0:
             add_lora(self.model, lora_rank, LORA_LANGUAGE + (() if freeze_vision else LORA_VISION))
 
+    def fsdp_units(self) -> list[torch.nn.Module]:
+        """What FSDP2 shards on its own (``trainers/distributed.py``), each run through its forward:
+        the vision towers' blocks (not the last, whose output is never used) and the LLaMA layers."""
+        vision = self.model.vision_backbone
+        towers = [t for t in (vision.featurizer, vision.fused_featurizer) if t is not None]
+        blocks = [block for tower in towers for block in tower.blocks[:-1]]
+        return [*blocks, *self.model.language_model.model.layers]
+
     # ------------------------------------------------------------------ observation -> model inputs
     def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
         device = self.q01.device
