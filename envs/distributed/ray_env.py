@@ -18,7 +18,6 @@ local env seeded with ``s``. A restarted actor's streams start unseeded.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import warnings
 from collections.abc import Sequence
@@ -29,27 +28,9 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input, check_int, describe
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
-
-PLACEMENTS = {
-    "pack": "PACK",
-    "spread": "SPREAD",
-    "strict_pack": "STRICT_PACK",
-    "strict_spread": "STRICT_SPREAD",
-}
-ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "runtime_env", "accelerator_type")
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(
-            'Ray-actor envs need Ray: pip install "vla-gym[ray]" (or pip install "ray>=2.40")'
-        ) from None
-    return ray
+from envs.distributed.actors import ActorSet
 
 
 class EnvHost:
@@ -160,53 +141,13 @@ class RayVectorEnv(ChunkedVectorEnv):
     ) -> None:
         env_kwargs = dict(env_kwargs or {})
         name = str(env_kwargs.get("env_id") or backend)
-        check_int(name, "num_envs", num_envs, low=1)
-        check_int(name, "ray_actors", num_actors, low=1)
-        if num_actors > num_envs:
-            raise bad_input(name, "ray_actors", f"at most num_envs={num_envs} actors", num_actors)
-        if placement not in PLACEMENTS:
-            raise bad_input(name, "ray_placement", f"one of {list(PLACEMENTS)}", describe(placement))
-        actor_options = dict(actor_options or {})
-        unknown = sorted(set(actor_options) - set(ACTOR_OPTIONS))
-        if unknown:
-            raise bad_input(name, "ray_options", f"keys among {ACTOR_OPTIONS}", unknown)
-        check_int(name, "ray_max_restarts", max_restarts, low=-1)
-        ray = import_ray()
-        if not ray.is_initialized():
-            _check_address(name, address)
-            if address:
-                ray.init(address=address)
-            else:  # Ray's default: a cluster started on this node, else a new local one
-                ray.init(include_dashboard=False)
         autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
-
-        sizes = [num_envs // num_actors + (j < num_envs % num_actors) for j in range(num_actors)]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
-        self._actor_of = np.repeat(np.arange(num_actors), sizes)
-        bundle = _bundle(actor_options)
-        _check_resources(ray, name, bundle, num_actors, placement)
-        self._group = ray.util.placement_group([bundle] * num_actors, strategy=PLACEMENTS[placement])
-        self._hosts: list[Any] = []
+        self.actors = ActorSet(
+            name, num_envs, num_actors, actor_options, placement, address, max_restarts, ready_timeout_s
+        )
+        ray = self.actors.ray
         try:
-            try:
-                ray.get(self._group.ready(), timeout=ready_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                raise RuntimeError(
-                    f"{name}: the Ray cluster did not place {num_actors} actors of {bundle} "
-                    f"({placement}) within {ready_timeout_s:g} s"
-                ) from None
-            remote = ray.remote(EnvHost)
-            strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
-            for j, size in enumerate(sizes):
-                options = {
-                    **actor_options,
-                    "num_cpus": bundle.get("CPU", 0),
-                    "num_gpus": bundle.get("GPU", 0),
-                    "max_restarts": max_restarts,
-                    "max_task_retries": 0,
-                    "scheduling_strategy": strategy(self._group, placement_group_bundle_index=j),
-                }
-                self._hosts.append(remote.options(**options).remote(backend, size, env_kwargs))
+            self._hosts = self.actors.start(EnvHost, [(backend, n, env_kwargs) for n in self.actors.sizes])
             desc = ray.get([host.describe.remote() for host in self._hosts])[0]
             space = desc["action_space"]
             chunked = desc["chunk_size"] is not None
@@ -222,11 +163,12 @@ class RayVectorEnv(ChunkedVectorEnv):
                 render_mode=desc["render_mode"],
             )
         except BaseException:
-            self._release()
+            self.actors.release()
             raise
         self.metadata = {**desc["metadata"], **self.metadata}
         self.backend = backend
         self.num_actors = num_actors
+        self.offsets = self.actors.offsets
         self.max_restarts, self.restart_timeout_s = max_restarts, restart_timeout_s
         self._ray = ray
         self._has_episode_stats = desc["has_episode_stats"]
@@ -368,13 +310,7 @@ class RayVectorEnv(ChunkedVectorEnv):
 
     # ---------------------------------------------------------------- helpers
     def _split(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """``(actor, positions in env_ids, the actor's own env indices)`` for every actor involved."""
-        actors = self._actor_of[env_ids]
-        parts = []
-        for j in np.unique(actors):
-            pos = np.flatnonzero(actors == j)
-            parts.append((int(j), pos, env_ids[pos] - self.offsets[j]))
-        return parts
+        return self.actors.split(env_ids)
 
     def _actor_died(self, j: int, call: str) -> None:
         """Mark actor j's envs lost, warn, and wait until Ray has restarted it."""
@@ -420,65 +356,7 @@ class RayVectorEnv(ChunkedVectorEnv):
 
     def actor_pids(self) -> list[int]:
         """Process ids of the actors (on their nodes)."""
-        return self._ray.get([host.pid.remote() for host in self._hosts])
+        return self.actors.pids()
 
     def close_extras(self, **kwargs: Any) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        ray = import_ray()
-        hosts, self._hosts = getattr(self, "_hosts", []), []
-        if hosts and ray.is_initialized():
-            try:
-                ray.get([host.close.remote() for host in hosts], timeout=30)
-            except Exception:  # a dead or hung actor: killed below anyway
-                pass
-            for host in hosts:
-                ray.kill(host, no_restart=True)
-        group, self._group = getattr(self, "_group", None), None
-        if group is not None and ray.is_initialized():
-            ray.util.remove_placement_group(group)
-
-
-def _bundle(actor_options: dict[str, Any]) -> dict[str, float]:
-    """One actor's resource request as a placement-group bundle."""
-    bundle = {"CPU": float(actor_options.get("num_cpus", 1))}
-    if actor_options.get("num_gpus"):
-        bundle["GPU"] = float(actor_options["num_gpus"])
-    if actor_options.get("memory"):
-        bundle["memory"] = float(actor_options["memory"])
-    bundle.update({k: float(v) for k, v in actor_options.get("resources", {}).items()})
-    return bundle
-
-
-def _check_resources(ray: Any, name: str, bundle: dict[str, float], count: int, placement: str) -> None:
-    """Refuse, before anything is placed, a request no node (or not the whole cluster) can meet."""
-    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    fits = [min(int(res.get(k, 0) // v) if v else count for k, v in bundle.items()) for res in nodes]
-    total = sum(fits) if placement != "strict_pack" else max(fits, default=0)
-    if placement == "strict_spread":
-        total = sum(1 for f in fits if f >= 1)
-    if total < count:
-        have = [{k: res.get(k, 0) for k in bundle} for res in nodes]
-        raise ValueError(
-            f"{name}: the Ray cluster cannot meet {count} actors of {bundle} ({placement}): "
-            f"its nodes have {have}; lower ray_options (num_cpus, num_gpus) or ray_actors, or add nodes"
-        )
-
-
-def _check_address(name: str, address: str | None) -> None:
-    """A ``host:port`` (or ``ray://host:port``) that does not answer is an error now, not a hang."""
-    if not address or address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise bad_input(
-            name, "ray_address", "'auto', 'local', 'host:port' or 'ray://host:port'", repr(address)
-        )
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as e:
-        raise ConnectionError(
-            f"{name}: no Ray cluster answers at {address!r} ({e}); start one with `ray start --head` "
-            "and pass its address (or leave ray_address unset for a local one)"
-        ) from None
+        self.actors.release()
