@@ -64,7 +64,7 @@ def our_env_ids() -> list[str]:
     ours = [
         env_id
         for env_id, spec in gym.registry.items()
-        if str(spec.kwargs.get("backend", "")).startswith("envs.")
+        if str(spec.kwargs.get("vector_class", "")).startswith("envs.")
     ]
     # the 50 B1K task ids share one code path: measure one of them
     return sorted(i for i in ours if not i.startswith("B1K-") or i == "B1K-TurningOnRadio-v0")
@@ -74,7 +74,7 @@ def env_kwargs(env_id: str, args: argparse.Namespace, bundles: dict[str, Path]) 
     """Keyword arguments for ``gym.make_vec`` and a note on what the row measures."""
     import gymnasium as gym
 
-    entry = str(gym.spec(env_id).kwargs["backend"])
+    entry = str(gym.spec(env_id).kwargs["vector_class"])
     if "world_models" in entry:
         backend = "cosmos" if "cosmos" in entry else "opensora"
         if args.model_dir:

@@ -1,6 +1,6 @@
 """Register a chunked vector env under one id, for both ``gym.make`` and ``gym.make_vec``.
 
-``gym.make_vec(id, num_envs, ...)`` builds the backend's vector env in this process (its simulators
+``gym.make_vec(id, num_envs, ...)`` builds the env's vector env class in this process (its simulators
 in local worker processes), or, with ``ray_actors=M``, spread over M Ray actors
 (``envs/distributed/ray_env.py``; Ray is imported only then).
 """
@@ -20,37 +20,41 @@ RAY_KWARGS = ("ray_options", "ray_placement", "ray_address", "ray_max_restarts")
 
 
 def make_vector(
-    backend: str, num_envs: int = 1, *, ray_actors: int | None = None, **kwargs: Any
+    vector_class: str, num_envs: int = 1, *, ray_actors: int | None = None, **kwargs: Any
 ) -> ChunkedVectorEnv:
-    """The vector entry point of every registered id: ``backend`` (``"module:Class"``) in this process,
+    """The vector entry point of every registered id: ``vector_class`` (``"module:Class"``) in this process,
     or over ``ray_actors`` Ray actors (with ``ray_options``, ``ray_placement``, ``ray_address``,
     ``ray_max_restarts``: see ``RayVectorEnv``)."""
     if ray_actors is None:
         given = [k for k in RAY_KWARGS if k in kwargs]
         if given:
-            raise ValueError(f"{kwargs.get('env_id', backend)}: {given} need ray_actors=<number of actors>")
-        return load_env_creator(backend)(num_envs=num_envs, **kwargs)
+            raise ValueError(
+                f"{kwargs.get('env_id', vector_class)}: {given} need ray_actors=<number of actors>"
+            )
+        return load_env_creator(vector_class)(num_envs=num_envs, **kwargs)
     from envs.distributed.ray_env import RayVectorEnv
 
     ray_kwargs = {k.removeprefix("ray_"): kwargs.pop(k) for k in RAY_KWARGS if k in kwargs}
     if "options" in ray_kwargs:
         ray_kwargs["actor_options"] = ray_kwargs.pop("options")
-    return RayVectorEnv(backend, num_envs, num_actors=ray_actors, env_kwargs=kwargs, **ray_kwargs)
+    return RayVectorEnv(vector_class, num_envs, num_actors=ray_actors, env_kwargs=kwargs, **ray_kwargs)
 
 
-def make_single(backend: str, **kwargs: Any) -> SingleEnvView:
+def make_single(vector_class: str, **kwargs: Any) -> SingleEnvView:
     """Build the one-env view of a registered chunked vector env."""
     if kwargs.pop("autoreset_mode", AutoresetMode.DISABLED) != AutoresetMode.DISABLED:
         raise ValueError("the one-env view (gym.make) has no autoreset; use gym.make_vec for autoreset modes")
-    return SingleEnvView(make_vector(backend, num_envs=1, autoreset_mode=AutoresetMode.DISABLED, **kwargs))
+    return SingleEnvView(
+        make_vector(vector_class, num_envs=1, autoreset_mode=AutoresetMode.DISABLED, **kwargs)
+    )
 
 
-def register_env(env_id: str, backend: str, **kwargs: Any) -> None:
-    """Register ``env_id``: ``gym.make_vec`` builds the native vector env of ``backend``
+def register_env(env_id: str, vector_class: str, **kwargs: Any) -> None:
+    """Register ``env_id``: ``gym.make_vec`` builds the native vector env of ``vector_class``
     (``"module:Class"``, locally or on Ray actors), ``gym.make`` its one-env view."""
     gym.register(
         id=env_id,
         entry_point=make_single,
         vector_entry_point="envs.core.registration:make_vector",
-        kwargs={"env_id": env_id, "backend": backend, **kwargs},
+        kwargs={"env_id": env_id, "vector_class": vector_class, **kwargs},
     )

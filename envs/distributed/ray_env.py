@@ -37,11 +37,11 @@ class EnvHost:
     """What runs inside one Ray actor: the backend's vector env over this actor's envs, driven
     through the backend hooks (the ``RayVectorEnv`` in the driver owns the bookkeeping)."""
 
-    def __init__(self, backend: str, num_envs: int, env_kwargs: dict[str, Any]) -> None:
+    def __init__(self, vector_class: str, num_envs: int, env_kwargs: dict[str, Any]) -> None:
         self.error: Exception | None = None
         try:  # a bad argument is reported by describe(), as the backend's own exception
             kwargs = {**env_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
-            self.env: ChunkedVectorEnv | None = load_env_creator(backend)(num_envs=num_envs, **kwargs)
+            self.env: ChunkedVectorEnv | None = load_env_creator(vector_class)(num_envs=num_envs, **kwargs)
         except Exception as e:
             self.env, self.error = None, e
 
@@ -108,7 +108,7 @@ class RayVectorEnv(ChunkedVectorEnv):
     called. Actor ``j`` holds envs ``offsets[j]`` to ``offsets[j + 1] - 1`` (sizes differ by at most 1).
 
     Args:
-        backend: the backend class, ``"module:Class"`` (what the id registered).
+        vector_class: the backend's vector env class, ``"module:Class"`` (what the id registered).
         num_envs: envs in all.
         num_actors: Ray actors to spread them over (at most ``num_envs``).
         env_kwargs: the backend's keyword arguments (``autoreset_mode`` applies here).
@@ -127,7 +127,7 @@ class RayVectorEnv(ChunkedVectorEnv):
 
     def __init__(
         self,
-        backend: str,
+        vector_class: str,
         num_envs: int,
         *,
         num_actors: int,
@@ -140,14 +140,16 @@ class RayVectorEnv(ChunkedVectorEnv):
         restart_timeout_s: float = 120.0,
     ) -> None:
         env_kwargs = dict(env_kwargs or {})
-        name = str(env_kwargs.get("env_id") or backend)
+        name = str(env_kwargs.get("env_id") or vector_class)
         autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
         self.actors = ActorSet(
             name, num_envs, num_actors, actor_options, placement, address, max_restarts, ready_timeout_s
         )
         ray = self.actors.ray
         try:
-            self._hosts = self.actors.start(EnvHost, [(backend, n, env_kwargs) for n in self.actors.sizes])
+            self._hosts = self.actors.start(
+                EnvHost, [(vector_class, n, env_kwargs) for n in self.actors.sizes]
+            )
             desc = ray.get([host.describe.remote() for host in self._hosts])[0]
             space = desc["action_space"]
             chunked = desc["chunk_size"] is not None
@@ -166,7 +168,7 @@ class RayVectorEnv(ChunkedVectorEnv):
             self.actors.release()
             raise
         self.metadata = {**desc["metadata"], **self.metadata}
-        self.backend = backend
+        self.vector_class = vector_class
         self.num_actors = num_actors
         self.offsets = self.actors.offsets
         self.max_restarts, self.restart_timeout_s = max_restarts, restart_timeout_s
