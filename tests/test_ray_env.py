@@ -77,6 +77,7 @@ def run_both(ray_env, local_env, resets, steps, seed=0) -> None:
 
 
 @requires_libero
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_libero_state_only_equals_local(mode):
     kwargs = dict(STATE, autoreset_mode=mode)
@@ -135,6 +136,7 @@ def test_world_model_one_actor_equals_local(cosmos_bundle, mode):
         local.close()
 
 
+@pytest.mark.slow
 def test_world_model_two_actors_equal_two_local_envs(cosmos_bundle):
     """Actor j's noise follows seed + j: two actors are two local envs seeded 5 and 6, side by side."""
     remote = make_world_model(cosmos_bundle, 4, ray_actors=2, autoreset_mode="Disabled")
@@ -161,6 +163,7 @@ def test_world_model_two_actors_equal_two_local_envs(cosmos_bundle):
             h.close()
 
 
+@pytest.mark.slow
 def test_a_failed_reset_loses_only_the_envs_it_reset(cosmos_bundle):
     """A reset that raises in an actor leaves its envs lost (truncated with worker_restarted at the
     next step); the actor's other envs and the other actors go on."""
@@ -267,6 +270,7 @@ def test_unanswering_address_and_missing_ray_give_clear_errors():
     assert 'missing: Ray-actor envs need Ray: pip install "vla-gym[ray]"' in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_trainer_runs_on_ray_actors_chosen_by_env_kwargs(cosmos_bundle, tmp_path):
     """The trainers never import envs: Ray is chosen by the env kwargs alone (here GRPO, 2 actors)."""
     import json

@@ -149,6 +149,7 @@ def test_fsdp_options_in_one_process_train_the_plain_policy_with_a_warning(tmp_p
     assert np.isfinite(final["train/loss"])
 
 
+@pytest.mark.slow
 def test_torchrun_fsdp_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tmp_path):
     from trainers.ppo import train as ppo_train
 
