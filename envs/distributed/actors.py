@@ -4,7 +4,9 @@ only when an ``ActorSet`` is built."""
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,31 @@ def import_ray() -> Any:
             'Ray-actor envs need Ray: pip install "vla-gym[ray]" (or pip install "ray>=2.40")'
         ) from None
     return ray
+
+
+class ActorHost:
+    """Base of what runs inside an actor: the env ``build()`` makes, or the exception it raised,
+    re-raised by ``describe`` (the driver's first call), so a bad argument reaches the caller as
+    the env's own error instead of a dead actor."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.error: Exception | None = None
+        try:
+            self.env = build()
+        except Exception as e:
+            self.env, self.error = None, e
+
+    def describe(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        return {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
 
 
 class ActorSet:

@@ -17,7 +17,6 @@ local env seeded with ``s``. A restarted actor's streams start unseeded.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -30,24 +29,19 @@ from gymnasium.vector import AutoresetMode
 
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
-from envs.distributed.actors import ActorSet
+from envs.distributed.actors import ActorHost, ActorSet
 
 
-class EnvHost:
+class EnvHost(ActorHost):
     """What runs inside one Ray actor: the backend's vector env over this actor's envs, driven
     through the backend hooks (the ``RayVectorEnv`` in the driver owns the bookkeeping)."""
 
     def __init__(self, vector_class: str, num_envs: int, env_kwargs: dict[str, Any]) -> None:
-        self.error: Exception | None = None
-        try:  # a bad argument is reported by describe(), as the backend's own exception
-            kwargs = {**env_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
-            self.env: ChunkedVectorEnv | None = load_env_creator(vector_class)(num_envs=num_envs, **kwargs)
-        except Exception as e:
-            self.env, self.error = None, e
+        kwargs = {**env_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
+        super().__init__(lambda: load_env_creator(vector_class)(num_envs=num_envs, **kwargs))
 
     def describe(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
+        super().describe()
         env = self.env
         overrides = type(env)._episode_stats is not ChunkedVectorEnv._episode_stats
         return {
@@ -89,13 +83,6 @@ class EnvHost:
 
     def set_attr(self, name: str, value: Any) -> None:
         setattr(self.env, name, value)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def close(self) -> None:
-        if self.env is not None:
-            self.env.close()
 
 
 class RayVectorEnv(ChunkedVectorEnv):

@@ -18,7 +18,6 @@ so the caller resets.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,29 +26,28 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envs.core.errors import bad_input, describe
-from envs.distributed.actors import ActorSet
+from envs.distributed.actors import ActorHost, ActorSet
 
 
-class GymHost:
+class GymHost(ActorHost):
     """Inside a Ray actor: ``gym.make_vec`` of the id over this actor's envs."""
 
     def __init__(
         self, env: str, num_envs: int, vectorization: str, vector_kwargs: dict, kwargs: dict
     ) -> None:
-        self.error: Exception | None = None
-        try:
-            if ":" in env:  # "module:Env-v0": the module registers the id
-                module, _, env = env.partition(":")
+        def build() -> gym.vector.VectorEnv:
+            env_id = env
+            if ":" in env_id:  # "module:Env-v0": the module registers the id
+                module, _, env_id = env_id.partition(":")
                 importlib.import_module(module)
-            self.env = gym.make_vec(
-                env, num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **kwargs
+            return gym.make_vec(
+                env_id, num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **kwargs
             )
-        except Exception as e:
-            self.env, self.error = None, e
+
+        super().__init__(build)
 
     def describe(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
+        super().describe()
         env = self.env
         return {
             "observation_space": env.single_observation_space,
@@ -67,13 +65,6 @@ class GymHost:
 
     def render(self) -> Any:
         return self.env.render()
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def close(self) -> None:
-        if self.env is not None:
-            self.env.close()
 
 
 class RayGymVectorEnv(gym.vector.VectorEnv):
