@@ -106,8 +106,11 @@ def init(num_envs: int, device: str = "cpu", group_size: int | None = None) -> t
 
 
 def shutdown() -> None:
-    """End the process group (``init`` started it)."""
+    """End the process group (``init`` started it), once every rank has got here: a rank that
+    destroys its gloo group while another is still finishing (rank 0 writing the report) can kill
+    that rank's process with SIGABRT ("terminate called without an active exception")."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
