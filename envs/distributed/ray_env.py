@@ -46,7 +46,6 @@ class EnvHost(ActorHost):
         overrides = type(env)._episode_stats is not ChunkedVectorEnv._episode_stats
         return {
             "env_id": env.env_id,
-            "class": type(env).__name__,
             "observation_space": env.single_observation_space,
             "action_space": env.single_action_space,
             "chunk_size": env.chunk_size,

@@ -54,7 +54,6 @@ class GymHost(ActorHost):
             "action_space": env.single_action_space,
             "metadata": env.metadata,
             "render_mode": env.render_mode,
-            "spec": env.spec,
         }
 
     def reset(self, seed: int | list[int] | None, options: dict | None) -> tuple[Any, dict]:
@@ -160,7 +159,8 @@ class RayGymVectorEnv(gym.vector.VectorEnv):
                 results[j] = (self._last_obs[j], {})
         parts = [results[j] for j in range(self.num_actors)]
         self._last_obs = [obs for obs, _ in parts]
-        return self._join_obs([obs for obs, _ in parts]), join_infos([i for _, i in parts], self.actors.sizes)
+        obs = join_batches(self.single_observation_space, self._last_obs)
+        return obs, join_infos([info for _, info in parts], self.actors.sizes)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         actions = np.asarray(actions)
@@ -170,7 +170,7 @@ class RayGymVectorEnv(gym.vector.VectorEnv):
         refs = [host.step.remote(actions[lo:hi]) for host, (lo, hi) in zip(self.actors.hosts, bounds)]
         parts = self._ray.get(refs)  # one round trip: all actors step at once
         self._last_obs = [p[0] for p in parts]
-        obs = self._join_obs(self._last_obs)
+        obs = join_batches(self.single_observation_space, self._last_obs)
         rewards, terminated, truncated = (np.concatenate([p[k] for p in parts]) for k in (1, 2, 3))
         return obs, rewards, terminated, truncated, join_infos([p[4] for p in parts], self.actors.sizes)
 
@@ -183,9 +183,6 @@ class RayGymVectorEnv(gym.vector.VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self.actors.release()
-
-    def _join_obs(self, parts: list[Any]) -> Any:
-        return join_batches(self.single_observation_space, parts)
 
 
 def join_batches(space: gym.Space, parts: list[Any]) -> Any:
