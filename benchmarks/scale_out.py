@@ -97,7 +97,7 @@ def _update_rank(rank: int, world: int, store: str, args: dict[str, Any], out: s
             Path(out).write_text(str(float(np.median(times[1:]))))
     finally:
         if world > 1:
-            dist.destroy_process_group()
+            distributed.shutdown()  # a barrier first: see its docstring
 
 
 def update_seconds(world: int, args: dict[str, Any], tmp: Path) -> float:

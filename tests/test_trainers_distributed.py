@@ -118,7 +118,7 @@ def _worker(rank: int, store: str, out_dir: str, algo: str, kwargs: dict, sil: b
         share = distributed.shard(envs, rank, WORLD)
         torch.save(_run_update(algo, kwargs, share, sil), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # a barrier first: see its docstring
 
 
 def _two_ranks(tmp_path, algo: str, kwargs: dict, sil: bool = False) -> list[dict]:
@@ -357,7 +357,7 @@ def _merge_worker(rank: int, store: str, out_dir: str) -> None:
         starts.merge_ranks()
         torch.save(starts.state_dict(), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # a barrier first: see its docstring
 
 
 def test_group_start_counts_are_merged_over_the_ranks(tmp_path):

@@ -85,7 +85,7 @@ def _worker(
         out = _fsdp_update(algo, kwargs, share, units, dtype, ac)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # a barrier first: see its docstring
 
 
 def _two_ranks(tmp_path, algo: str, kwargs: dict, units: bool = False, dtype=None, ac: bool = False) -> dict:
@@ -205,7 +205,7 @@ def _round_trip_worker(rank: int, store: str, out_dir: str) -> None:
         distributed.load_optimizer_state(root, policy, optimizer, saved["optimizer"])
         torch.save(distributed.full_state(root, policy, optimizer), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # a barrier first: see its docstring
 
 
 def test_fsdp_loads_and_gives_back_a_single_process_checkpoint_state(tmp_path):
@@ -281,7 +281,7 @@ def _vla_worker(rank: int, store: str, out_dir: str, name: str) -> None:
             Path(out_dir) / f"rank{rank}.pt",
         )
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown()  # a barrier first: see its docstring
 
 
 @pytest.mark.parametrize("name", ["pi05", "openvla_oft"])
