@@ -16,6 +16,8 @@ the episodes written so far in ``<out>.tmp``):
         actions         float32 [C, K, D], env units, as sent to the env
         valid           bool [C, K]: sub-steps executed (the last chunk stops where the episode ends)
         rewards         float32 [C, K]
+        sim_states      float64 [C, S], optional: the simulator state each chunk was chosen from
+                        (LIBERO: flattened MuJoCo state; present in demos read from LIBERO's files)
 
 Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is stored with
 K = 1. Starts: envs with ``initial_frames`` (this project's) go through a seeded permutation of
@@ -53,7 +55,7 @@ def _h5py() -> Any:
 @dataclass
 class Episode:
     """One demonstration: ``obs[key]`` ``[C, ...]``, ``actions`` ``[C, K, D]``, ``valid`` and
-    ``rewards`` ``[C, K]``, and its attributes."""
+    ``rewards`` ``[C, K]``, optionally ``sim_states`` ``[C, S]``, and its attributes."""
 
     obs: dict[str, np.ndarray]
     actions: np.ndarray
@@ -63,6 +65,7 @@ class Episode:
     task: str = ""
     initial_frame: int = -1
     success: bool = False
+    sim_states: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -164,6 +167,8 @@ def _write_episode(g: Any, ep: Episode) -> None:
     g.create_dataset("actions", data=ep.actions.astype(np.float32))
     g.create_dataset("valid", data=ep.valid.astype(bool))
     g.create_dataset("rewards", data=ep.rewards.astype(np.float32))
+    if ep.sim_states is not None:
+        g.create_dataset("sim_states", data=np.asarray(ep.sim_states, np.float64))
 
 
 def read_demos(path: str | Path) -> Demos:
@@ -194,6 +199,7 @@ def read_demos(path: str | Path) -> Demos:
                     task=str(g.attrs["task"]),
                     initial_frame=int(g.attrs["initial_frame"]),
                     success=bool(g.attrs["success"]),
+                    sim_states=g["sim_states"][()] if "sim_states" in g else None,
                 )
             )
     return Demos(meta, episodes)
