@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   trap 'rm -f "$constraints"' EXIT
   echo "torch==2.13.0" >"$constraints"      # the CPU build; keeps several GB of CUDA wheels out
   "${pip[@]}" -c "$constraints" torch==2.13.0
-  "${pip[@]}" -c "$constraints" -e ".[libero,wm,vla,sb3,torchrl,ray,dev]"
+  "${pip[@]}" -c "$constraints" -e ".[libero,wm,vla,sb3,torchrl,ray,datasets,dev]"
   # hf-libero last and without its declared dependencies (see pyproject.toml, extra "libero").
   "${pip[@]}" --no-deps hf-libero==0.1.4
   echo "$want" >"$stamp"

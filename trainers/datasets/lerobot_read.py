@@ -1,0 +1,285 @@
+"""Read a LeRobotDataset v3.0 folder into ``Demos`` (layout: ``lerobot_format``).
+
+Each LeRobot episode becomes an ``Episode`` recorded one action per step (K = 1): observation t
+with the action of frame t. Features map to our observation keys by name: a dataset written by
+``write_lerobot`` says its own mapping (``info.json``'s ``vla_gym`` entry); otherwise the names
+the LIBERO LeRobot datasets use (``lerobot_format.OBS_ALIASES``: ``observation.images.image`` ->
+``image``, ``observation.images.image2`` or ``.wrist_image`` -> ``wrist_image``,
+``observation.state`` -> ``proprio``; ``physical-intelligence/libero``'s bare ``image``,
+``wrist_image``, ``state``), and any other ``observation.images.<x>`` / ``observation.<x>``
+becomes ``<x>``. ``keys={"image": "observation.images.front", ...}`` overrides it.
+
+Images are returned as stored. The LIBERO LeRobot datasets (HuggingFaceVLA/libero,
+physical-intelligence/libero) store them upright, the orientation of our env, which is why
+LeRobot's own LIBERO env rotates its raw renders by 180 degrees to match them. Their actions are
+LIBERO's (7-D delta end-effector pose, gripper -1 open / +1 close), the same as our env's.
+
+Rewards come from ``next.reward`` (else 0), success from ``next.success`` (else from a positive
+reward; else the episode counts as successful: published demonstrations are). Video frames are
+found by timestamp: frame ``round((from_timestamp + timestamp) * fps)`` of the episode's file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainers.datasets import lerobot_format as fmt
+from trainers.datasets.extras import pyarrow
+from trainers.datasets.video import read_ranges
+from trainers.demos import Demos, Episode
+
+FORMAT = "lerobot-v3"
+
+
+def read_info(root: Path) -> dict[str, Any]:
+    """``meta/info.json``, checked to be a v3 dataset with the entries we need."""
+    path = root / fmt.INFO_PATH
+    if not path.is_file():
+        raise FileNotFoundError(f"{root} is not a LeRobot dataset folder: {fmt.INFO_PATH} is missing")
+    info = json.loads(path.read_text())
+    version = str(info.get("codebase_version", ""))
+    if not version.startswith("v3."):
+        raise ValueError(
+            f"{root}: LeRobot dataset codebase_version {version or '(none)'!r}; this reader reads "
+            f"{fmt.CODEBASE_VERSION} (convert v2.1 datasets with LeRobot's "
+            "`python -m lerobot.datasets.v30.convert_dataset_v21_to_v30`)"
+        )
+    missing = [k for k in ("fps", "features", "data_path") if k not in info]
+    if missing:
+        raise ValueError(f"{path}: missing entries {missing}")
+    return info
+
+
+def feature_mapping(info: dict[str, Any], keys: dict[str, str] | None = None) -> dict[str, str]:
+    """Our observation key -> LeRobot feature name."""
+    features = info["features"]
+    own = (info.get("vla_gym") or {}).get("obs_keys")
+    if keys is None and own:
+        mapping = dict(own)
+    else:
+        mapping = {}
+        for ours, names in fmt.OBS_ALIASES.items():
+            found = next((n for n in names if n in features), None)
+            if found is not None:
+                mapping[ours] = found
+        taken = set(mapping.values())
+        for name, spec in features.items():
+            if name in taken or spec.get("dtype") == "string":
+                continue
+            for prefix in ("observation.images.", "observation."):
+                if name.startswith(prefix) and name[len(prefix) :] not in mapping:
+                    mapping[name[len(prefix) :]] = name
+                    break
+        if keys:  # an explicit mapping wins, also over the default name of the same feature
+            mapping = {k: v for k, v in mapping.items() if v not in keys.values()}
+            mapping.update(keys)
+    unknown = {k: v for k, v in mapping.items() if v not in features}
+    if unknown:
+        raise KeyError(f"features {unknown} are not in the dataset (it has {sorted(features)})")
+    return mapping
+
+
+def _task_strings(root: Path) -> dict[int, str]:
+    pa, pq = pyarrow()
+    path = root / fmt.TASKS_PATH
+    if not path.is_file():
+        raise FileNotFoundError(f"{root}: {fmt.TASKS_PATH} is missing")
+    table = pq.read_table(path)
+    index_cols = [
+        c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)
+    ]
+    text_col = next((c for c in [*index_cols, "task", "__index_level_0__"] if c in table.column_names), None)
+    if text_col is None or "task_index" not in table.column_names:
+        raise ValueError(
+            f"{path}: expected a task_index column and the task strings, got {table.column_names}"
+        )
+    return dict(zip(table["task_index"].to_pylist(), table[text_col].to_pylist()))
+
+
+def _episodes_table(root: Path) -> dict[str, list]:
+    pa, pq = pyarrow()
+    files = sorted((root / fmt.EPISODES_DIR).glob("*/*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{root}: no episodes metadata ({fmt.EPISODES_DIR}/chunk-*/file-*.parquet)")
+    tables = [pq.read_table(f) for f in files]
+    names = [c for c in tables[0].column_names if not c.startswith("stats/")]
+    table = pa.concat_tables(
+        [t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default"
+    )
+    needed = ["episode_index", "length", "data/chunk_index", "data/file_index"]
+    missing = [c for c in needed if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{root}: the episodes metadata lacks columns {missing}")
+    return {c: table[c].to_pylist() for c in table.column_names}
+
+
+def _cell(table: dict[str, list], column: str, row: int, default: Any) -> Any:
+    value = table[column][row] if column in table else None
+    return default if value is None else value
+
+
+def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
+    """A parquet column -> ``[N, ...]`` array (images decoded to uint8 HWC)."""
+    pa, _ = pyarrow()
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if spec.get("dtype") == "image":
+        import imageio.v3 as iio
+
+        images = [iio.imread(item["bytes"]) for item in column.to_pylist()]
+        if not images:
+            return np.zeros((0, *fmt.image_hw(spec), 3), np.uint8)
+        out = np.stack(
+            [img[..., :3] if img.ndim == 3 else np.repeat(img[..., None], 3, -1) for img in images]
+        )
+        return out.astype(np.uint8)
+    if (
+        pa.types.is_fixed_size_list(column.type)
+        or pa.types.is_list(column.type)
+        or pa.types.is_large_list(column.type)
+    ):
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        if len(column) and len(flat) % len(column):
+            raise ValueError(f"{where}: rows of different lengths")
+        return flat.reshape(len(column), -1) if len(column) else flat.reshape(0, 0)
+    return column.to_numpy(zero_copy_only=False)
+
+
+def read_lerobot(
+    path: str | Path,
+    *,
+    keys: dict[str, str] | None = None,
+    episodes: Sequence[int] | None = None,
+    progress: bool = True,
+) -> Demos:
+    """Read a LeRobot v3 dataset folder (all episodes, or those of ``episodes``)."""
+    from tqdm.auto import tqdm
+
+    pa, pq = pyarrow()
+    root = Path(path)
+    info = read_info(root)
+    features, fps = info["features"], float(info["fps"])
+    mapping = feature_mapping(info, keys)
+    action = next((n for n in fmt.ACTION_ALIASES if n in features), None)
+    if action is None:
+        raise KeyError(f"{root}: no action feature (expected one of {list(fmt.ACTION_ALIASES)})")
+    extras = {
+        k: n
+        for k, n in (("reward", fmt.REWARD), ("success", fmt.SUCCESS), ("sim_state", fmt.SIM_STATE))
+        if n in features
+    }
+    wanted = {**mapping, "action": action, **extras}  # our key -> feature
+    tasks = _task_strings(root)
+    table = _episodes_table(root)
+    rows = list(range(len(table["episode_index"])))
+    if episodes is not None:
+        by_index = {e: r for r, e in enumerate(table["episode_index"])}
+        absent = [e for e in episodes if e not in by_index]
+        if absent:
+            raise ValueError(f"{root}: episodes {absent} are not in the dataset ({len(by_index)} episodes)")
+        rows = [by_index[e] for e in episodes]
+
+    # per-frame columns, file by file
+    parquet = list(dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] != "video"))
+    per_episode: dict[int, dict[str, np.ndarray]] = {table["episode_index"][r]: {} for r in rows}
+    files = sorted({(table["data/chunk_index"][r], table["data/file_index"][r]) for r in rows})
+    for chunk, file in tqdm(files, desc="LeRobot data", disable=not progress or len(files) < 3, leave=False):
+        fpath = root / info["data_path"].format(chunk_index=chunk, file_index=file)
+        if not fpath.is_file():
+            raise FileNotFoundError(f"{root}: data file {fpath.relative_to(root)} is missing")
+        cols = [*parquet, "episode_index", "frame_index", "task_index"]
+        schema = pq.read_schema(fpath)
+        absent = [c for c in cols if c not in schema.names]
+        if absent:
+            raise ValueError(f"{fpath}: missing columns {absent}")
+        data = pq.read_table(fpath, columns=cols)
+        # sort by (episode, frame) once, then each episode is one slice
+        order = np.lexsort((data["frame_index"].to_numpy(), data["episode_index"].to_numpy()))
+        data = data.take(pa.array(order))
+        ep_col = data["episode_index"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, ep_col[1:] != ep_col[:-1]])
+        for start, stop in zip(starts, [*starts[1:], len(ep_col)]):
+            ep = int(ep_col[start])
+            if ep not in per_episode:
+                continue
+            sel = data.slice(start, stop - start)
+            arrays = {n: _to_numpy(sel[n], features[n], f"{fpath}: {n}") for n in parquet}
+            arrays["task_index"] = sel["task_index"].to_numpy()
+            per_episode[ep] = arrays
+
+    # video frames, each file decoded once
+    for name in dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] == "video"):
+        if not info.get("video_path"):
+            raise ValueError(f"{root}: feature {name!r} is a video but info.json has no video_path")
+        height, width = fmt.image_hw(features[name])
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r in rows:
+            key = (table[f"videos/{name}/chunk_index"][r], table[f"videos/{name}/file_index"][r])
+            groups.setdefault(key, []).append(r)
+        for (chunk, file), members in tqdm(groups.items(), desc=name, disable=not progress, leave=False):
+            vpath = root / info["video_path"].format(video_key=name, chunk_index=chunk, file_index=file)
+            ranges = []
+            for r in members:
+                start = int(round(table[f"videos/{name}/from_timestamp"][r] * fps))
+                length = int(table["length"][r])
+                span = table[f"videos/{name}/to_timestamp"][r] * fps - start
+                if abs(span - length) > 1:
+                    raise ValueError(
+                        f"{vpath}: episode {table['episode_index'][r]} has {length} frames but its video "
+                        f"timestamps span {span:.1f} frames"
+                    )
+                ranges.append((start, start + length))
+            for r, frames in zip(members, read_ranges(vpath, height, width, ranges)):
+                per_episode[table["episode_index"][r]][name] = frames
+
+    out = []
+    for r in rows:
+        e = table["episode_index"][r]
+        arrays = per_episode[e]
+        length = int(table["length"][r])
+        lengths = {n: len(v) for n, v in arrays.items()}
+        if set(lengths.values()) != {length}:
+            raise ValueError(f"{root}: episode {e} has length {length} in its metadata, its frames {lengths}")
+        act = np.asarray(arrays[action], np.float32).reshape(length, 1, -1)
+        reward = (
+            np.asarray(arrays[extras["reward"]], np.float32).reshape(length)
+            if "reward" in extras
+            else np.zeros(length, np.float32)
+        )
+        if "success" in extras:
+            success = bool(np.asarray(arrays[extras["success"]]).any())
+        else:
+            success = bool(reward.sum() > 0) if "reward" in extras else True
+        task_index = int(arrays["task_index"][0])
+        if task_index not in tasks:
+            raise ValueError(f"{root}: episode {e} has task_index {task_index}, not in {fmt.TASKS_PATH}")
+        out.append(
+            Episode(
+                obs={ours: arrays[name] for ours, name in mapping.items()},
+                actions=act,
+                valid=np.ones((length, 1), bool),
+                rewards=reward[:, None],
+                instruction=str(tasks[task_index]),
+                task=str(_cell(table, "vla_gym/task", r, "") or ""),
+                initial_frame=int(_cell(table, "vla_gym/initial_frame", r, -1)),
+                success=success,
+                sim_states=np.asarray(arrays[extras["sim_state"]], np.float64)
+                if "sim_state" in extras
+                else None,
+            )
+        )
+    meta = dict((info.get("vla_gym") or {}).get("demos") or {})
+    meta.update(
+        format=FORMAT,
+        source=str(root),
+        fps=info["fps"],
+        robot_type=info.get("robot_type"),
+        features=mapping,
+        chunk_size=1,
+        action_dim=int(out[0].actions.shape[-1]) if out else 0,
+    )
+    return Demos(meta, out)

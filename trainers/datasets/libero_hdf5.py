@@ -1,0 +1,223 @@
+"""LIBERO's demonstration files (robomimic's HDF5 layout), read into ``Demos``.
+
+The LIBERO datasets are one file per task, ``<task name>_demo.hdf5``, written by LIBERO's
+``scripts/create_dataset.py`` (which replays the collected demonstrations in the simulator):
+
+    data/                    attrs: problem_info (JSON with problem_name, language_instruction),
+                             env_args (JSON), bddl_file_name, env_name, macros_image_convention
+                             ("opengl" or "opencv": robosuite's image rows), num_demos, total
+    data/demo_<i>/           attrs: num_samples, model_file (the MJCF), init_state
+        actions              float64 [T, 7]
+        states               float64 [T, S]  flattened MuJoCo state (time, qpos, qvel)
+        obs/agentview_rgb    uint8 [T, H, W, 3]  main camera, as robosuite returned it
+        obs/eye_in_hand_rgb  uint8 [T, H, W, 3]  wrist camera, same
+        obs/ee_pos [T, 3], obs/ee_ori [T, 3] (axis-angle), obs/ee_states [T, 6],
+        obs/gripper_states [T, 2], obs/joint_states [T, 7]
+        robot_states, rewards, dones   [T] (1 at the last step)
+
+What we return, per demo, is an ``Episode`` recorded one action per step (K = 1):
+
+* ``image`` / ``wrist_image``: upright, i.e. the orientation of our LIBERO env's observations
+  (``envs/libero``: robosuite's raw OpenGL render rotated by 180 degrees, ``[::-1, ::-1]``, the
+  convention of OpenVLA, openpi and LeRobot's LIBERO datasets). Files whose
+  ``macros_image_convention`` is "opencv" hold rows already flipped vertically; they are mirrored
+  left-right to the same result.
+* ``proprio``: ``ee_pos``, ``ee_ori``, ``gripper_states`` (8 values), which is our env's proprio
+  (end-effector position, its axis-angle, the two finger positions).
+* actions: LIBERO's, unchanged and the same as our env's: delta end-effector position (3) and
+  rotation (3, axis-angle) for the OSC controller, scaled to [-1, 1], and the gripper in [-1, 1]
+  (-1 open, +1 close).
+* ``sim_states``: the MuJoCo state each observation shows.
+
+Alignment. ``create_dataset.py`` stores, at index t, the action a_t, the state s_t that a_t was
+applied to, and the observation *after* a_t. A policy acts on what it sees before acting, so by
+default (``align=True``) step t of our episode is the observation after a_t with the next action
+a_{t+1} and the state s_{t+1} (the state that observation shows): T - 1 steps per demo.
+``align=False`` keeps the file's own pairing (observation t, action t, state s_t).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainers.demos import Demos, Episode
+
+FORMAT = "libero-hdf5"
+# image keys of LIBERO's files -> our observation keys
+IMAGE_KEYS = {"agentview_rgb": "image", "eye_in_hand_rgb": "wrist_image"}
+SUFFIXES = (".hdf5", ".h5")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes | np.bytes_):
+        return value.decode()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SUO":
+        return "".join(_text(v) for v in value.ravel())
+    return str(value)
+
+
+def is_libero_file(f: Any) -> bool:
+    """True for an open h5py file in robomimic's layout (a ``data`` group of ``demo_<i>``)."""
+    data = f.get("data")
+    return data is not None and hasattr(data, "keys") and any(k.startswith("demo_") for k in data.keys())
+
+
+def _demo_names(group: Any) -> list[str]:
+    names = [k for k in group.keys() if k.startswith("demo_") and k[5:].isdigit()]
+    return sorted(names, key=lambda k: int(k[5:]))
+
+
+def _instruction(attrs: Any, path: Path) -> str:
+    info = attrs.get("problem_info")
+    if info is not None:
+        text = json.loads(_text(info)).get("language_instruction", "")
+        text = "".join(text) if isinstance(text, list) else str(text)
+        if text.strip().strip('"'):
+            return text.strip().strip('"')
+    # the file name is the task name: "pick_up_the_bowl_demo.hdf5" -> "pick up the bowl"
+    return path.stem.removesuffix("_demo").replace("_", " ")
+
+
+def _task_key(attrs: Any, path: Path) -> str:
+    """``"<suite folder>/<task name>"``, the task key of our LIBERO env (``libero_spatial/...``)."""
+    bddl = attrs.get("bddl_file_name")
+    if bddl is not None:
+        bddl_path = Path(_text(bddl))
+        return f"{bddl_path.parent.name}/{bddl_path.stem}"
+    return path.stem.removesuffix("_demo")
+
+
+def upright(images: np.ndarray, convention: str) -> np.ndarray:
+    """Images ``[T, H, W, 3]`` as robosuite stored them -> our env's upright orientation."""
+    if convention == "opengl":  # rows bottom to top: rotate by 180 degrees
+        return np.ascontiguousarray(images[:, ::-1, ::-1])
+    if convention == "opencv":  # robosuite already flipped the rows: mirror the columns
+        return np.ascontiguousarray(images[:, :, ::-1])
+    raise ValueError(f"macros_image_convention must be 'opengl' or 'opencv', got {convention!r}")
+
+
+def _array(g: Any, key: str, where: str) -> np.ndarray:
+    if key not in g:
+        raise ValueError(f"{where}: missing dataset {key!r} (a LIBERO demo has actions, states, obs/...)")
+    return g[key][()]
+
+
+def _read_demo(g: Any, where: str, convention: str, align: bool) -> dict[str, Any]:
+    actions = np.asarray(_array(g, "actions", where), np.float32)
+    if actions.ndim != 2:
+        raise ValueError(f"{where}: actions must be [T, action_dim], got shape {actions.shape}")
+    t = len(actions)
+    arrays: dict[str, np.ndarray] = {"actions": actions}
+    obs_group = g.get("obs", {})
+    for key, ours in IMAGE_KEYS.items():
+        if key in obs_group:
+            img = obs_group[key][()]
+            if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
+                raise ValueError(
+                    f"{where}: obs/{key} must be uint8 [T, H, W, 3], got {img.dtype} {img.shape}"
+                )
+            arrays[ours] = upright(img, convention)
+    if "gripper_states" in obs_group and (
+        ("ee_pos" in obs_group and "ee_ori" in obs_group) or "ee_states" in obs_group
+    ):
+        if "ee_pos" in obs_group and "ee_ori" in obs_group:
+            pose = [obs_group["ee_pos"][()], obs_group["ee_ori"][()]]
+        else:
+            pose = [obs_group["ee_states"][()][:, :6]]
+        parts = [
+            np.asarray(p, np.float32).reshape(len(p), -1) for p in (*pose, obs_group["gripper_states"][()])
+        ]
+        if len({len(p) for p in parts}) == 1:
+            arrays["proprio"] = np.concatenate(parts, axis=1)
+        else:
+            raise ValueError(f"{where}: obs/ee_* and obs/gripper_states have different lengths")
+    if "states" in g:
+        arrays["sim_states"] = np.asarray(g["states"][()], np.float64)
+    arrays["rewards"] = (
+        np.asarray(g["rewards"][()], np.float32) if "rewards" in g else np.zeros(t, np.float32)
+    )
+    dones = np.asarray(g["dones"][()], bool) if "dones" in g else None
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if dones is not None:
+        lengths["dones"] = len(dones)
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"{where}: every array must have one entry per step, got lengths {lengths}")
+    success = bool(dones[-1]) if dones is not None and len(dones) else bool(arrays["rewards"].sum() > 0)
+    if align:  # observation after a_t <- next action a_{t+1} and the state it shows, s_{t+1}
+        arrays = {
+            k: (v[1:] if k in ("actions", "sim_states", "rewards") else v[:-1]) for k, v in arrays.items()
+        }
+    arrays["success"] = success
+    return arrays
+
+
+def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = True) -> Demos:
+    """Read a LIBERO demonstration file, or a folder of them (every ``*.hdf5``/``*.h5``, sorted).
+
+    See the module docstring for the layout, orientation and alignment.
+    """
+    import h5py
+
+    root = Path(path)
+    if root.is_dir():
+        files = sorted(p for p in root.iterdir() if p.suffix in SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"{root}: no LIBERO demonstration files (*.hdf5, *.h5) in this folder")
+    elif root.is_file():
+        files = [root]
+    else:
+        raise FileNotFoundError(f"no LIBERO demonstration file or folder at {root}")
+    from tqdm.auto import tqdm
+
+    episodes: list[Episode] = []
+    conventions, tasks = set(), []
+    for file in files:
+        with h5py.File(file, "r") as f:
+            if not is_libero_file(f):
+                raise ValueError(
+                    f"{file} is not a LIBERO/robomimic demonstration file: expected a 'data' group of "
+                    f"'demo_<i>' groups, found top-level keys {list(f.keys())}"
+                )
+            data = f["data"]
+            convention = _text(data.attrs.get("macros_image_convention", "opengl"))
+            conventions.add(convention)
+            instruction, task = _instruction(data.attrs, file), _task_key(data.attrs, file)
+            tasks.append(task)
+            names = _demo_names(data)
+            for name in tqdm(names, desc=file.name, disable=not progress or len(names) < 20, leave=False):
+                arrays = _read_demo(data[name], f"{file}: data/{name}", convention, align)
+                steps = len(arrays["actions"])
+                if steps == 0:
+                    warnings.warn(
+                        f"{file}: data/{name} has no step to keep (align={align}); skipped", stacklevel=2
+                    )
+                    continue
+                episodes.append(
+                    Episode(
+                        obs={k: arrays[k] for k in ("image", "wrist_image", "proprio") if k in arrays},
+                        actions=arrays["actions"][:, None, :],
+                        valid=np.ones((steps, 1), bool),
+                        rewards=arrays["rewards"][:, None],
+                        instruction=instruction,
+                        task=task,
+                        success=arrays["success"],
+                        sim_states=arrays.get("sim_states"),
+                    )
+                )
+    if not episodes:
+        raise ValueError(f"{root}: no demonstration steps to read")
+    meta = {
+        "format": FORMAT,
+        "source": str(root),
+        "tasks": tasks,
+        "image_convention": sorted(conventions),
+        "aligned": align,
+        "chunk_size": 1,
+        "action_dim": int(episodes[0].actions.shape[-1]),
+    }
+    return Demos(meta, episodes)

@@ -1,0 +1,54 @@
+"""Feature statistics in LeRobot's form (``meta/stats.json`` and the episodes' ``stats/...`` columns).
+
+Per feature: ``min``, ``max``, ``mean``, ``std`` (population), ``count`` (``[frames]``) and the
+quantiles ``q01 q10 q50 q90 q99``, each reduced over frames. Images are per channel, scaled to
+[0, 1], with shape ``(3, 1, 1)``; a scalar feature's statistics have shape ``(1,)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+MAX_PIXELS = 1 << 20  # image quantiles: from at most this many pixels per channel (evenly strided)
+
+
+def _summary(values: np.ndarray, frames: int) -> dict[str, np.ndarray]:
+    """Statistics over axis 0 of ``values`` ``[M, ...]``."""
+    out = {
+        "min": values.min(axis=0),
+        "max": values.max(axis=0),
+        "mean": values.mean(axis=0),
+        "std": values.std(axis=0),
+        "count": np.array([frames]),
+    }
+    for name, q in QUANTILES.items():
+        out[name] = np.quantile(values, q, axis=0)
+    return out
+
+
+def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Statistics of a numeric feature ``[N]`` or ``[N, D]`` over its N frames."""
+    values = np.asarray(values, np.float64)
+    if values.ndim == 1:
+        values = values[:, None]
+    return _summary(values.reshape(len(values), -1), len(values))
+
+
+def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-channel statistics of uint8 frames ``[N, H, W, 3]``, in [0, 1], shaped ``(3, 1, 1)``."""
+    pixels = frames.reshape(-1, frames.shape[-1])
+    step = max(1, len(pixels) // MAX_PIXELS)
+    sample = pixels[::step].astype(np.float64) / 255.0
+    stats = _summary(sample, len(frames))
+    # min, max and mean are cheap enough to take over every pixel
+    stats["min"] = pixels.min(axis=0) / 255.0
+    stats["max"] = pixels.max(axis=0) / 255.0
+    stats["mean"] = pixels.mean(axis=0, dtype=np.float64) / 255.0
+    return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in stats.items()}
+
+
+def to_json(stats: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, Any]]:
+    return {key: {name: np.asarray(v).tolist() for name, v in s.items()} for key, s in stats.items()}

@@ -1,0 +1,141 @@
+"""mp4 videos of uint8 RGB frames, through the ffmpeg binary of imageio-ffmpeg.
+
+A LeRobot v3 video file holds the frames of several episodes one after another at a constant
+frame rate: frame n is at ``n / fps`` seconds, and an episode is the range
+``[from_timestamp, to_timestamp)`` of its file. We write each file in one ffmpeg run (so frame n
+has exactly that timestamp) and read a file once, keeping only the frames asked for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from trainers.datasets.extras import ffmpeg_exe
+
+# LeRobot's defaults (its encode_video_frames): AV1 by SVT-AV1, 4:2:0, a key frame every 2 frames
+# (cheap random access), constant rate factor 30, fastest preset.
+DEFAULT_CODEC = "libsvtav1"
+CODEC_OPTIONS = {
+    "libsvtav1": ["-preset", "12", "-crf", "30", "-g", "2"],
+    "libx264": ["-preset", "medium", "-crf", "18", "-g", "2"],
+    "libaom-av1": ["-cpu-used", "8", "-crf", "30", "-g", "2"],
+}
+CODEC_NAMES = {"libsvtav1": "av1", "libaom-av1": "av1", "libx264": "h264"}  # as ffprobe/PyAV name them
+
+
+class VideoWriter:
+    """Append frames ``[N, H, W, 3]`` uint8 to one mp4 (``close`` finishes it).
+
+    ``size()`` is what ffmpeg has written so far (the encoder holds back a few frames).
+    """
+
+    def __init__(self, path: str | Path, height: int, width: int, fps: float, codec: str = DEFAULT_CODEC):
+        if codec not in CODEC_OPTIONS:
+            raise ValueError(f"video codec must be one of {sorted(CODEC_OPTIONS)}, got {codec!r}")
+        if height % 2 or width % 2:
+            raise ValueError(
+                f"yuv420p videos need an even height and width, got {height}x{width}: "
+                "store the images as PNG instead (video=False / --no-video)"
+            )
+        self.path, self.shape, self.frames = Path(path), (height, width, 3), 0
+        self._log = tempfile.TemporaryFile()
+        cmd = [ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24"]
+        cmd += ["-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-an", "-c:v", codec]
+        cmd += [*CODEC_OPTIONS[codec], "-pix_fmt", "yuv420p", "-f", "mp4", str(self.path)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._log)
+
+    def write(self, frames: np.ndarray) -> None:
+        frames = np.asarray(frames)
+        if frames.dtype != np.uint8 or frames.shape[1:] != self.shape:
+            raise ValueError(
+                f"{self.path}: frames must be uint8 [N, *{self.shape}], got {frames.dtype} {frames.shape}"
+            )
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(np.ascontiguousarray(frames).tobytes())
+        except BrokenPipeError:
+            self._fail()
+        self.frames += len(frames)
+
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        if self._proc.wait() != 0:
+            self._fail()
+        self._log.close()
+
+    def abort(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+
+    def _fail(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._log.seek(0)
+        message = self._log.read().decode(errors="replace").strip()
+        self._log.close()
+        raise RuntimeError(f"ffmpeg could not encode {self.path}: {message[-2000:]}")
+
+
+def read_frames(path: str | Path, height: int, width: int) -> Iterator[np.ndarray]:
+    """Every frame of a video, decoded to uint8 ``[height, width, 3]`` in order (no frame is
+    dropped or repeated: the decoder's own timestamps are kept)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"video file {path} is missing")
+    cmd = [ffmpeg_exe(), "-loglevel", "error", "-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough"]
+    cmd += ["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]
+    frame_bytes = height * width * 3
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log)
+        assert proc.stdout is not None
+        try:
+            while True:
+                buf = proc.stdout.read(frame_bytes)
+                if not buf:
+                    break
+                if len(buf) != frame_bytes:
+                    raise ValueError(
+                        f"{path}: frames are not {height}x{width} RGB (a partial frame was decoded)"
+                    )
+                yield np.frombuffer(buf, np.uint8).reshape(height, width, 3)
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:  # the caller stopped early
+                proc.kill()
+            code = proc.wait()
+        if code not in (0, -9):
+            log.seek(0)
+            raise RuntimeError(
+                f"ffmpeg could not decode {path}: {log.read().decode(errors='replace')[-2000:]}"
+            )
+
+
+def read_ranges(path: str | Path, height: int, width: int, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+    """The frames ``[start, stop)`` of each range, decoding the file once; an error if it is short."""
+    out = [np.empty((max(stop - start, 0), height, width, 3), np.uint8) for start, stop in ranges]
+    last = max((stop for _, stop in ranges), default=0)
+    count = 0
+    for frame in read_frames(path, height, width):
+        if count >= last:
+            break
+        for (start, stop), dest in zip(ranges, out):
+            if start <= count < stop:
+                dest[count - start] = frame
+        count += 1
+    if count < last:
+        raise ValueError(f"{path}: the episodes need {last} frames, the video has {count}")
+    return out
