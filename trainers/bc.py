@@ -1,5 +1,9 @@
-"""Behaviour cloning: train a small policy on demonstrations (``trainers/demos.py`` files), then
-evaluate it in the env, in a run directory like the RL trainers'.
+"""Behaviour cloning: train a small policy on demonstrations, then evaluate it in the env, in a run
+directory like the RL trainers'.
+
+``--demos`` is any format ``trainers.datasets.load_demos`` reads, told apart from the path: our
+demos file (``trainers/demos.py``), LIBERO's HDF5 demonstration files (one, or a folder of them),
+or a LeRobot v3.0 dataset folder.
 
     python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \\
         --env-kwargs '{"image_size": 64}' --policy gaussian --policy-kwargs '{"squash": true}' --epochs 50
@@ -27,7 +31,8 @@ import torch
 from policies.base import ActionChunkPolicy
 from trainers import distributed
 from trainers.config import parse_cli
-from trainers.demos import Demos, read_demos
+from trainers.datasets import load_demos
+from trainers.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
 from trainers.optim import BadUpdateGuard, step_optimizer
@@ -36,7 +41,7 @@ from trainers.run import Run, RunConfig
 
 @dataclass
 class BCConfig:
-    demos: str = "demos/demos.h5"
+    demos: str = "demos/demos.h5"  # our demos file, a LIBERO HDF5 file or folder, or a LeRobot v3 folder
     epochs: int = 50
     batch_size: int = 256
     learning_rate: float = 1e-3
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         raise ValueError(f"behaviour cloning runs in one process; got WORLD_SIZE={world} (torchrun)")
     run_cfg: RunConfig = configs["run"]
     cfg: BCConfig = configs["bc"]
-    demos = read_demos(cfg.demos)
+    demos = load_demos(cfg.demos)
     train_demos, val_demos = split_episodes(demos, cfg.val_fraction, run_cfg.seed)
     # a one-env copy of the env lends its spaces (evaluation builds its own envs)
     env = make_vec_env(run_cfg.env, 1, run_cfg.env_kwargs, run_cfg.vectorization, autoreset_required=False)
