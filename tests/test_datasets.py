@@ -1,0 +1,688 @@
+"""Demonstration datasets: LIBERO's HDF5 files, LeRobot v3.0 folders and world-model dataset/ exports,
+each written here in its real layout (no hub access), read back, and trained on by behaviour cloning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+from conftest import requires_libero
+
+import envs  # noqa: F401  (registers the env ids)
+from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame
+from envs.core.frames import load_initial_frames
+from envs.core.spaces import observation_space
+from trainers import bc
+from trainers.datasets import (
+    detect_format,
+    load_demos,
+    read_lerobot,
+    read_libero_hdf5,
+    write_lerobot,
+    write_world_model_dataset,
+)
+from trainers.datasets.__main__ import main as datasets_cli
+from trainers.demos import Demos, Episode, read_demos, write_demos
+
+try:  # the "datasets" extra (scripts/setup.sh installs it)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError:
+    pa = pq = None
+requires_pyarrow = pytest.mark.skipif(
+    pa is None, reason='LeRobot datasets need pip install "vla-gym[datasets]"'
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "data"
+SIZE = 16  # image side of the synthetic data
+INSTRUCTIONS = ("put the bowl on the plate", "open the top drawer")
+
+
+def _images(rng, t: int, size: int = SIZE) -> np.ndarray:
+    """Frames that differ from one another and are not symmetric (orientation and order show)."""
+    yy, xx = np.mgrid[0:size, 0:size]
+    base = np.stack([yy * (200 // size), xx * (200 // size), np.full_like(yy, 60)], -1)
+    frames = np.repeat(base[None], t, 0).astype(np.int64)
+    for i in range(t):
+        frames[i, 2 : 2 + size // 4, i % (size - 4) : i % (size - 4) + 4] = rng.integers(0, 256, 3)
+    return frames.astype(np.uint8)
+
+
+def _episode(rng, t: int, text: str, k: int = 1, sim: bool = False) -> Episode:
+    chunks = t if k == 1 else -(-t // k)
+    valid = np.ones((chunks, k), bool)
+    if k > 1:
+        valid[-1, t - (chunks - 1) * k :] = False
+    return Episode(
+        obs={
+            "image": _images(rng, chunks),
+            "wrist_image": _images(rng, chunks)[:, ::-1].copy(),
+            "proprio": rng.normal(size=(chunks, 8)).astype(np.float32),
+            "task_state": rng.normal(size=(chunks, 5)).astype(np.float32),
+        },
+        actions=rng.uniform(-1, 1, (chunks, k, 7)).astype(np.float32),
+        valid=valid,
+        rewards=np.where(np.arange(chunks * k).reshape(chunks, k) == t - 1, 1.0, 0.0).astype(np.float32),
+        instruction=text,
+        task=f"libero_spatial/{text.replace(' ', '_')}",
+        initial_frame=int(rng.integers(0, 50)),
+        success=True,
+        sim_states=rng.normal(size=(chunks, 9)) if sim else None,
+    )
+
+
+def _demos(seed: int = 0, k: int = 1, sim: bool = False) -> Demos:
+    rng = np.random.default_rng(seed)
+    episodes = [_episode(rng, t, INSTRUCTIONS[i % 2], k, sim) for i, t in enumerate((5, 8, 6))]
+    return Demos({"env": "envs:Libero-Spatial-v0", "env_kwargs": {"image_size": SIZE}}, episodes)
+
+
+# ------------------------------------------------------------------------------ LIBERO's HDF5 files
+def write_libero_file(path: Path, demos: list[dict], convention: str = "opengl", **attrs) -> Path:
+    """A file in the layout of LIBERO's scripts/create_dataset.py: per demo the raw (robosuite)
+    images, proprio pieces, actions, states, rewards and dones; the task in the data attributes."""
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        info = {"problem_name": "libero_tabletop_manipulation", "domain_name": "libero"}
+        info["language_instruction"] = attrs.pop("instruction", INSTRUCTIONS[0])
+        data.attrs["problem_info"] = json.dumps(info)
+        data.attrs["env_name"] = "Libero_Tabletop_Manipulation"
+        data.attrs["env_args"] = json.dumps({"type": 1, "env_name": "Libero_Tabletop_Manipulation"})
+        data.attrs["bddl_file_name"] = attrs.pop(
+            "bddl", "libero/libero/bddl_files/libero_spatial/put_the_bowl_on_the_plate.bddl"
+        )
+        data.attrs["macros_image_convention"] = convention
+        for i, demo in enumerate(demos):
+            g = data.create_group(f"demo_{i}")
+            g.attrs["num_samples"] = len(demo["actions"])
+            g.attrs["init_state"] = demo["states"][0]
+            obs = g.create_group("obs")
+            obs["agentview_rgb"] = demo["agentview"]
+            obs["eye_in_hand_rgb"] = demo["wrist"]
+            obs["ee_pos"], obs["ee_ori"] = demo["proprio"][:, :3], demo["proprio"][:, 3:6]
+            obs["ee_states"] = demo["proprio"][:, :6]
+            obs["gripper_states"] = demo["proprio"][:, 6:]
+            obs["joint_states"] = np.zeros((len(demo["actions"]), 7))
+            for key in ("actions", "states", "rewards", "dones"):
+                g[key] = demo[key]
+        data.attrs["num_demos"] = len(demos)
+        data.attrs["total"] = sum(len(d["actions"]) for d in demos)
+    return path
+
+
+def _libero_demo(rng, t: int) -> dict:
+    raw = _images(rng, t)
+    done = np.zeros(t, np.uint8)
+    done[-1] = 1
+    return {
+        "agentview": raw,
+        "wrist": _images(rng, t)[:, :, ::-1].copy(),
+        "proprio": rng.normal(size=(t, 8)),
+        "actions": rng.uniform(-1, 1, (t, 7)),
+        "states": rng.normal(size=(t, 12)),
+        "rewards": done.copy(),
+        "dones": done,
+    }
+
+
+def test_libero_files_are_read_upright_aligned_and_mapped_to_our_keys(tmp_path):
+    rng = np.random.default_rng(0)
+    demos = [_libero_demo(rng, 6), _libero_demo(rng, 4)]
+    path = write_libero_file(tmp_path / "put_the_bowl_on_the_plate_demo.hdf5", demos)
+    assert detect_format(path) == "libero-hdf5"
+    got = load_demos(path, progress=False)
+    assert got.meta["format"] == "libero-hdf5" and got.meta["image_convention"] == ["opengl"]
+    assert len(got.episodes) == 2
+    for ep, demo in zip(got.episodes, demos):
+        t = len(demo["actions"])
+        # aligned: the observation after action t goes with action t+1 and the state it shows
+        assert ep.actions.shape == (t - 1, 1, 7) and ep.valid.all()
+        np.testing.assert_array_equal(ep.actions[:, 0], demo["actions"][1:].astype(np.float32))
+        np.testing.assert_array_equal(ep.sim_states, demo["states"][1:])
+        np.testing.assert_array_equal(ep.obs["image"], demo["agentview"][:-1, ::-1, ::-1])  # 180 degrees
+        np.testing.assert_array_equal(ep.obs["wrist_image"], demo["wrist"][:-1, ::-1, ::-1])
+        np.testing.assert_array_equal(ep.obs["proprio"], demo["proprio"][:-1].astype(np.float32))
+        assert ep.rewards[-1, 0] == 1 and ep.rewards.sum() == 1 and ep.success
+        assert ep.instruction == INSTRUCTIONS[0] and ep.task == "libero_spatial/put_the_bowl_on_the_plate"
+
+    raw = read_libero_hdf5(path, align=False, progress=False).episodes[0]  # the file's own pairing
+    np.testing.assert_array_equal(raw.actions[:, 0], demos[0]["actions"].astype(np.float32))
+    np.testing.assert_array_equal(raw.obs["image"], demos[0]["agentview"][:, ::-1, ::-1])
+
+    # robosuite's "opencv" convention stores rows already flipped: mirrored to the same upright image
+    flipped = dict(demos[0], agentview=demos[0]["agentview"][:, ::-1].copy())
+    cv = write_libero_file(tmp_path / "cv.hdf5", [flipped], convention="opencv")
+    np.testing.assert_array_equal(
+        read_libero_hdf5(cv, progress=False).episodes[0].obs["image"], got.episodes[0].obs["image"]
+    )
+
+    # a folder of files (a suite, as LIBERO's download gives it): every file, sorted
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    write_libero_file(folder / "a_demo.hdf5", demos[:1])
+    write_libero_file(folder / "b_demo.hdf5", demos, instruction=["open ", "the top drawer"])
+    both = load_demos(folder, progress=False)
+    assert detect_format(folder) == "libero-hdf5" and len(both.episodes) == 3
+    assert [ep.instruction for ep in both.episodes] == [INSTRUCTIONS[0], *[INSTRUCTIONS[1]] * 2]
+
+
+def test_bad_libero_files_are_refused_clearly(tmp_path):
+    rng = np.random.default_rng(1)
+    demo = _libero_demo(rng, 5)
+    path = write_libero_file(tmp_path / "x.hdf5", [demo])
+    with h5py.File(path, "a") as f:
+        del f["data/demo_0/actions"]
+    with pytest.raises(ValueError, match=r"data/demo_0: missing dataset 'actions'"):
+        read_libero_hdf5(path, progress=False)
+    write_libero_file(path, [dict(demo, states=demo["states"][:3])])
+    with pytest.raises(ValueError, match=r"one entry per step, got lengths .*'sim_states': 3"):
+        read_libero_hdf5(path, progress=False)
+    write_libero_file(path, [dict(demo, agentview=demo["agentview"].astype(np.float32))])
+    with pytest.raises(ValueError, match=r"obs/agentview_rgb must be uint8 \[T, H, W, 3\]"):
+        read_libero_hdf5(path, progress=False)
+    write_libero_file(path, [demo], convention="directx")
+    with pytest.raises(ValueError, match="macros_image_convention must be 'opengl' or 'opencv'"):
+        read_libero_hdf5(path, progress=False)
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["stuff"] = np.zeros(3)
+    with pytest.raises(ValueError, match="is not a LIBERO/robomimic demonstration file"):
+        read_libero_hdf5(tmp_path / "other.h5", progress=False)
+    with pytest.raises(FileNotFoundError, match="no LIBERO demonstration file or folder"):
+        read_libero_hdf5(tmp_path / "missing.hdf5")
+
+
+def test_format_detection_names_what_it_expects(tmp_path):
+    write_demos(tmp_path / "ours.h5", _demos().episodes, {})
+    assert detect_format(tmp_path / "ours.h5") == "vla-gym-demos"
+    (tmp_path / "notes.txt").write_text("hello")
+    expected = "expected a vla-gym demos HDF5 file .* LIBERO/robomimic HDF5 .* LeRobot v3.0 dataset folder"
+    with pytest.raises(ValueError, match=expected):
+        detect_format(tmp_path / "notes.txt")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = 1
+    with pytest.raises(ValueError, match="is not a demonstration dataset this project reads"):
+        load_demos(tmp_path / "other.h5")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="a folder with nothing; expected"):
+        load_demos(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no demonstration dataset at"):
+        load_demos(tmp_path / "nowhere")
+    with pytest.raises(TypeError, match="do not apply to a vla-gym demos file"):
+        load_demos(tmp_path / "ours.h5", align=False)
+
+
+def test_our_demos_keep_simulator_states(tmp_path):
+    demos = _demos(sim=True)
+    back = read_demos(write_demos(tmp_path / "d.h5", demos.episodes, {}))
+    for a, b in zip(demos.episodes, back.episodes):
+        np.testing.assert_array_equal(a.sim_states, b.sim_states)
+    assert read_demos(write_demos(tmp_path / "e.h5", _demos().episodes, {})).episodes[0].sim_states is None
+
+
+# ------------------------------------------------------------------------------ LeRobot v3.0
+def _check_schema(root: Path, video: bool) -> dict:
+    """The files and fields of the documented v3.0 layout (what LeRobot 0.4's loader reads)."""
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 20
+    for key in ("total_episodes", "total_frames", "total_tasks", "chunks_size", "splits", "features"):
+        assert key in info
+    assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (3, 19, 2)
+    assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+    assert info["video_path"] == (
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4" if video else None
+    )
+    feats = info["features"]
+    for name in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
+        assert feats[name]["shape"] == [1]
+    image = feats["observation.images.image"]
+    assert image["dtype"] == ("video" if video else "image") and image["shape"] == [SIZE, SIZE, 3]
+    assert image["names"] == ["height", "width", "channels"]
+    if video:
+        assert image["info"]["video.codec"] == "av1" and image["info"]["video.pix_fmt"] == "yuv420p"
+    assert feats["observation.state"] == {
+        "dtype": "float32",
+        "shape": [8],
+        "names": feats["observation.state"]["names"],
+    }
+    assert feats["observation.state"]["names"][0] == "eef_pos_x" and feats["action"]["shape"] == [7]
+    assert "observation.task_state" not in feats  # privileged: only when asked for
+
+    tasks = pq.read_table(root / "meta/tasks.parquet")
+    assert tasks.schema.pandas_metadata["index_columns"] == ["__index_level_0__"]
+    assert tasks["__index_level_0__"].to_pylist() == list(INSTRUCTIONS) and tasks[
+        "task_index"
+    ].to_pylist() == [0, 1]
+    eps = pq.read_table(root / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [e["length"] for e in eps] == [5, 8, 6] and [e["tasks"] for e in eps][1] == [INSTRUCTIONS[1]]
+    assert [(e["dataset_from_index"], e["dataset_to_index"]) for e in eps] == [(0, 5), (5, 13), (13, 19)]
+    if video:
+        key = "videos/observation.images.image"
+        assert [(e[f"{key}/from_timestamp"], e[f"{key}/to_timestamp"]) for e in eps] == [
+            (0.0, 0.25),
+            (0.25, 0.65),
+            (0.65, 0.95),
+        ]
+        assert (root / "videos/observation.images.image2/chunk-000/file-000.mp4").is_file()
+    assert np.asarray(eps[0]["stats/observation.images.image/mean"]).shape == (3, 1, 1)
+    data = pq.read_table(root / "data/chunk-000/file-000.parquet")
+    state = data.schema.field("observation.state").type  # a fixed-size list, as LeRobot writes it
+    assert pa.types.is_fixed_size_list(state) and state.list_size == 8 and state.value_type == pa.float32()
+    assert str(data.schema.field("timestamp").type) == "float" and data["index"].to_pylist() == list(
+        range(19)
+    )
+    assert data["frame_index"].to_pylist()[:6] == [0, 1, 2, 3, 4, 0]
+    np.testing.assert_allclose(data["timestamp"].to_numpy()[5:8], [0, 0.05, 0.1], atol=1e-7)
+    stats = json.loads((root / "meta/stats.json").read_text())
+    assert set(stats["action"]) == {"min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99"}
+    assert np.asarray(stats["observation.images.image"]["std"]).shape == (3, 1, 1)
+    assert stats["index"]["count"] == [19]
+    return info
+
+
+@requires_pyarrow
+@pytest.mark.parametrize("video", [False, True], ids=["png", "video"])
+def test_lerobot_round_trip(tmp_path, video):
+    demos = _demos(sim=True)
+    out = write_lerobot(demos, tmp_path / "ds", video=video, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no staging folder left
+    _check_schema(out, video)
+    assert detect_format(out) == "lerobot-v3"
+    back = load_demos(out, progress=False)
+    assert back.meta["env_kwargs"] == {"image_size": SIZE} and back.meta["format"] == "lerobot-v3"
+    for a, b in zip(demos.episodes, back.episodes):
+        for key in ("proprio",):
+            np.testing.assert_array_equal(a.obs[key], b.obs[key])
+        for key in ("image", "wrist_image"):
+            if not video:  # PNGs are lossless
+                np.testing.assert_array_equal(a.obs[key], b.obs[key])
+                continue
+            err = np.abs(a.obs[key].astype(int) - b.obs[key])
+            assert err.mean() < 10, err.mean()  # 4:2:0 chroma on 16 x 16 random blocks
+            for t in range(len(a.obs[key])):  # every decoded frame is its own frame, not a neighbour
+                dist = [
+                    np.abs(a.obs[key][u].astype(int) - b.obs[key][t]).mean() for u in range(len(a.obs[key]))
+                ]
+                assert int(np.argmin(dist)) == t
+        np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+        np.testing.assert_array_equal(a.sim_states, b.sim_states)
+        assert (b.instruction, b.task, b.initial_frame, b.success) == (
+            a.instruction,
+            a.task,
+            a.initial_frame,
+            True,
+        )
+        assert set(b.obs) == {"image", "wrist_image", "proprio"}
+    assert [e.length for e in read_lerobot(out, episodes=[2, 0], progress=False).episodes] == [6, 5]
+
+
+@requires_pyarrow
+def test_lerobot_export_options_and_refusals(tmp_path):
+    demos = _demos()
+    out = write_lerobot(demos, tmp_path / "ds", video=False, obs_keys=["image", "task_state"], progress=False)
+    info = json.loads((out / "meta/info.json").read_text())
+    assert set(info["features"]) >= {"observation.images.image", "observation.task_state"}
+    back = read_lerobot(out, progress=False)
+    assert set(back.episodes[0].obs) == {"image", "task_state"}
+    np.testing.assert_array_equal(back.episodes[1].obs["task_state"], demos.episodes[1].obs["task_state"])
+
+    with pytest.raises(FileExistsError, match="exists: choose another folder, or overwrite=True"):
+        write_lerobot(demos, out, progress=False)
+    write_lerobot(_demos(seed=5), out, video=False, overwrite=True, progress=False)  # replaced whole
+    np.testing.assert_array_equal(
+        read_lerobot(out, progress=False).episodes[0].actions, _demos(seed=5).episodes[0].actions
+    )
+    with pytest.raises(ValueError, match="one observation per action, these demos have chunks of 4"):
+        write_lerobot(_demos(k=4), tmp_path / "chunked", progress=False)
+    with pytest.raises(KeyError, match=r"\['depth'\] are not in the demos"):
+        write_lerobot(demos, tmp_path / "x", obs_keys=["depth"], progress=False)
+    odd = Demos({}, [_episode(np.random.default_rng(0), 3, "go")])
+    odd.episodes[0].obs["image"] = np.zeros((3, 15, 15, 3), np.uint8)
+    with pytest.raises(ValueError, match="yuv420p videos need an even height and width"):
+        write_lerobot(odd, tmp_path / "odd", progress=False)
+    # a failure half-way leaves neither the output nor a staging folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+@requires_pyarrow
+def test_lerobot_reads_the_key_names_of_the_libero_sets(tmp_path):
+    """physical-intelligence/libero names its features image, wrist_image, state, actions."""
+    out = write_lerobot(_demos(), tmp_path / "ds", video=False, progress=False)
+    rename = {
+        "observation.images.image": "image",
+        "observation.images.image2": "wrist_image",
+        "observation.state": "state",
+        "action": "actions",
+    }
+    info = json.loads((out / "meta/info.json").read_text())
+    info["features"] = {rename.get(k, k): v for k, v in info["features"].items()}
+    del info["vla_gym"]
+    (out / "meta/info.json").write_text(json.dumps(info))
+    data_path = out / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(data_path)
+    pq.write_table(table.rename_columns([rename.get(c, c) for c in table.column_names]), data_path)
+    back = read_lerobot(out, progress=False)
+    assert set(back.episodes[0].obs) == {"image", "wrist_image", "proprio"}
+    np.testing.assert_array_equal(
+        back.episodes[2].obs["wrist_image"], _demos().episodes[2].obs["wrist_image"]
+    )
+    np.testing.assert_array_equal(back.episodes[2].actions, _demos().episodes[2].actions)
+    custom = read_lerobot(out, keys={"front": "image"}, progress=False)  # an explicit mapping wins
+    assert "front" in custom.episodes[0].obs
+    with pytest.raises(KeyError, match=r"features \{'x': 'nope'\} are not in the dataset"):
+        read_lerobot(out, keys={"x": "nope"}, progress=False)
+
+
+@requires_pyarrow
+def test_lerobot_reads_a_dataset_written_by_lerobot_itself():
+    """``tests/data/lerobot_v30_tiny`` was written by LeRobot 0.4.4's LeRobotDataset.create /
+    add_frame / save_episode (see its README): 3 episodes, AV1 videos, fps 10."""
+    demos = load_demos(FIXTURES / "lerobot_v30_tiny", progress=False)
+    assert [ep.instruction for ep in demos.episodes] == ["put the bowl on the plate", "open the drawer"] + [
+        "put the bowl on the plate"
+    ]
+    assert demos.meta["fps"] == 10 and demos.meta["robot_type"] == "panda"
+    for e, ep in enumerate(demos.episodes):
+        n = len(ep.actions)
+        want = np.zeros((n, 32, 32, 3), np.uint8)  # what the fixture's frames were
+        for t in range(n):
+            want[t, ..., 0], want[t, ..., 1] = 40 * e, 20 * t
+            want[t, 8:16, 2 * t : 2 * t + 8, 2] = 255
+        assert np.abs(ep.obs["image"].astype(int) - want).mean() < 4
+        assert np.abs(ep.obs["wrist_image"].astype(int) - want[:, ::-1]).mean() < 4
+        np.testing.assert_array_equal(ep.obs["proprio"][:, 0], 10 * e + np.arange(n))
+        np.testing.assert_allclose(ep.actions[:, 0, 0], e + np.arange(n) / 100, rtol=1e-6)
+        assert ep.success and ep.rewards.sum() == 0
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(src, dst))
+
+
+@requires_pyarrow
+def test_bad_lerobot_folders_are_refused_clearly(tmp_path):
+    out = write_lerobot(_demos(), tmp_path / "ds", progress=False)
+    bad = _copy(out, tmp_path / "v21")
+    info = json.loads((bad / "meta/info.json").read_text())
+    (bad / "meta/info.json").write_text(json.dumps(dict(info, codebase_version="v2.1")))
+    with pytest.raises(
+        ValueError, match=r"codebase_version 'v2.1'; this reader reads v3.0 .*convert_dataset_v21_to_v30"
+    ):
+        load_demos(bad)
+    bad = _copy(out, tmp_path / "novideo")
+    (bad / "videos/observation.images.image2/chunk-000/file-000.mp4").unlink()
+    with pytest.raises(FileNotFoundError, match="video file .*file-000.mp4 is missing"):
+        load_demos(bad, progress=False)
+    bad = _copy(out, tmp_path / "nodata")
+    (bad / "data/chunk-000/file-000.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match="data file data/chunk-000/file-000.parquet is missing"):
+        load_demos(bad, progress=False)
+    bad = _copy(out, tmp_path / "notasks")
+    (bad / "meta/tasks.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match="meta/tasks.parquet is missing"):
+        load_demos(bad, progress=False)
+    bad = _copy(out, tmp_path / "lengths")  # the metadata says 9 frames, the data has 8
+    path = bad / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    lengths = table["length"].to_pylist()
+    lengths[1] = 9
+    pq.write_table(table.set_column(table.column_names.index("length"), "length", pa.array(lengths)), path)
+    with pytest.raises(
+        ValueError, match=r"episode 1 has length 9 in its metadata, its frames \{'observation.state': 8"
+    ):
+        load_demos(bad, progress=False)
+    (bad / "meta/info.json").unlink()
+    with pytest.raises(ValueError, match="expected a vla-gym demos HDF5 file"):  # no info.json: not LeRobot
+        load_demos(bad)
+    with pytest.raises(FileNotFoundError, match="meta/info.json is missing"):
+        read_lerobot(bad)
+
+
+def test_a_missing_optional_dependency_names_the_extra(tmp_path):
+    """Without pyarrow: the package imports, the other formats work, LeRobot says which extra."""
+    write_demos(tmp_path / "d.h5", _demos().episodes, {})
+    code = f"""
+import sys
+sys.modules["pyarrow"] = None  # blocked: importing it raises ImportError
+sys.modules["pyarrow.parquet"] = None
+from trainers.datasets import load_demos, write_lerobot
+demos = load_demos({str(tmp_path / "d.h5")!r})
+try:
+    write_lerobot(demos, {str(tmp_path / "out")!r}, progress=False)
+except ImportError as e:
+    print("ERROR:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (
+        'ERROR: LeRobot datasets (parquet files) need pyarrow: pip install "vla-gym[datasets]"' in out.stdout
+    ), out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------ world-model dataset/
+@pytest.mark.parametrize("k", [1, 4])
+def test_world_model_dataset_is_what_load_initial_frames_reads(tmp_path, k):
+    demos = _demos(k=k, sim=True)
+    folder = write_world_model_dataset(demos, tmp_path / "bundle", progress=False)
+    assert folder == tmp_path / "bundle" / "dataset"
+    assert sorted(p.name for p in (tmp_path / "bundle").iterdir()) == ["dataset"]
+    frames = load_initial_frames(tmp_path / "bundle")  # the restricted unpickler: no code runs
+    assert len(frames) == 3
+    for n, (frame, ep) in enumerate(zip(frames, demos.episodes)):
+        np.testing.assert_array_equal(frame.image, ep.obs["image"][0])
+        np.testing.assert_array_equal(frame.wrist_image, ep.obs["wrist_image"][0])
+        np.testing.assert_array_equal(frame.sim_state, ep.sim_states[0])
+        assert (frame.instruction, frame.task) == (ep.instruction, ep.task)
+        assert frame.meta == {
+            "episode": n,
+            "step": 0,
+            "initial_frame": ep.initial_frame,
+            "success": True,
+        }
+    from nets.safe_load import load_npy
+
+    whole = load_npy(folder / "episode_000001.npy")  # the whole trajectory, one dict per observation
+    assert len(whole) == len(demos.episodes[1].actions)
+    last = whole[-1]  # the last observation: the first action of its chunk, the image it was chosen from
+    np.testing.assert_array_equal(last["delta_action"], demos.episodes[1].actions[-1, 0])
+    np.testing.assert_array_equal(last["image"], demos.episodes[1].obs["image"][-1])
+    assert last["delta_action"].dtype == np.float32 and last["image"].dtype == np.uint8
+    if k > 1:
+        np.testing.assert_array_equal(last["action_valid"], demos.episodes[1].valid[-1])
+    assert ("action_chunk" in whole[0]) == (k > 1)
+    with pytest.raises(FileExistsError, match="dataset exists: pass overwrite=True"):
+        write_world_model_dataset(demos, tmp_path / "bundle", progress=False)
+    bad = _demos(k=k)
+    bad.episodes[2].actions = bad.episodes[2].actions[..., :6]
+    with pytest.raises(ValueError, match="episode 2: world-model datasets hold 7-D LIBERO actions, got 6-D"):
+        write_world_model_dataset(bad, tmp_path / "bundle", overwrite=True, progress=False)
+    assert len(load_initial_frames(tmp_path / "bundle")) == 3  # the old set is untouched
+    assert sorted(p.name for p in (tmp_path / "bundle").iterdir()) == ["dataset"]
+
+
+def test_a_world_model_env_starts_from_an_exported_dataset(tmp_path):
+    from envs.world_models.tiny import write_tiny_bundle
+
+    bundle = write_tiny_bundle("opensora", tmp_path / "bundle")
+    demos = _demos()
+    for ep in demos.episodes:  # the tiny OpenSora bundle's frame size
+        ep.obs["image"] = np.repeat(np.repeat(ep.obs["image"], 2, 1), 2, 2)
+    write_world_model_dataset(demos, bundle, overwrite=True, progress=False)
+    env = gym.make_vec(
+        "OpenSoraWM-LiberoSpatial-v0",
+        num_envs=1,
+        model_dir=bundle,
+        image_size=(32, 32),
+        model_options={"num_steps": 2},
+        autoreset_mode="Disabled",
+    )
+    try:
+        assert len(env.unwrapped.initial_frames) == 3
+        obs, _ = env.reset(options={"initial_frames": [1]})
+        np.testing.assert_array_equal(obs["image"][0], demos.episodes[1].obs["image"][0])
+        assert obs["instruction"][0] == INSTRUCTIONS[1]
+        env.step(np.zeros(env.action_space.shape, np.float32))
+    finally:
+        env.close()
+
+
+# ------------------------------------------------------------------------------ command line
+@requires_pyarrow
+def test_command_line_info_and_exports(tmp_path, capsys):
+    path = write_demos(tmp_path / "d.h5", _demos().episodes, {"env": "envs:Libero-Spatial-v0"})
+    datasets_cli(["info", str(path)])
+    text = capsys.readouterr().out
+    assert (
+        "format: vla-gym-demos" in text
+        and "episodes: 3 (3 successful)" in text
+        and "obs image: uint8 (16, 16, 3)" in text
+    )
+    out = datasets_cli(
+        ["export-lerobot", "--demos", str(path), "--out", str(tmp_path / "lr"), "--no-video", "--no-progress"]
+    )
+    assert out == tmp_path / "lr" and detect_format(out) == "lerobot-v3"
+    wm = datasets_cli(["export-wm", "--demos", str(out), "--out", str(tmp_path / "wm"), "--no-progress"])
+    assert len(load_initial_frames(wm)) == 3  # LeRobot -> world-model dataset works too
+    datasets_cli(["info", str(out)])
+    assert "format: lerobot-v3" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ behaviour cloning
+class DemoShapedEnv(ChunkedVectorEnv):
+    """Observations shaped like the test data (image, wrist_image, proprio, instruction), 7-D actions."""
+
+    def __init__(self, num_envs=1, chunk_size=2, image_size=SIZE, autoreset_mode="NextStep"):
+        super().__init__(
+            env_id="DemoShaped-v0",
+            num_envs=num_envs,
+            single_observation_space=observation_space(
+                image_size=(image_size, image_size), wrist=True, proprio_dim=8, instruction=True
+            ),
+            action_low=-np.ones(7),
+            action_high=np.ones(7),
+            chunk_size=chunk_size,
+            initial_frames=[InitialFrame(instruction=text) for text in INSTRUCTIONS],
+            autoreset_mode=autoreset_mode,
+        )
+        self.size = image_size
+
+    def _check_frame(self, frame):
+        return None
+
+    def _max_episode_steps(self, frame):
+        return 6
+
+    def _obs(self, n):
+        img = np.zeros((n, self.size, self.size, 3), np.uint8)
+        return {"image": img, "wrist_image": img.copy(), "proprio": np.zeros((n, 8), np.float32)}
+
+    def _reset_envs(self, env_ids, frames):
+        return self._obs(len(env_ids))
+
+    def _step_envs(self, env_ids, actions, max_steps):
+        n, k = actions.shape[:2]
+        valid = np.arange(k)[None, :] < np.asarray(max_steps)[:, None]
+        zeros = np.zeros((n, k), np.float32)
+        return ChunkResult(self._obs(n), zeros, valid, zeros.astype(bool), np.zeros(n, bool), {})
+
+
+gym.register("DemoShaped-v0", vector_entry_point=f"{__name__}:DemoShapedEnv")
+
+
+@pytest.mark.parametrize(
+    "kind", ["vla-gym-demos", "libero-hdf5", pytest.param("lerobot-v3", marks=requires_pyarrow)]
+)
+def test_behaviour_cloning_reads_each_format(tmp_path, kind):
+    if kind == "vla-gym-demos":
+        path = write_demos(tmp_path / "d.h5", _demos().episodes, {})
+    elif kind == "libero-hdf5":
+        rng = np.random.default_rng(2)
+        path = write_libero_file(tmp_path / "task_demo.hdf5", [_libero_demo(rng, 7), _libero_demo(rng, 5)])
+    else:
+        path = write_lerobot(_demos(), tmp_path / "lr", progress=False)
+    assert detect_format(path) == kind
+    bc.main(
+        [
+            "--demos",
+            str(path),
+            "--env",
+            "DemoShaped-v0",
+            "--env-kwargs",
+            '{"chunk_size": 2}',
+            "--policy",
+            "gaussian",
+        ]
+        + [
+            "--epochs",
+            "3",
+            "--batch-size",
+            "4",
+            "--num-envs",
+            "1",
+            "--eval-every",
+            "-1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+        + ["--no-progress", "--no-tensorboard", "--no-video"]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/bc_loss"] for r in rows if "train/bc_loss" in r]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+# ------------------------------------------------------------------------------ orientation in real LIBERO
+@pytest.mark.slow
+@requires_libero
+def test_libero_files_read_upright_like_the_env_renders(tmp_path):
+    """Render a demo-like state with the raw (upside-down) robosuite image, store it the way LIBERO's
+    create_dataset.py does, read it back: it equals our env's own (upright) observation of that state."""
+    size = 48
+
+    def observe(frame, upright):
+        env = gym.make_vec(
+            "Libero-Spatial-v0", num_envs=1, image_size=size, upright=upright, settle_steps=0,
+            autoreset_mode="Disabled", chunk_size=None,
+        )  # fmt: skip
+        try:
+            if frame is None:
+                return env.unwrapped.initial_frames[0]
+            obs, _ = env.reset(options={"initial_frames": [frame]})
+            return {k: np.asarray(v[0]) for k, v in obs.items() if k != "instruction"}
+        finally:
+            env.close()
+
+    start = observe(None, True)
+    state = np.array(start.sim_state)
+    state[1:8] += [0.3, -0.2, 0.1, -0.3, 0.2, 0.4, -0.5]  # a demo step: the arm away from its start pose
+    frame = InitialFrame(instruction=start.instruction, task=start.task, sim_state=state)
+    raw, up = observe(frame, False), observe(frame, True)
+    # the scene is not symmetric: a plain vertical flip (or none) would not pass the checks below
+    assert not np.array_equal(raw["image"][::-1], up["image"]) and not np.array_equal(
+        raw["image"], up["image"]
+    )
+    demo = {
+        "agentview": np.stack([raw["image"]] * 2),
+        "wrist": np.stack([raw["wrist_image"]] * 2),
+        "proprio": np.stack([raw["proprio"]] * 2).astype(np.float64),
+        "actions": np.zeros((2, 7)),
+        "states": np.stack([state, state]),
+        "rewards": np.array([0, 1], np.uint8),
+        "dones": np.array([0, 1], np.uint8),
+    }
+    bddl = f"libero/libero/bddl_files/{start.task}.bddl"
+    path = write_libero_file(tmp_path / "demo.hdf5", [demo], instruction=start.instruction, bddl=bddl)
+    ep = read_libero_hdf5(path, progress=False).episodes[0]
+    np.testing.assert_array_equal(ep.obs["image"][0], up["image"])
+    np.testing.assert_array_equal(ep.obs["wrist_image"][0], up["wrist_image"])
+    np.testing.assert_array_equal(ep.obs["proprio"][0], up["proprio"])
+    assert ep.task == start.task and ep.instruction == start.instruction
