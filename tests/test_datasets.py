@@ -173,6 +173,31 @@ def test_libero_files_are_read_upright_aligned_and_mapped_to_our_keys(tmp_path):
     assert [ep.instruction for ep in both.episodes] == [INSTRUCTIONS[0], *[INSTRUCTIONS[1]] * 2]
 
 
+def test_robomimic_names_give_the_same_observations(tmp_path):
+    """robomimic's robosuite keys: images by their camera names, the pose as position + xyzw quaternion."""
+    from envs.libero.sim import quat_xyzw_to_axis_angle  # what our env's proprio uses
+
+    rng = np.random.default_rng(3)
+    demo = _libero_demo(rng, 5)
+    quat = rng.normal(size=(5, 4))
+    quat /= np.linalg.norm(quat, axis=1, keepdims=True)
+    quat[0] = [0, 0, np.sin(0.25), np.cos(0.25)]  # 0.5 rad about z
+    with h5py.File(tmp_path / "robomimic.hdf5", "w") as f:
+        g = f.create_group("data/demo_0")
+        g["actions"], g["states"] = demo["actions"], demo["states"]
+        g["obs/agentview_image"], g["obs/robot0_eye_in_hand_image"] = demo["agentview"], demo["wrist"]
+        g["obs/robot0_eef_pos"], g["obs/robot0_eef_quat"] = demo["proprio"][:, :3], quat
+        g["obs/robot0_gripper_qpos"] = demo["proprio"][:, 6:]
+    ep = read_libero_hdf5(tmp_path / "robomimic.hdf5", align=False, progress=False).episodes[0]
+    np.testing.assert_array_equal(ep.obs["image"], demo["agentview"][:, ::-1, ::-1])  # opengl by default
+    np.testing.assert_array_equal(ep.obs["wrist_image"], demo["wrist"][:, ::-1, ::-1])
+    np.testing.assert_allclose(ep.obs["proprio"][0, 3:6], [0, 0, 0.5], atol=1e-6)
+    want = np.stack([quat_xyzw_to_axis_angle(q) for q in quat])
+    np.testing.assert_allclose(ep.obs["proprio"][:, 3:6], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ep.obs["proprio"][:, 6:], demo["proprio"][:, 6:], rtol=1e-6)
+    assert ep.instruction == "robomimic" and ep.task == "robomimic"  # no attributes: the file name
+
+
 def test_bad_libero_files_are_refused_clearly(tmp_path):
     rng = np.random.default_rng(1)
     demo = _libero_demo(rng, 5)

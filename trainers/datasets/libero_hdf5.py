@@ -15,6 +15,9 @@ The LIBERO datasets are one file per task, ``<task name>_demo.hdf5``, written by
         obs/gripper_states [T, 2], obs/joint_states [T, 7]
         robot_states, rewards, dones   [T] (1 at the last step)
 
+robomimic's own names for the same things (``obs/agentview_image``, ``obs/robot0_eye_in_hand_image``,
+``obs/robot0_eef_pos``, ``robot0_eef_quat`` (xyzw), ``robot0_gripper_qpos``) are read too.
+
 What we return, per demo, is an ``Episode`` recorded one action per step (K = 1):
 
 * ``image`` / ``wrist_image``: upright, i.e. the orientation of our LIBERO env's observations
@@ -48,8 +51,13 @@ import numpy as np
 from trainers.demos import Demos, Episode
 
 FORMAT = "libero-hdf5"
-# image keys of LIBERO's files -> our observation keys
-IMAGE_KEYS = {"agentview_rgb": "image", "eye_in_hand_rgb": "wrist_image"}
+# image keys of LIBERO's files (and robomimic's robosuite names for them) -> our observation keys
+IMAGE_KEYS = {
+    "agentview_rgb": "image",
+    "agentview_image": "image",
+    "eye_in_hand_rgb": "wrist_image",
+    "robot0_eye_in_hand_image": "wrist_image",
+}
 SUFFIXES = (".hdf5", ".h5")
 
 
@@ -107,6 +115,35 @@ def _array(g: Any, key: str, where: str) -> np.ndarray:
     return g[key][()]
 
 
+def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    """``[T, 4]`` xyzw quaternions -> ``[T, 3]`` axis * angle, angle = 2 acos(w) (robosuite's
+    ``quat2axisangle``, which LIBERO used for ``ee_ori`` and our env for its proprio)."""
+    q = np.asarray(quat, np.float64)
+    w = np.clip(q[:, 3], -1.0, 1.0)
+    s = np.sqrt(1.0 - w * w)
+    scale = np.divide(2.0 * np.arccos(w), s, out=np.zeros_like(s), where=~np.isclose(s, 0.0))
+    return q[:, :3] * scale[:, None]
+
+
+def _proprio(obs: Any, where: str) -> np.ndarray | None:
+    """Our proprio (end-effector position, its axis-angle, the two finger positions) from LIBERO's
+    ``ee_pos``/``ee_ori`` (or ``ee_states``) and ``gripper_states``, or from robomimic's robosuite
+    names ``robot0_eef_pos``, ``robot0_eef_quat``, ``robot0_gripper_qpos``; None if neither is there."""
+    if "gripper_states" in obs and "ee_pos" in obs and "ee_ori" in obs:
+        parts = [obs["ee_pos"][()], obs["ee_ori"][()], obs["gripper_states"][()]]
+    elif "gripper_states" in obs and "ee_states" in obs:
+        parts = [obs["ee_states"][()][:, :6], obs["gripper_states"][()]]
+    elif all(k in obs for k in ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")):
+        quat = obs["robot0_eef_quat"][()]
+        parts = [obs["robot0_eef_pos"][()], quat_xyzw_to_axis_angle(quat), obs["robot0_gripper_qpos"][()]]
+    else:
+        return None
+    parts = [np.asarray(p, np.float32).reshape(len(p), -1) for p in parts]
+    if len({len(p) for p in parts}) != 1:
+        raise ValueError(f"{where}: the end-effector and gripper observations have different lengths")
+    return np.concatenate(parts, axis=1)
+
+
 def _read_demo(g: Any, where: str, convention: str, align: bool) -> dict[str, Any]:
     actions = np.asarray(_array(g, "actions", where), np.float32)
     if actions.ndim != 2:
@@ -115,27 +152,16 @@ def _read_demo(g: Any, where: str, convention: str, align: bool) -> dict[str, An
     arrays: dict[str, np.ndarray] = {"actions": actions}
     obs_group = g.get("obs", {})
     for key, ours in IMAGE_KEYS.items():
-        if key in obs_group:
+        if key in obs_group and ours not in arrays:
             img = obs_group[key][()]
             if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
                 raise ValueError(
                     f"{where}: obs/{key} must be uint8 [T, H, W, 3], got {img.dtype} {img.shape}"
                 )
             arrays[ours] = upright(img, convention)
-    if "gripper_states" in obs_group and (
-        ("ee_pos" in obs_group and "ee_ori" in obs_group) or "ee_states" in obs_group
-    ):
-        if "ee_pos" in obs_group and "ee_ori" in obs_group:
-            pose = [obs_group["ee_pos"][()], obs_group["ee_ori"][()]]
-        else:
-            pose = [obs_group["ee_states"][()][:, :6]]
-        parts = [
-            np.asarray(p, np.float32).reshape(len(p), -1) for p in (*pose, obs_group["gripper_states"][()])
-        ]
-        if len({len(p) for p in parts}) == 1:
-            arrays["proprio"] = np.concatenate(parts, axis=1)
-        else:
-            raise ValueError(f"{where}: obs/ee_* and obs/gripper_states have different lengths")
+    proprio = _proprio(obs_group, where)
+    if proprio is not None:
+        arrays["proprio"] = proprio
     if "states" in g:
         arrays["sim_states"] = np.asarray(g["states"][()], np.float64)
     arrays["rewards"] = (
