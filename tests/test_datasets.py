@@ -348,6 +348,21 @@ def test_lerobot_round_trip(tmp_path, video):
     assert [e.length for e in read_lerobot(out, episodes=[2, 0], progress=False).episodes] == [6, 5]
 
 
+def test_merged_episode_statistics_equal_the_whole_datasets():
+    """stats.json's image statistics are merged from the episodes' (as LeRobot merges them)."""
+    from trainers.datasets import stats as st
+
+    rng = np.random.default_rng(4)
+    a, b = _images(rng, 5), (_images(rng, 9) // 3).astype(np.uint8)
+    whole, merged = (
+        st.image_stats(np.concatenate([a, b])),
+        st.aggregate([st.image_stats(a), st.image_stats(b)]),
+    )
+    for name in ("min", "max", "mean", "std", "count"):
+        np.testing.assert_allclose(merged[name], whole[name], rtol=1e-9, atol=1e-12)
+    assert merged["mean"].shape == (3, 1, 1) and merged["count"].tolist() == [14]
+
+
 @requires_pyarrow
 def test_lerobot_export_options_and_refusals(tmp_path):
     demos = _demos()

@@ -308,7 +308,9 @@ def _write(staging: Path, demos: Demos, frames: list[_Frames], features: list[_F
     tasks: dict[str, int] = {}
     data = _DataFiles(staging, data_mb, chunks_size)
     episode_rows: list[dict[str, Any]] = []
-    all_columns: dict[str, list[np.ndarray]] = {f.name: [] for f in features}
+    # whole-dataset statistics: vectors from all their values, images merged from the episodes'
+    vectors: dict[str, list[np.ndarray]] = {f.name: [] for f in features if f.kind == "vector"}
+    image_parts: dict[str, list[dict]] = {f.name: [] for f in features if f.kind != "vector"}
     index_columns: dict[str, list[np.ndarray]] = {k: [] for k in fmt.INDEX_FEATURES}
     total = 0
     for n, ep in enumerate(tqdm(frames, desc="LeRobot export", disable=not progress, unit="episode")):
@@ -325,7 +327,8 @@ def _write(staging: Path, demos: Demos, frames: list[_Frames], features: list[_F
         arrays = {}
         for f in features:
             values = ep.columns[f.key]
-            all_columns[f.name].append(values)
+            if f.kind == "vector":
+                vectors[f.name].append(values)
             if f.kind == "video":
                 row.update(videos[f.key].add(values))
             else:
@@ -339,6 +342,8 @@ def _write(staging: Path, demos: Demos, frames: list[_Frames], features: list[_F
         row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
         row.update({"vla_gym/task": ep.source.task, "vla_gym/initial_frame": int(ep.source.initial_frame)})
         ep_stats = _stats({f.name: (f, ep.columns[f.key]) for f in features}, index)
+        for name, parts in image_parts.items():
+            parts.append(ep_stats[name])
         for name, s in ep_stats.items():
             for stat, value in s.items():
                 row[f"stats/{name}/{stat}"] = np.asarray(value).tolist()
@@ -357,8 +362,10 @@ def _write(staging: Path, demos: Demos, frames: list[_Frames], features: list[_F
     pd.DataFrame({"task_index": range(len(task_names))}, index=pd.Index(task_names, dtype=object)).to_parquet(
         staging / fmt.TASKS_PATH
     )
-    merged = {f.name: (f, np.concatenate(all_columns[f.name])) for f in features}
-    stats = _stats(merged, {k: np.concatenate(v) for k, v in index_columns.items()})
+    stats = {name: st.feature_stats(np.concatenate(v)) for name, v in vectors.items()}
+    stats.update({name: st.aggregate(parts) for name, parts in image_parts.items()})
+    stats.update({k: st.feature_stats(np.concatenate(v)) for k, v in index_columns.items()})
+    stats = {name: stats[name] for name in [*(f.name for f in features), *fmt.INDEX_FEATURES]}
     (meta_dir / "stats.json").write_text(json.dumps(st.to_json(stats), indent=4))
     feature_specs = {f.name: f.spec for f in features}
     feature_specs.update({k: dict(v) for k, v in fmt.INDEX_FEATURES.items()})

@@ -50,5 +50,25 @@ def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in stats.items()}
 
 
+def aggregate(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Statistics of the union of the sets ``parts`` describe (LeRobot's way of merging episodes):
+    exact count, min, max, mean and pooled std; quantiles as the count-weighted mean of the parts'."""
+    counts = np.array([float(np.asarray(p["count"]).reshape(-1)[0]) for p in parts])
+    weights = (counts / counts.sum()).reshape(-1, *[1] * np.ndim(parts[0]["mean"]))
+    means = np.stack([p["mean"] for p in parts])
+    mean = (weights * means).sum(0)
+    var = (weights * (np.stack([p["std"] for p in parts]) ** 2 + (means - mean) ** 2)).sum(0)
+    out = {
+        "min": np.min([p["min"] for p in parts], axis=0),
+        "max": np.max([p["max"] for p in parts], axis=0),
+        "mean": mean,
+        "std": np.sqrt(var),
+        "count": np.array([int(counts.sum())]),
+    }
+    for name in QUANTILES:
+        out[name] = (weights * np.stack([p[name] for p in parts])).sum(0)
+    return out
+
+
 def to_json(stats: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, Any]]:
     return {key: {name: np.asarray(v).tolist() for name, v in s.items()} for key, s in stats.items()}
