@@ -51,6 +51,7 @@ def _images(rng, t: int, size: int = SIZE) -> np.ndarray:
     base = np.stack([yy * (200 // size), xx * (200 // size), np.full_like(yy, 60)], -1)
     frames = np.repeat(base[None], t, 0).astype(np.int64)
     for i in range(t):
+        frames[i, ..., 2] = 20 + 29 * (i % 8)  # each frame of an episode has its own shade of blue
         frames[i, 2 : 2 + size // 4, i % (size - 4) : i % (size - 4) + 4] = rng.integers(0, 256, 3)
     return frames.astype(np.uint8)
 
@@ -361,6 +362,43 @@ def test_merged_episode_statistics_equal_the_whole_datasets():
     for name in ("min", "max", "mean", "std", "count"):
         np.testing.assert_allclose(merged[name], whole[name], rtol=1e-9, atol=1e-12)
     assert merged["mean"].shape == (3, 1, 1) and merged["count"].tolist() == [14]
+
+
+@requires_pyarrow
+def test_lerobot_files_roll_over_at_their_size_targets(tmp_path):
+    demos = _demos(sim=True)
+    out = write_lerobot(
+        demos,
+        tmp_path / "ds",
+        chunks_size=2,
+        data_files_size_in_mb=1e-4,
+        video_files_size_in_mb=1e-6,
+        progress=False,
+    )
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet") if p.parts[-3] == "data")
+    assert names == [
+        "data/chunk-000/file-000.parquet",
+        "data/chunk-000/file-001.parquet",
+        "data/chunk-001/file-000.parquet",
+    ]
+    eps = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [(e["data/chunk_index"], e["data/file_index"]) for e in eps] == [(0, 0), (0, 1), (1, 0)]
+    key = "videos/observation.images.image"
+    assert [(e[f"{key}/chunk_index"], e[f"{key}/file_index"]) for e in eps] == [(0, 0), (0, 1), (1, 0)]
+    assert [e[f"{key}/from_timestamp"] for e in eps] == [0.0, 0.0, 0.0]
+    assert len(list((out / key).rglob("*.mp4"))) == 3 and not list(out.rglob(".segments"))
+    # a size target no episode reaches: all in one file, back to back
+    one = write_lerobot(demos, tmp_path / "one", progress=False)
+    eps = pq.read_table(one / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert [(e[f"{key}/from_timestamp"], e[f"{key}/to_timestamp"]) for e in eps] == [
+        (0, 0.25),
+        (0.25, 0.65),
+        (0.65, 0.95),
+    ]
+    back = read_lerobot(out, progress=False)
+    for a, b in zip(demos.episodes, back.episodes):
+        np.testing.assert_array_equal(a.actions, b.actions)
+        assert np.abs(a.obs["image"].astype(int) - b.obs["image"]).mean() < 10
 
 
 @requires_pyarrow

@@ -19,8 +19,9 @@ What goes where:
 * ``info.json`` also has a ``vla_gym`` entry (our key -> feature names, the demos' attributes),
   and the episodes table ``vla_gym/task`` and ``vla_gym/initial_frame``; LeRobot ignores them.
 
-The folder appears complete or not at all: everything is written into a staging folder beside
-``out`` and renamed at the end.
+Data and video files roll over at their size targets (a new chunk folder every ``chunks_size``
+files); the episodes metadata is one file. The folder appears complete or not at all: everything
+is written into a staging folder beside ``out`` and renamed at the end.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets import stats as st
 from trainers.datasets.extras import pandas, pyarrow
-from trainers.datasets.video import CODEC_NAMES, DEFAULT_CODEC, VideoWriter
+from trainers.datasets.video import CODEC_NAMES, DEFAULT_CODEC, VideoWriter, concat_videos
 from trainers.demos import Demos, Episode
 
 STANDARD_KEYS = ("image", "wrist_image", "proprio")
@@ -189,40 +190,56 @@ class _DataFiles:
 
 
 class _VideoFiles:
-    """``videos/<key>/`` mp4 files of one feature, a new one past the size target."""
+    """``videos/<key>/`` mp4 files of one feature. Each episode is encoded on its own; the episodes
+    of one file are joined when the next one would pass the size target (as LeRobot decides it:
+    file size so far + the episode's), or at the end."""
 
-    def __init__(self, root: Path, feature: _Feature, fps: float, codec: str, limit_mb: float, chunks: int):
+    def __init__(
+        self, root: Path, feature: _Feature, fps: float, codec: str, limit_mb: float, chunks: int
+    ) -> None:
         self.root, self.feature, self.fps, self.codec = root, feature, fps, codec
         self.limit, self.chunks_size = limit_mb * 1024 * 1024, chunks
         self.index = (0, 0)
-        self.writer: VideoWriter | None = None
+        self.segments: list[Path] = []  # the current file's episodes, encoded
+        self.bytes = self.frames = self.encoded = 0
+        self.scratch = root / ".segments" / feature.name
 
     def add(self, frames: np.ndarray) -> dict[str, Any]:
-        if self.writer is not None and self.writer.size() >= self.limit:
-            self.writer.close()
-            self.writer = None
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        self.encoded += 1
+        segment = self.scratch / f"episode-{self.encoded:06d}.mp4"
+        writer = VideoWriter(segment, frames.shape[1], frames.shape[2], self.fps, self.codec)
+        try:
+            writer.write(frames)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        size = segment.stat().st_size
+        if self.segments and self.bytes + size >= self.limit:  # this episode starts the next file
+            self.close()
             self.index = fmt.next_file(*self.index, self.chunks_size)
-        if self.writer is None:
-            rel = fmt.VIDEO_PATH.format(
-                video_key=self.feature.name, chunk_index=self.index[0], file_index=self.index[1]
-            )
-            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
-            h, w = frames.shape[1:3]
-            self.writer = VideoWriter(self.root / rel, h, w, self.fps, self.codec)
-        start = self.writer.frames
-        self.writer.write(frames)
+        start = self.frames
+        self.segments.append(segment)
+        self.bytes += size
+        self.frames += len(frames)
         prefix = f"videos/{self.feature.name}"
         return {
             f"{prefix}/chunk_index": self.index[0],
             f"{prefix}/file_index": self.index[1],
             f"{prefix}/from_timestamp": start / self.fps,
-            f"{prefix}/to_timestamp": self.writer.frames / self.fps,
+            f"{prefix}/to_timestamp": self.frames / self.fps,
         }
 
-    def close(self, abort: bool = False) -> None:
-        if self.writer is not None:
-            self.writer.abort() if abort else self.writer.close()
-            self.writer = None
+    def close(self) -> None:
+        """Join the current file's episodes into its place in ``videos/``."""
+        if self.segments:
+            rel = fmt.VIDEO_PATH.format(
+                video_key=self.feature.name, chunk_index=self.index[0], file_index=self.index[1]
+            )
+            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            concat_videos(self.segments, self.root / rel)
+        self.segments, self.bytes, self.frames = [], 0, 0
 
 
 def _json_safe(value: Any) -> Any:
@@ -286,8 +303,6 @@ def write_lerobot(
         _write(staging, demos, frames, features, videos, fps, robot_type, chunks_size, data_files_size_in_mb,
                video_files_size_in_mb, progress, pa, pq, pd)  # fmt: skip
     except BaseException:
-        for v in videos.values():
-            v.close(abort=True)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if out.exists():  # overwrite: the old folder goes only once the new one is complete
@@ -352,6 +367,7 @@ def _write(staging: Path, demos: Demos, frames: list[_Frames], features: list[_F
     data.flush()
     for v in videos.values():
         v.close()
+    shutil.rmtree(staging / ".segments", ignore_errors=True)
 
     meta_dir = staging / "meta"
     episodes_path = staging / fmt.EPISODES_PATH.format(chunk_index=0, file_index=0)

@@ -2,8 +2,9 @@
 
 A LeRobot v3 video file holds the frames of several episodes one after another at a constant
 frame rate: frame n is at ``n / fps`` seconds, and an episode is the range
-``[from_timestamp, to_timestamp)`` of its file. We write each file in one ffmpeg run (so frame n
-has exactly that timestamp) and read a file once, keeping only the frames asked for.
+``[from_timestamp, to_timestamp)`` of its file. We encode each episode on its own and join a
+file's episodes by stream copy (``concat_videos``; the timestamps stay ``n / fps``), and read a
+file once, keeping only the frames asked for.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ CODEC_NAMES = {"libsvtav1": "av1", "libaom-av1": "av1", "libx264": "h264"}  # as
 
 
 class VideoWriter:
-    """Append frames ``[N, H, W, 3]`` uint8 to one mp4 (``close`` finishes it).
+    """Append frames ``[N, H, W, 3]`` uint8 to one mp4 (``close`` finishes it, ``abort`` drops it)."""
 
-    ``size()`` is what ffmpeg has written so far (the encoder holds back a few frames).
-    """
-
-    def __init__(self, path: str | Path, height: int, width: int, fps: float, codec: str = DEFAULT_CODEC):
+    def __init__(
+        self, path: str | Path, height: int, width: int, fps: float, codec: str = DEFAULT_CODEC
+    ) -> None:
         if codec not in CODEC_OPTIONS:
             raise ValueError(f"video codec must be one of {sorted(CODEC_OPTIONS)}, got {codec!r}")
         if height % 2 or width % 2:
@@ -62,9 +62,6 @@ class VideoWriter:
             self._fail()
         self.frames += len(frames)
 
-    def size(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
-
     def close(self) -> None:
         assert self._proc.stdin is not None
         try:
@@ -88,6 +85,27 @@ class VideoWriter:
         message = self._log.read().decode(errors="replace").strip()
         self._log.close()
         raise RuntimeError(f"ffmpeg could not encode {self.path}: {message[-2000:]}")
+
+
+def concat_videos(segments: list[Path], out: str | Path) -> None:
+    """Join mp4 files of the same encoding back to back into ``out`` (stream copy, no re-encoding):
+    frame n of the result is at ``n / fps``."""
+    out = Path(out)
+    if len(segments) == 1:
+        Path(segments[0]).replace(out)
+        return
+    listing = out.with_name(out.name + ".concat.txt")
+    listing.write_text(
+        "".join("file '{}'\n".format(str(Path(p).resolve()).replace("'", "'\\''")) for p in segments)
+    )
+    cmd = [ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "concat", "-safe", "0", "-i", str(listing)]
+    cmd += ["-c", "copy", "-f", "mp4", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    listing.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"ffmpeg could not join {len(segments)} videos into {out}: {done.stderr[-2000:]}")
+    for p in segments:
+        Path(p).unlink()
 
 
 def read_frames(path: str | Path, height: int, width: int) -> Iterator[np.ndarray]:
