@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
-MAX_PIXELS = 1 << 20  # image quantiles: from at most this many pixels per channel (evenly strided)
+MAX_FRAMES, MAX_SIDE = 16, 64  # image statistics: from a sample of frames and pixels
 
 
 def _summary(values: np.ndarray, frames: int) -> dict[str, np.ndarray]:
@@ -38,16 +38,16 @@ def feature_stats(values: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def image_stats(frames: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-channel statistics of uint8 frames ``[N, H, W, 3]``, in [0, 1], shaped ``(3, 1, 1)``."""
-    pixels = frames.reshape(-1, frames.shape[-1])
-    step = max(1, len(pixels) // MAX_PIXELS)
-    sample = pixels[::step].astype(np.float64) / 255.0
-    stats = _summary(sample, len(frames))
-    # min, max and mean are cheap enough to take over every pixel
-    stats["min"] = pixels.min(axis=0) / 255.0
-    stats["max"] = pixels.max(axis=0) / 255.0
-    stats["mean"] = pixels.mean(axis=0, dtype=np.float64) / 255.0
-    return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in stats.items()}
+    """Per-channel statistics of uint8 frames ``[N, H, W, 3]``, in [0, 1], shaped ``(3, 1, 1)``.
+
+    Like LeRobot's, they come from a sample: at most ``MAX_FRAMES`` evenly spaced frames, strided
+    to at most ``MAX_SIDE`` pixels a side (``count`` is still N).
+    """
+    n, h, w = frames.shape[:3]
+    picks = np.unique(np.linspace(0, n - 1, min(n, MAX_FRAMES)).round().astype(np.int64))
+    step = max(1, -(-max(h, w) // MAX_SIDE))
+    pixels = frames[picks, ::step, ::step].reshape(-1, frames.shape[-1]).astype(np.float64) / 255.0
+    return {k: v if k == "count" else v.reshape(-1, 1, 1) for k, v in _summary(pixels, n).items()}
 
 
 def aggregate(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
