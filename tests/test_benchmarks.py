@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +189,29 @@ def test_scale_out_compares_ray_actors_with_local_workers(tmp_path, capsys):
     assert "empty actor call round trip" in out and "2 processes" in out
     saved = json.loads((tmp_path / "scale_out.json").read_text())
     assert set(saved["update_seconds"]) == {"1", "2"} and all(t > 0 for t in saved["update_seconds"].values())
+
+
+def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, capsys):
+    """The recipe's table, on frames of the counting env (tests/counting_env.py) to run in seconds."""
+    import gymnasium as gym
+
+    from benchmarks.reward_model import main
+    from trainers.reward_model.train import RewardModelConfig, run
+
+    if "RMCountingBench-v0" not in gym.registry:
+        gym.register("RMCountingBench-v0", vector_entry_point="counting_env:CountingVectorEnv")
+    policies = ["counting_env:ConstantPolicy,episodes=6", "counting_env:ConstantPolicy,value=-1,episodes=4"]
+    cfg = RewardModelConfig(env="RMCountingBench-v0", env_kwargs={"chunk_size": 2}, policy=policies,
+                            collect_only=True, out=str(tmp_path / "collect"), progress=False)  # fmt: skip
+    frames = run(cfg)
+    args = ["--frames", frames["frames"], "--frame-size", "16", "16", "--width", "2", "--steps", "4",
+            "--batch-size", "8", "--out", str(tmp_path / "bench"), "--no-progress"]  # fmt: skip
+    report = main(args)
+    out = capsys.readouterr().out
+    m = report["held_out_frames"]
+    assert "held-out F1" in out and re.search(
+        rf"confusion: sim yes -> model yes / no +{m['tp']} / {m['fn']}\n", out
+    )
+    assert (
+        json.loads((tmp_path / "bench" / "reward_model.json").read_text())["held_out_frames"]["tn"] == m["tn"]
+    )
