@@ -106,6 +106,35 @@ def test_frames_are_labelled_with_the_envs_success_in_every_autoreset_mode(mode)
     assert [ep.success for ep in episodes] == [True] * 4 + [False]  # goal 20 is out of reach
 
 
+class FramedCounting(CountingVectorEnv):
+    """The counting env with ``record_frames``: ``info["frames"]`` holds the image after each sub-step."""
+
+    record_frames = False
+
+    def _step_envs(self, env_ids, actions, max_steps):
+        before = self.pos[env_ids].copy()
+        result = super()._step_envs(env_ids, actions, max_steps)
+        if self.record_frames:
+            shots = np.empty(len(env_ids), dtype=object)
+            for p in range(len(env_ids)):
+                moved = np.cumsum(actions[p, : result.valid[p].sum(), 0] > 0)  # position after each sub-step
+                shape = (len(moved), 2, 2, 3)
+                shots[p] = np.broadcast_to((before[p] + moved)[:, None, None, None], shape).astype(np.uint8)
+            result.info["frames"] = shots
+        return result
+
+
+def test_sub_step_frames_carry_the_success_of_their_own_sub_step():
+    from trainers.reward_model.collect import collect_frames
+
+    env = FramedCounting(num_envs=2, chunk_size=4, autoreset_mode="Disabled")
+    spec = parse_policy_spec("counting_env:ConstantPolicy,episodes=5")
+    for _, ep, frames, labels in collect_frames(env, [spec], sub_steps=True, progress=False):
+        position, goal = frames[:, 0, 0, 0].astype(int), goal_of(ep.initial_frame)
+        assert position.tolist() == list(range(len(position)))  # the reset frame, then every sub-step
+        assert labels.tolist() == (position >= goal).tolist() and len(labels) == 1 + ep.length
+
+
 def test_split_keeps_start_frames_together_and_both_labels_on_each_side():
     rng = np.random.default_rng(0)
     n, per = 20, 5

@@ -179,7 +179,7 @@ def make_spec_policy(
             raise ValueError(
                 f"policy spec {spec.describe()!r}: noise needs a Box action space, got {action_space}"
             )
-        policy.seed(seed)
+        policy.seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))  # not the noise's stream
         policy = NoisyActions(policy, spec.noise, action_space)
     policy.eval()
     policy.seed(seed)

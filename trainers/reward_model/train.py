@@ -259,6 +259,36 @@ def episode_metrics(episode: np.ndarray, labels: np.ndarray, predicted: np.ndarr
             "onset_early_episodes": int(sum(o < 0 for o in offsets))}  # fmt: skip
 
 
+def measure(
+    model: ResnetRewardModel,
+    frames: torch.Tensor,
+    labels: np.ndarray,
+    episode: np.ndarray,
+    fs: FrameSet,
+    blur_sigma: float = 1.5,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Everything the report says about ``model`` on uint8 ``frames`` (at the model's frame size)
+    with simulator ``labels`` and ``episode`` ids from ``fs``: frame metrics, the same with every frame
+    blurred (``blur_sigma``, world-model-like softness), episode agreement, frame metrics per policy."""
+    probs = predict(model, frames, progress=progress)
+    predicted = probs >= 0.5
+    policy = fs.episodes["policy"][episode]
+    return {
+        "frames": frame_metrics(labels, predicted),
+        "frames_blurred": {
+            "sigma": blur_sigma,
+            **frame_metrics(labels, predict(model, frames, blur_sigma=blur_sigma) >= 0.5),
+        },
+        "episodes": episode_metrics(episode, labels, predicted),
+        "by_policy": {
+            name: frame_metrics(labels[policy == j], predicted[policy == j])
+            for j, name in enumerate(fs.meta.get("policies", []))
+            if (policy == j).any()
+        },
+    }
+
+
 # ---------------------------------------------------------------------------- outputs
 def save_reward_model(model: ResnetRewardModel, path: str | Path) -> Path:
     """Write ``model``'s state dict as ``resnet_rm.pth`` the world-model envs load (through a
@@ -443,14 +473,10 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
         )
         train_s = time.perf_counter() - start
         start = time.perf_counter()
-        probs = predict(model, held_frames, progress=cfg.progress)
-        blurred = predict(model, held_frames, blur_sigma=1.5)
+        held = measure(model, held_frames, fs.labels[in_held], fs.episode[in_held], fs, progress=cfg.progress)
         eval_s = time.perf_counter() - start
-        held_labels = fs.labels[in_held]
-        frames_m = frame_metrics(held_labels, probs >= 0.5)
-        logger.log(
-            cfg.steps, {f"eval/{k}": float(frames_m[k]) for k in ("precision", "recall", "f1", "accuracy")}
-        )
+        f = held["frames"]
+        logger.log(cfg.steps, {f"eval/{k}": float(f[k]) for k in ("precision", "recall", "f1", "accuracy")})
     finally:
         logger.close()
 
@@ -464,19 +490,16 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
                  "collect_s": fs.meta.get("collect_s", float("nan")),
                  "frame_size": list(size), "collected_size": list(fs.frames.shape[1:3]),
                  "env_kwargs": fs.meta.get("env_kwargs"), "policies": fs.meta.get("policies"),
-                 "train": split_numbers(train_eps, in_train), "held_out": split_numbers(held_eps, in_held)},
+                 "train": split_numbers(train_eps, in_train), "held_out": split_numbers(held_eps, in_held),
+                 "train_initial_frames": sorted({int(i) for i in fs.episodes["initial_frame"][train_eps]})},
         "training": {"width": model.width, "parameters": sum(p.numel() for p in model.parameters()),
                      "steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "balance": cfg.balance,
                      "augment": cfg.augment, "init_from": cfg.init_from, "device": cfg.device,
                      "torch_threads": torch.get_num_threads(), "train_s": train_s, "eval_s": eval_s},
-        "held_out_frames": frames_m,
-        "held_out_frames_blurred": {"sigma": 1.5, **frame_metrics(held_labels, blurred >= 0.5)},
-        "held_out_episodes": episode_metrics(fs.episode[in_held], held_labels, probs >= 0.5),
-        "held_out_by_policy": {
-            name: frame_metrics(held_labels[sel], probs[sel] >= 0.5)
-            for j, name in enumerate(fs.meta.get("policies", []))
-            if (sel := fs.episodes["policy"][fs.episode[in_held]] == j).any()
-        },
+        "held_out_frames": held["frames"],
+        "held_out_frames_blurred": held["frames_blurred"],
+        "held_out_episodes": held["episodes"],
+        "held_out_by_policy": held["by_policy"],
         "config": asdict(cfg),
     }  # fmt: skip
     save_reward_model(model, out / MODEL_FILE)
