@@ -8,7 +8,7 @@
         --extra-frames runs/benchmarks/reward_model_seed1/frames.h5    # also an independent collection
 
 Collection: the scripted expert (``--expert-episodes``) and the expert with Gaussian action noise
-(``--noisy-episodes`` at std ``--noise``: about 60% of those fail, near misses included) over random
+(``--noisy-episodes`` at std ``--noise``: about half of those fail, near misses included) over random
 (task, init state) pairs, the agent-view camera at the world model's 256x256, a frame every 2
 sub-steps, 40 sub-steps past each success (``trainers.reward_model.train.LIBERO_ENV_KWARGS``).
 Training: the ResNet-18 layout at width ``--width`` (16: 0.7 M parameters; the real network is 64),

@@ -352,3 +352,12 @@ def test_libero_frames_train_a_model_that_a_world_model_loads(tmp_path):
     *_, info = env.step(np.zeros((1, 8, 7), np.float32))
     assert env.reward_model.width == 4 and info["reward_model_scores"].shape == (1, 8)
     env.close()
+
+
+def test_the_same_seed_trains_the_same_model(tmp_path):
+    frames = run(counting_config(tmp_path, collect_only=True, out=str(tmp_path / "data")))["frames"]
+    weights = []
+    for name in ("a", "b"):
+        run(counting_config(tmp_path, frames=frames, out=str(tmp_path / name)))
+        weights.append(torch.load(tmp_path / name / "resnet_rm.pth", weights_only=True))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -3,8 +3,8 @@
 The frames are labelled with the simulator's own success signal, so any task a simulator can check
 gets a reward model for the world model that imagines it.
 
-    python -m trainers.reward_model --out runs/rm-spatial --width 16 --steps 2500 \\
-        --policy libero_expert,episodes=60 --policy libero_expert,noise=0.6,episodes=30
+    python -m trainers.reward_model --out runs/rm-spatial --width 16 --steps 1500 \\
+        --policy libero_expert,episodes=36 --policy libero_expert,noise=0.3,episodes=24
 
 collects labelled frames from ``--env`` (default LIBERO-Spatial, camera at the world model's frame
 size) with a mix of policies (``collect``), trains the classifier on whole episodes and measures it

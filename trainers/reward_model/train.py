@@ -47,7 +47,7 @@ class RewardModelConfig:
     env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(LIBERO_ENV_KWARGS))  # JSON object
     # policy specs NAME[,episodes=N,noise=S,...] (repeat --policy for a mix; see collect.py)
     policy: list[str] = field(
-        default_factory=lambda: ["libero_expert,episodes=60", "libero_expert,noise=0.6,episodes=30"]
+        default_factory=lambda: ["libero_expert,episodes=36", "libero_expert,noise=0.3,episodes=24"]
     )
     num_envs: int = 2  # envs collecting in parallel
     image_key: str = "image"  # the observation holding the camera frame
@@ -106,12 +106,15 @@ def split_episodes(fs: FrameSet, held_out: float, seed: int) -> tuple[np.ndarray
 
 
 # ---------------------------------------------------------------------------- training
-def build_model(width: int | None, init_from: str | None) -> ResnetRewardModel:
-    """A trainable reward model: random weights of ``width`` (default 64), or ``init_from``'s."""
+def build_model(width: int | None, init_from: str | None, seed: int = 0) -> ResnetRewardModel:
+    """A trainable reward model: random weights of ``width`` (default 64) drawn with ``seed``, or
+    ``init_from``'s."""
     if width is not None:
         check_width(width)
     if init_from is None:
-        model = ResnetRewardModel(width=width or DEFAULT_WIDTH, frozen=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = ResnetRewardModel(width=width or DEFAULT_WIDTH, frozen=False)
     else:
         model = ResnetRewardModel.from_checkpoint(init_from, width=width)
         model.frozen = False
@@ -448,7 +451,7 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
         if cfg.collect_only:
             return {"frames": str(out / FRAMES_FILE), "collect_s": fs.meta["collect_s"]}
     train_eps, held_eps = split_episodes(fs, cfg.held_out, cfg.seed)
-    model = build_model(cfg.width, cfg.init_from)
+    model = build_model(cfg.width, cfg.init_from, cfg.seed)
     size = tuple(int(s) for s in cfg.frame_size)
     frames = torch.from_numpy(resize_frames(fs.frames, size))
     in_train, in_held = np.isin(fs.episode, train_eps), np.isin(fs.episode, held_eps)
