@@ -7,9 +7,11 @@ succeeds (and terminates) when the position reaches the frame's goal; the step l
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame
 from envs.core.spaces import observation_space
+from policies.base import ActionChunk, ActionChunkPolicy
 
 LIMIT = 10
 
@@ -64,3 +66,18 @@ class CountingVectorEnv(ChunkedVectorEnv):
                 if success[p, s]:
                     break
         return ChunkResult(self._obs_for(env_ids), rewards, valid, success, success.any(1))
+
+
+class ConstantPolicy(ActionChunkPolicy):
+    """Every sub-step's action is ``value`` (> 0 walks forward, so every episode succeeds; <= 0
+    stands still, so none does); a policy name for specs: ``counting_env:ConstantPolicy``."""
+
+    def __init__(self, observation_space, action_space, value: float = 1.0):
+        super().__init__()
+        self.chunk_size, self.action_dim = action_space.shape
+        self.log_prob_dim = self.action_dim
+        self.value = float(value)
+
+    def act(self, obs, deterministic=False):
+        n = len(obs["image"])
+        return ActionChunk(torch.full((n, self.chunk_size, self.action_dim), self.value))

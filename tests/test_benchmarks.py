@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +189,36 @@ def test_scale_out_compares_ray_actors_with_local_workers(tmp_path, capsys):
     assert "empty actor call round trip" in out and "2 processes" in out
     saved = json.loads((tmp_path / "scale_out.json").read_text())
     assert set(saved["update_seconds"]) == {"1", "2"} and all(t > 0 for t in saved["update_seconds"].values())
+
+
+def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, capsys):
+    """The recipe's table, on frames of the counting env (tests/counting_env.py) to run in seconds."""
+    import gymnasium as gym
+
+    from benchmarks.reward_model import main
+    from trainers.reward_model.train import RewardModelConfig, run
+
+    if "RMCountingBench-v0" not in gym.registry:
+        gym.register("RMCountingBench-v0", vector_entry_point="counting_env:CountingVectorEnv")
+    policies = ["counting_env:ConstantPolicy,episodes=6", "counting_env:ConstantPolicy,value=-1,episodes=4"]
+    frames = []
+    for seed in (0, 1):  # the collection to train on, and an independent one
+        cfg = RewardModelConfig(
+            env="RMCountingBench-v0", env_kwargs={"chunk_size": 2}, policy=policies, seed=seed,
+            collect_only=True, out=str(tmp_path / f"collect{seed}"), progress=False,
+        )  # fmt: skip
+        frames.append(run(cfg)["frames"])
+    args = ["--frames", frames[0], "--extra-frames", frames[1], "--frame-size", "16", "16", "--width", "2",
+            "--steps", "4", "--batch-size", "8", "--out", str(tmp_path / "bench"),
+            "--no-progress"]  # fmt: skip
+    report = main(args)
+    out = capsys.readouterr().out
+    m, extra = report["held_out_frames"], report["independent_collection"]
+    assert re.search(rf"confusion: sim yes -> model yes / no +{m['tp']} / {m['fn']} +\d+ / \d+\n", out)
+    assert (
+        "independent collection" in out
+        and extra["data"]["episodes"] + extra["data"]["left_out_episodes"] == 10
+    )
+    assert extra["frames"]["frames"] == extra["data"]["frames"]
+    saved = json.loads((tmp_path / "bench" / "reward_model.json").read_text())
+    assert saved["held_out_frames"]["tn"] == m["tn"] and saved["independent_collection"]["data"]["seed"] == 1

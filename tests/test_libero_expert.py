@@ -109,3 +109,39 @@ def test_goal_suite_tasks_are_marked_unsupported():
         env.close()
     np.testing.assert_array_equal(action[0, 0], [0, 0, 0, 0, 0, 0, -1])
     assert policy.unsupported_steps == 1
+
+
+def _first_success_and_end(steps_after_success: int) -> tuple[int, dict, np.ndarray]:
+    """The expert on frame 0 with chunks of 2: (sub-step of the first success, final episode
+    statistics, success after every executed sub-step)."""
+    env = _expert_env("spatial", num_envs=1, chunk_size=2, steps_after_success=steps_after_success)
+    try:
+        policy = make_policy("libero_expert", env.single_observation_space, env.single_action_space)
+        obs, _ = env.reset(seed=0, options={"initial_frames": [0]})
+        checks, rewards = [], []
+        while True:
+            obs, _, term, trunc, info = env.step(policy.act(obs).actions.numpy())
+            valid = info["chunk_valid"][0]
+            checks += info["chunk_success"][0][valid].tolist()
+            rewards += info["chunk_rewards"][0][valid].tolist()
+            if term[0] or trunc[0]:
+                assert term[0] and not trunc[0]
+                stats = {k: v[0] for k, v in info["episode"].items()}
+                break
+    finally:
+        env.close()
+    checks = np.array(checks)
+    assert sum(rewards) == 1.0 and rewards[int(np.argmax(checks))] == 1.0  # reward at the first success only
+    return int(np.argmax(checks)) + 1, stats, checks
+
+
+@requires_libero
+def test_steps_after_success_keeps_the_episode_running_past_the_success():
+    first, stats, checks = _first_success_and_end(0)
+    assert checks.tolist() == [False] * (first - 1) + [True] and stats["length"] == first
+    later_first, later, held = _first_success_and_end(9)
+    assert later_first == first  # the same episode up to the success (deterministic)
+    assert later["length"] == first + 9 and len(held) == first + 9
+    assert held[first - 1 :].all() and later["success"] and later["return"] == 1.0  # the bowl stays put
+    with pytest.raises(ValueError, match="steps_after_success"):
+        _expert_env("spatial", num_envs=1, steps_after_success=-1)

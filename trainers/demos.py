@@ -55,7 +55,12 @@ def _h5py() -> Any:
 @dataclass
 class Episode:
     """One demonstration: ``obs[key]`` ``[C, ...]``, ``actions`` ``[C, K, D]``, ``valid`` and
-    ``rewards`` ``[C, K]``, optionally ``sim_states`` ``[C, S]``, and its attributes."""
+    ``rewards`` ``[C, K]``, optionally ``sim_states`` ``[C, S]``, and its attributes.
+
+    From ``collect_episodes`` only (not stored in demonstration files): ``final_obs``, the
+    observation after the last step (array keys), and ``info[key]``, the env's ``info[key]`` entry
+    for this env at each of the C steps (None where the env gave none).
+    """
 
     obs: dict[str, np.ndarray]
     actions: np.ndarray
@@ -66,6 +71,8 @@ class Episode:
     initial_frame: int = -1
     success: bool = False
     sim_states: np.ndarray | None = None
+    final_obs: dict[str, np.ndarray] | None = None
+    info: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -214,13 +221,17 @@ def collect_episodes(
     deterministic: bool = True,
     frame_ids: Sequence[int] | None = None,
     max_steps: int = 100_000,
+    info_keys: Sequence[str] = (),
 ) -> Iterator[Episode]:
     """Yield ``num_episodes`` episodes (successful or not), one per env per round.
 
     Every round resets all envs and records each env's first episode: the observation before each
-    step, the actions sent and the executed sub-steps. Envs with ``initial_frames`` start from
-    ``frame_ids`` in order (default: a permutation of all ids drawn with ``seed``). A round runs at
-    most ``max_steps`` policy steps; an env whose episode has not ended by then is an error.
+    step, the actions sent, the executed sub-steps, the observation after the last step
+    (``final_obs``) and, for each of ``info_keys``, the env's entry of ``info[key]`` at every step
+    (``Episode.info``; e.g. ``chunk_success``, or ``frames`` of an env with ``record_frames``). Envs
+    with ``initial_frames`` start from ``frame_ids`` in order (default: a permutation of all ids
+    drawn with ``seed``). A round runs at most ``max_steps`` policy steps; an env whose episode has
+    not ended by then is an error.
     """
     n = env.num_envs
     frames = initial_frames(env)
@@ -242,8 +253,13 @@ def collect_episodes(
         instructions = (
             list(obs["instruction"]) if isinstance(obs, dict) and "instruction" in obs else [""] * n
         )
+        infos: list[dict[str, Any]] = []
         rollout = collector.collect(
-            max_steps, deterministic=deterministic, until_all_done=True, record_obs=True
+            max_steps,
+            deterministic=deterministic,
+            until_all_done=True,
+            record_obs=True,
+            on_step=infos.append if info_keys else None,
         )
         arrays = [
             {k: np.asarray(v) for k, v in o.items() if k != "instruction"}
@@ -262,6 +278,7 @@ def collect_episodes(
             end = int(np.flatnonzero(dones[:, i])[0])  # the step that ended env i's first episode
             stats = next((ep for ep in rollout.episodes if int(ep["env"]) == i), {})
             frame = ids[i] if ids is not None else -1
+            final = (rollout.final_observations or {}).get((end, i))
             yield Episode(
                 obs={key: np.stack([a[key][i] for a in arrays[: end + 1]]) for key in arrays[0]},
                 actions=rollout.actions[: end + 1, i].numpy(),
@@ -271,9 +288,29 @@ def collect_episodes(
                 task=frames[frame].task if ids is not None else "",
                 initial_frame=frame,
                 success=episode_success(stats, bool(rollout.terminated[end, i])),
+                final_obs=_arrays(final) if final is not None else None,
+                info={key: [_env_entry(info, key, i) for info in infos[: end + 1]] for key in info_keys},
             )
             done_count += 1
         rnd += 1
+
+
+def _arrays(obs: Any) -> dict[str, np.ndarray]:
+    """One env's observation as ``{key: array}`` (text keys dropped; a plain array is ``obs``)."""
+    if isinstance(obs, dict):
+        return {k: np.asarray(v) for k, v in obs.items() if k != "instruction"}
+    return {"obs": np.asarray(obs)}
+
+
+def _env_entry(info: dict[str, Any], key: str, i: int) -> Any:
+    """Env ``i``'s entry of ``info[key]``, None when absent or masked out by ``info["_" + key]``; a
+    nested dict (``final_info``, ``episode``) gives a dict of env ``i``'s entries."""
+    if key not in info or ("_" + key in info and not np.asarray(info["_" + key])[i]):
+        return None
+    value = info[key]
+    if isinstance(value, dict):
+        return {k: _env_entry(value, k, i) for k in value if not k.startswith("_")}
+    return value[i]
 
 
 @dataclass

@@ -9,7 +9,9 @@ defaults and trains as it is.
 * **Sub-step detail.** A chunked env reports ``info["chunk_rewards"]`` (float ``[N, K]``) and
   ``info["chunk_valid"]`` (bool ``[N, K]``: the sub-steps that ran; after an episode ends inside a
   chunk the rest is not run). The step's ``reward`` is then only a summary. Without them, sub-step 0
-  holds the step's reward and is the only valid one.
+  holds the step's reward and is the only valid one. ``info["chunk_success"]`` (bool ``[N, K]``), the
+  env's own success signal per sub-step, is what ``trainers.reward_model`` labels frames with (a
+  plain env can give ``info["success"]`` or ``info["is_success"]`` per step instead).
 * **Episode statistics.** ``info["episode"]`` with an ``info["_episode"]`` mask (gymnasium's
   ``RecordEpisodeStatistics`` layout, also under ``info["final_info"]``), e.g. ``success``;
   without ``success`` an episode succeeded when it terminated.

@@ -57,6 +57,8 @@ class Rollout:
             reports: ``success``, ``success_once``...), with ``env`` (index) and ``step`` (t).
         observations: with ``collect(record_obs=True)``, the env's batched observation each step's
             action was chosen from (a list of T), else None.
+        final_observations: with ``record_obs``, the last observation of every episode that ended,
+            keyed by ``(t, env)`` (one env's observation, unbatched), else None.
     """
 
     replay: dict[str, torch.Tensor]
@@ -72,6 +74,7 @@ class Rollout:
     last_values: torch.Tensor | None
     episodes: list[dict[str, float]] = field(default_factory=list)
     observations: list[Any] | None = None
+    final_observations: dict[tuple[int, int], Any] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -187,8 +190,9 @@ class Collector:
         """Run ``num_steps`` policy steps (fewer with ``until_all_done``, which stops once every env
         finished an episode in this call) and return what was collected. ``on_step(info)`` is called
         after every ``env.step`` with its info (e.g. to grab ``env.render()`` for a video, or the
-        sub-step frames of ``info["frames"]``); ``record_obs`` keeps
-        the observations the policy acted on (``Rollout.observations``, e.g. for demonstrations)."""
+        sub-step frames of ``info["frames"]``); ``record_obs`` keeps the observations the policy
+        acted on (``Rollout.observations``, e.g. for demonstrations) and the last observation of
+        every episode that ended (``Rollout.final_observations``)."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if self.obs is None:
@@ -199,6 +203,7 @@ class Collector:
         ever_done = np.zeros(n, bool)
         pending_boot: list[tuple[int, int]] = []  # NEXT_STEP: (t, env) waiting for V(final obs)
         observed: list[Any] | None = [] if record_obs else None
+        finals: dict[tuple[int, int], Any] | None = {} if record_obs else None
 
         for t in range(num_steps):
             if observed is not None:
@@ -236,6 +241,10 @@ class Collector:
                 ep.update(reported.get(i, {}))
                 episodes.append({**ep, "env": float(i), "step": float(t)})
             self._ep_return[done], self._ep_length[done] = 0.0, 0
+            if finals is not None:  # before a DISABLED reset below replaces next_obs
+                for i in np.flatnonzero(done):
+                    same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+                    finals[(t, int(i))] = info["final_obs"][i] if same_step else _single_obs(next_obs, int(i))
 
             # bootstrap values of the episodes that ended here
             wanted = trunc if self.bootstrap == "truncated" else done
@@ -283,6 +292,7 @@ class Collector:
                 steps[t_done]["boot"][i] = last_values[i, 0]
         rollout = self._assemble(steps, last_values, episodes)
         rollout.observations = observed
+        rollout.final_observations = finals
         return rollout
 
     # ------------------------------------------------------------------ helpers
@@ -377,6 +387,17 @@ def _stack_obs(items: list[Any]) -> Any:
     if isinstance(first, tuple):
         return tuple(_stack_obs([it[j] for it in items]) for j in range(len(first)))
     return np.stack([np.asarray(it) for it in items])
+
+
+def _single_obs(obs: Any, i: int) -> Any:
+    """Env ``i``'s entry of a batched observation (arrays, dicts of them, tuples of strings)."""
+    if isinstance(obs, dict):
+        return {k: _single_obs(v, i) for k, v in obs.items()}
+    if isinstance(obs, tuple | list) and (not obs or isinstance(obs[0], str)):
+        return obs[i]
+    if isinstance(obs, tuple):
+        return tuple(_single_obs(v, i) for v in obs)
+    return obs[i]
 
 
 def _take_obs(obs: Any, idx: np.ndarray) -> Any:

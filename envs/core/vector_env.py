@@ -60,7 +60,8 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
     ``single_action_space`` is ``Box(low, high, (K, D))`` (``(D,)`` when ``chunk_size`` is None). One
     ``step()`` runs the whole chunk; once an env's episode ends inside a chunk, the rest of its chunk
     is not executed. The step reward is the sum over executed sub-steps, whose detail is in
-    ``info["chunk_rewards"]`` and ``info["chunk_valid"]`` ``[N, K]``. Actions outside the bounds are
+    ``info["chunk_rewards"]``, ``info["chunk_valid"]`` and ``info["chunk_success"]`` (the backend's
+    success signal after each executed sub-step, False elsewhere) ``[N, K]``. Actions outside the bounds are
     clipped; wrong shapes, non-float dtypes and NaN/inf raise ``ValueError``.
 
     ``reset(seed=, options=)`` options: ``initial_frames``, one entry per env being reset, each an
@@ -277,6 +278,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         truncated = np.zeros(n, bool)
         chunk_rewards = np.zeros((n, k), np.float32)
         chunk_valid = np.zeros((n, k), bool)
+        chunk_success = np.zeros((n, k), bool)
         infos: dict[str, Any] = {}
 
         if self.autoreset_mode == AutoresetMode.NEXT_STEP and self._ended.any():
@@ -298,6 +300,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             self._length[active] += valid.sum(1)
             self._return[active] += rewards[active]
             success = res.success.astype(bool) & valid
+            chunk_success[active] = success
             self._success_once[active] |= success.any(1)
             ran = valid.any(1)
             last = np.maximum(valid.sum(1) - 1, 0)
@@ -316,6 +319,7 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             self._finish_episodes(active[term | trunc], infos)
 
         infos["chunk_rewards"], infos["chunk_valid"] = chunk_rewards, chunk_valid
+        infos["chunk_success"] = chunk_success
         return self._observations(), rewards, terminated, truncated, infos
 
     def _finish_episodes(self, done: np.ndarray, infos: dict[str, Any]) -> None:

@@ -92,8 +92,10 @@ class _Slot:
         obs = self.sim.reset(task, state, scene_seed)
         return {"obs": obs, "objects": self.sim.object_state() if with_objects else None}
 
-    def run_chunk(self, actions: np.ndarray, max_steps: int, record: bool, with_objects: bool) -> dict:
-        out = self.sim.run_chunk(actions, max_steps, record_frames=record)
+    def run_chunk(
+        self, actions: np.ndarray, max_steps: int, record: bool, with_objects: bool, after_success: int = 0
+    ) -> dict:
+        out = self.sim.run_chunk(actions, max_steps, record_frames=record, steps_after_success=after_success)
         return {"out": out, "objects": self.sim.object_state() if with_objects else None}
 
     def close(self) -> None:
@@ -126,9 +128,11 @@ class LiberoVectorEnv(ChunkedVectorEnv):
     suite (optionally only ``task_ids`` and ``init_states``). A reset applies the init state after
     the scene reset, with fixture placement seeded by ``scene_seed`` (None: a random layout per
     reset, drawn from the env's RNG), then ``settle_steps`` no-op steps. Episodes terminate on
-    LIBERO's own success check and are truncated at the suite's step limit (``max_episode_steps``
-    overrides it). Cameras are rendered once per chunk, at its end; ``record_frames = True`` adds
-    the agent-view frame after every sub-step in ``info["frames"]`` (for videos). Images are
+    LIBERO's own success check (``steps_after_success`` sub-steps after the first success; 0, the
+    default, ends at it) and are truncated at the suite's step limit (``max_episode_steps`` overrides
+    it). ``info["chunk_success"]`` has the success check after every executed sub-step. Cameras are
+    rendered once per chunk, at its end; ``record_frames = True`` adds the agent-view frame after
+    every sub-step in ``info["frames"]`` (for videos). Images are
     upright (rotated 180 degrees from robosuite's raw output, as OpenVLA, openpi and RLinf do)
     unless ``upright=False``. Memory per env (a worker process): ~0.8 GB, 1.4-1.9 GB rendering.
 
@@ -144,6 +148,11 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         task_ids: the suite's tasks to use (positions in the suite; default all).
         init_states: the init-state indices to use for every task (default all 50), e.g.
             ``range(40)`` for training and ``range(40, 50)`` held out for evaluation.
+        steps_after_success: keep running the policy's actions this many sub-steps after the first
+            success before the episode terminates (still within the step limit), e.g. to record
+            frames of solved scenes for a success classifier (``trainers.reward_model``). The
+            reward stays 1.0 at the first success only; ``success`` per sub-step and in the episode
+            statistics is the check at that sub-step (the scene can be un-solved again).
         object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
         task_state: add the observation ``task_state``, the privileged state that scripted
             policies read (``envs/libero/task_state.py``: goal object and target poses, gripper).
@@ -172,6 +181,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         task_ids: Sequence[int] | None = None,
         init_states: Sequence[int] | None = None,
         max_episode_steps: int | None = None,
+        steps_after_success: int = 0,
         include_instruction: bool = True,
         object_state_in_info: bool = False,
         task_state: bool = False,
@@ -194,6 +204,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         check_int(env_id, "settle_steps", settle_steps, low=0)
         check_int(env_id, "scene_seed", scene_seed, low=0, none_ok=True)
         check_int(env_id, "max_episode_steps", max_episode_steps, low=1, none_ok=True)
+        check_int(env_id, "steps_after_success", steps_after_success, low=0)
         check_int(env_id, "max_cached_scenes", max_cached_scenes, low=1)
         check_int(env_id, "envs_per_worker", envs_per_worker, low=1)
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
@@ -236,6 +247,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         self.reset_timeout_s = float(reset_timeout_s or 120 + 30 * envs_per_worker)
         self.scene_seed = scene_seed
         self.max_episode_steps_override = max_episode_steps
+        self.steps_after_success = int(steps_after_success)
         self.object_state_in_info = object_state_in_info
         self.record_frames = False
         self._objects: list[dict | None] = [None] * self.num_envs
@@ -308,7 +320,13 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         lost = np.array([int(i) in self.pool.lost for i in env_ids])
         live = np.flatnonzero(~lost)
         args = [
-            (actions[p].astype(np.float64), int(max_steps[p]), self.record_frames, self.object_state_in_info)
+            (
+                actions[p].astype(np.float64),
+                int(max_steps[p]),
+                self.record_frames,
+                self.object_state_in_info,
+                self.steps_after_success,
+            )
             for p in live
         ]
         results, crashed_live = self.pool.call("run_chunk", env_ids[live], args, self.step_timeout_s)
@@ -317,6 +335,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         rewards = np.zeros((n, k), np.float32)
         success = np.zeros((n, k), bool)
         valid = np.zeros((n, k), bool)
+        ended = np.zeros(n, bool)
         obs = {key: self._obs[key][env_ids].copy() for key in self._array_keys}  # kept where crashed
         frames = np.full(n, None, dtype=object)
         for p, res in zip(live, results):
@@ -324,6 +343,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 continue
             out = res["out"]
             rewards[p], success[p], valid[p, : out.executed] = out.rewards, out.success, True
+            ended[p] = out.ended
             for key in self._array_keys:
                 obs[key][p] = out.obs[key]
             frames[p] = out.frames
@@ -334,7 +354,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         if self.object_state_in_info:
             info["object_state"] = np.empty(n, dtype=object)
             info["object_state"][:] = [self._objects[i] for i in env_ids]
-        return ChunkResult(obs, rewards, valid, success, success.any(1), info, crashed)
+        return ChunkResult(obs, rewards, valid, success, ended, info, crashed)
 
     # ---------------------------------------------------------------- helpers
     def _scene_seed(self) -> int:

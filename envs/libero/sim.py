@@ -91,6 +91,7 @@ class ChunkOutcome:
     success: np.ndarray  # bool [k]
     executed: int  # sub-steps actually run (<= min(k, max_steps))
     frames: list[np.ndarray] | None  # agentview after each executed sub-step (record_frames=True)
+    ended: bool = False  # the episode terminated in this chunk (success, plus steps_after_success)
 
 
 def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -338,6 +339,7 @@ class LiberoSim:
         self.task_state = task_state
         self._task_state: Any = None  # TaskStateBuilder of the current episode (task_state=True)
         self._episode_step = 0
+        self._first_success: int | None = None  # episode step of the first successful sub-step
         self._scenes: OrderedDict[str, _Scene] = OrderedDict()  # bddl file -> scene, LRU order
         self._scene: _Scene | None = None  # the scene of the current episode
 
@@ -372,34 +374,46 @@ class LiberoSim:
         finally:
             np.random.set_state(rng_state)
         self._episode_step = 0
+        self._first_success = None
         if self.task_state:
             from envs.libero.task_state import TaskStateBuilder
 
             self._task_state = TaskStateBuilder(scene.inner)
         return self._observe(scene)
 
-    def run_chunk(self, actions: np.ndarray, max_steps: int, record_frames: bool = False) -> ChunkOutcome:
-        """Run up to min(len(actions), max_steps) sub-steps; stop right after a successful one."""
+    def run_chunk(
+        self, actions: np.ndarray, max_steps: int, record_frames: bool = False, steps_after_success: int = 0
+    ) -> ChunkOutcome:
+        """Run up to min(len(actions), max_steps) sub-steps; stop ``steps_after_success`` sub-steps
+        after the episode's first successful one (0: right after it, LIBERO's own termination).
+
+        ``success[i]`` is LIBERO's success check after sub-step i (it may turn false again while the
+        episode keeps running); the reward is 1.0 at the episode's first success only, so a
+        return is the same whatever ``steps_after_success`` is."""
         scene = self._require_scene()
         acts = np.array(actions, dtype=np.float64)
         k = acts.shape[0]
         rewards = np.zeros(k, dtype=np.float32)
         success = np.zeros(k, dtype=bool)
         frames: list[np.ndarray] | None = [] if record_frames else None
-        executed = 0
+        executed, ended = 0, False
         for i in range(min(k, max(0, int(max_steps)))):
             # LIBERO's step returns done = _check_success() (ignore_done=True: never the horizon).
             scene.raw_obs, _, done, _ = scene.step(acts[i])
             executed += 1
+            self._episode_step += 1
             if frames is not None:
                 frames.append(self._image(scene, "agentview"))
-            if done:
+            success[i] = bool(done)
+            if done and self._first_success is None:
+                self._first_success = self._episode_step
                 rewards[i] = 1.0
-                success[i] = True
+            solved_for = None if self._first_success is None else self._episode_step - self._first_success
+            if solved_for is not None and solved_for >= steps_after_success:
+                ended = True
                 break
-        self._episode_step += executed
         reuse = frames[-1].copy() if frames else None
-        return ChunkOutcome(self._observe(scene, reuse), rewards, success, executed, frames)
+        return ChunkOutcome(self._observe(scene, reuse), rewards, success, executed, frames, ended)
 
     def object_state(self) -> dict[str, np.ndarray]:
         """Poses for scripted policies, at the instant of the last observation.

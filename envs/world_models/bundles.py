@@ -15,6 +15,7 @@ When none has the files, the error names the files looked for, where, and the co
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +61,12 @@ OPENSORA_LIBERO_OBJECT = Bundle(
 )
 
 
-def missing_files(bundle: Bundle, directory: Path) -> list[str]:
-    """The bundle files absent from ``directory``."""
+def missing_files(bundle: Bundle, directory: Path, skip: Collection[str] = ()) -> list[str]:
+    """The bundle files absent from ``directory`` (those in ``skip`` are not needed)."""
     missing = []
     for rel in bundle.files:
+        if rel in skip:
+            continue
         path = directory / rel.rstrip("/")
         ok = path.is_dir() and any(path.iterdir()) if rel.endswith("/") else path.is_file()
         if not ok:
@@ -76,12 +79,14 @@ def find_bundle(
     model_dir: str | os.PathLike | None = None,
     download: bool = False,
     revision: str | None = None,
+    skip: Collection[str] = (),
 ) -> Path:
     """The folder holding ``bundle``'s files (see the module docstring for the lookup order).
 
     ``revision`` (a commit hash or tag of the hub repository) pins what the cache lookup and a
     download use; ``download=True`` without one is refused: vla-gym does not fetch an unpinned
-    repository (its owner could change what it holds)."""
+    repository (its owner could change what it holds). Files in ``skip`` are not needed (e.g.
+    ``resnet_rm.pth`` when the env is given its own reward model)."""
     if download and not revision:
         raise ValueError(
             f"{bundle.name}: download=True needs revision='<commit hash>' of {bundle.repo} (downloads "
@@ -89,25 +94,27 @@ def find_bundle(
         )
     tried: list[str] = []
     if model_dir is not None:
-        return _checked(bundle, Path(model_dir), "model_dir")
+        return _checked(bundle, Path(model_dir), "model_dir", skip)
     if os.environ.get(bundle.env_var):
-        return _checked(bundle, Path(os.environ[bundle.env_var]), f"${bundle.env_var}")
+        return _checked(bundle, Path(os.environ[bundle.env_var]), f"${bundle.env_var}", skip)
     tried.append(f"${bundle.env_var} (unset)")
-    found, why = _from_hub(bundle, download, revision)
+    found, why = _from_hub(bundle, download, revision, skip)
     if found is not None:
         return found
     tried.append(why)
     raise FileNotFoundError(_advice(bundle, tried))
 
 
-def _checked(bundle: Bundle, directory: Path, source: str) -> Path:
-    missing = missing_files(bundle, directory)
+def _checked(bundle: Bundle, directory: Path, source: str, skip: Collection[str]) -> Path:
+    missing = missing_files(bundle, directory, skip)
     if missing:
         raise FileNotFoundError(_advice(bundle, [f"{source} = {directory}: missing {', '.join(missing)}"]))
     return directory
 
 
-def _from_hub(bundle: Bundle, download: bool, revision: str | None) -> tuple[Path | None, str]:
+def _from_hub(
+    bundle: Bundle, download: bool, revision: str | None, skip: Collection[str]
+) -> tuple[Path | None, str]:
     """The bundle from the Hugging Face cache, downloaded first if allowed; else (None, why)."""
     try:
         from huggingface_hub import snapshot_download
@@ -126,9 +133,10 @@ def _from_hub(bundle: Bundle, download: bool, revision: str | None) -> tuple[Pat
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             continue
         directory = root / bundle.subfolder if bundle.subfolder else root
-        if not missing_files(bundle, directory):
+        missing = missing_files(bundle, directory, skip)
+        if not missing:
             return directory, ""
-        why = f"missing {', '.join(missing_files(bundle, directory))}"
+        why = f"missing {', '.join(missing)}"
     where = "Hugging Face cache" + ("" if download and not offline else " (downloads off: download=False)")
     return None, f"{where}, repo {bundle.repo}: {why}"
 

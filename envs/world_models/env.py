@@ -27,6 +27,7 @@ trained here in the simulator.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,11 +61,33 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return value
 
 
-def bundle_parts(root: Path, trust_pickle: bool = False) -> tuple[ResnetRewardModel, list[InitialFrame]]:
-    """What every bundle holds besides its video model: ``resnet_rm.pth`` and ``dataset/`` (read as
-    plain data unless ``trust_pickle``)."""
-    reward_model = ResnetRewardModel.from_checkpoint(root / "resnet_rm.pth", trust_pickle=trust_pickle)
-    return reward_model, load_initial_frames(root / "dataset", trust_pickle=trust_pickle)
+REWARD_MODEL_FILE = "resnet_rm.pth"
+
+
+def check_reward_model_path(env_id: str, reward_model: str | os.PathLike | None) -> Path | None:
+    """The ``reward_model=`` kwarg of a world-model env as a path to an existing file (None: the
+    bundle's ``resnet_rm.pth``); checked before any weights are loaded."""
+    if reward_model is None:
+        return None
+    if not isinstance(reward_model, str | os.PathLike):
+        raise bad_input(env_id, "reward_model", "a path to a resnet_rm.pth file", type(reward_model).__name__)
+    path = Path(reward_model)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{env_id}: reward_model={str(path)!r} is not a file; expected a resnet_rm.pth state dict "
+            "(e.g. written by `python -m trainers.reward_model`)"
+        )
+    return path
+
+
+def bundle_parts(
+    root: Path, trust_pickle: bool = False, reward_model: Path | None = None
+) -> tuple[ResnetRewardModel, list[InitialFrame]]:
+    """What every bundle holds besides its video model: ``resnet_rm.pth`` (or the file
+    ``reward_model``, of any width) and ``dataset/`` (read as plain data unless ``trust_pickle``)."""
+    path = reward_model if reward_model is not None else root / REWARD_MODEL_FILE
+    reward = ResnetRewardModel.from_checkpoint(path, trust_pickle=trust_pickle)
+    return reward, load_initial_frames(root / "dataset", trust_pickle=trust_pickle)
 
 
 class WorldModelVectorEnv(ChunkedVectorEnv):

@@ -10,7 +10,14 @@ import torch
 
 from envs.core.errors import check_image_size
 from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
-from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
+from envs.world_models.env import (
+    REWARD_MODEL_FILE,
+    WorldModelVectorEnv,
+    bundle_parts,
+    check_reward_model_path,
+    default_device,
+    parse_dtype,
+)
 
 BUNDLES = {"spatial": COSMOS_LIBERO_SPATIAL}
 SIM_IDS = {"spatial": "Libero-Spatial-v0"}
@@ -31,6 +38,9 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``,
             and Cosmos' ``.pt`` and ``tokenizer.pth``) with a full unpickler. Off by default: they
             are read as plain data (tensors, numpy arrays, containers) and anything else is refused.
+        reward_model: a ``resnet_rm.pth`` to score frames with instead of the bundle's (any width,
+            e.g. one trained for a new task by ``python -m trainers.reward_model``); the bundle then
+            needs no ``resnet_rm.pth``.
         device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32 (dtype may be a name).
         image_size: frame (H, W); RLinf: 256x320 (dataset frames are stretched to it).
         prefix: checkpoint weights to use, ``"net."`` (RLinf) or ``"net_ema."``.
@@ -48,6 +58,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         download: bool = False,
         revision: str | None = None,
         trust_pickle: bool = False,
+        reward_model: str | os.PathLike | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         image_size: Sequence[int] = (256, 320),
@@ -61,7 +72,9 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
         image_size = check_image_size(env_id, image_size)  # before any weights are loaded
-        root = find_bundle(BUNDLES[suite], model_dir, download, revision)
+        reward_path = check_reward_model_path(env_id, reward_model)
+        skip = (REWARD_MODEL_FILE,) if reward_path is not None else ()
+        root = find_bundle(BUNDLES[suite], model_dir, download, revision, skip=skip)
         device = default_device(device)
         model = CosmosWorldModel.from_files(
             root / "libero-spatial-2b-19k.pt",
@@ -75,7 +88,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         )
         super().__init__(
             model,
-            *bundle_parts(root, trust_pickle),
+            *bundle_parts(root, trust_pickle, reward_path),
             env_id=env_id,
             num_envs=num_envs,
             sim_env_id=SIM_IDS[suite],

@@ -10,7 +10,14 @@ import torch
 
 from envs.core.errors import check_image_size
 from envs.world_models.bundles import OPENSORA_LIBERO_OBJECT, OPENSORA_LIBERO_SPATIAL, find_bundle
-from envs.world_models.env import WorldModelVectorEnv, bundle_parts, default_device, parse_dtype
+from envs.world_models.env import (
+    REWARD_MODEL_FILE,
+    WorldModelVectorEnv,
+    bundle_parts,
+    check_reward_model_path,
+    default_device,
+    parse_dtype,
+)
 
 BUNDLES = {"spatial": OPENSORA_LIBERO_SPATIAL, "object": OPENSORA_LIBERO_OBJECT}
 SIM_IDS = {"spatial": "Libero-Spatial-v0", "object": "Libero-Object-v0"}
@@ -31,6 +38,9 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``; the
             video model and VAE are safetensors) with a full unpickler. Off by default: they are
             read as plain data (tensors, numpy arrays, containers) and anything else is refused.
+        reward_model: a ``resnet_rm.pth`` to score frames with instead of the bundle's (any width,
+            e.g. one trained for a new task by ``python -m trainers.reward_model``); the bundle then
+            needs no ``resnet_rm.pth``.
         device, dtype: defaults are CUDA + bf16 when available, else CPU + fp32 (dtype may be a name).
         image_size: frame (H, W); RLinf: 256x256.
         model_options: ``OpenSoraWorldModel`` options (``num_steps``, ``condition_frames``,
@@ -47,6 +57,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         download: bool = False,
         revision: str | None = None,
         trust_pickle: bool = False,
+        reward_model: str | os.PathLike | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         image_size: Sequence[int] = (256, 256),
@@ -60,7 +71,9 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         if suite not in BUNDLES:
             raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
         image_size = check_image_size(env_id, image_size)  # before any weights are loaded
-        root = find_bundle(BUNDLES[suite], model_dir, download, revision)
+        reward_path = check_reward_model_path(env_id, reward_model)
+        skip = (REWARD_MODEL_FILE,) if reward_path is not None else ()
+        root = find_bundle(BUNDLES[suite], model_dir, download, revision, skip=skip)
         device = default_device(device)
         model = OpenSoraWorldModel.from_files(
             root,
@@ -73,7 +86,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         )
         super().__init__(
             model,
-            *bundle_parts(root, trust_pickle),
+            *bundle_parts(root, trust_pickle, reward_path),
             env_id=env_id,
             num_envs=num_envs,
             sim_env_id=SIM_IDS[suite],
