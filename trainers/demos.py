@@ -178,6 +178,14 @@ def _write_episode(g: Any, ep: Episode) -> None:
         g.create_dataset("sim_states", data=np.asarray(ep.sim_states, np.float64))
 
 
+def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
+    """Refuse an open HDF5 file whose ``format`` attribute is not ``fmt`` or whose ``version`` is newer."""
+    if f.attrs.get("format") != fmt:
+        raise ValueError(f"{path} is not a {fmt} file (format attribute {f.attrs.get('format')!r})")
+    if int(f.attrs["version"]) > version:
+        raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
+
+
 def read_demos(path: str | Path) -> Demos:
     """Load a file written by ``write_demos``."""
     h5py = _h5py()
@@ -185,10 +193,7 @@ def read_demos(path: str | Path) -> Demos:
     if not path.is_file():
         raise FileNotFoundError(f"no demonstration file at {path}")
     with h5py.File(path, "r") as f:
-        if f.attrs.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file (format attribute {f.attrs.get('format')!r})")
-        if int(f.attrs["version"]) > VERSION:
-            raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {VERSION}")
+        check_format(f, path, FORMAT, VERSION)
         meta = {}
         for key, value in f.attrs.items():
             value = value.item() if isinstance(value, np.generic) else value

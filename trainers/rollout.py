@@ -242,9 +242,9 @@ class Collector:
                 episodes.append({**ep, "env": float(i), "step": float(t)})
             self._ep_return[done], self._ep_length[done] = 0.0, 0
             if finals is not None:  # before a DISABLED reset below replaces next_obs
-                for i in np.flatnonzero(done):
-                    same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
-                    finals[(t, int(i))] = info["final_obs"][i] if same_step else _single_obs(next_obs, int(i))
+                same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+                for i in np.flatnonzero(done).tolist():
+                    finals[(t, i)] = info["final_obs"][i] if same_step else _take_obs(next_obs, i)
 
             # bootstrap values of the episodes that ended here
             wanted = trunc if self.bootstrap == "truncated" else done
@@ -389,23 +389,12 @@ def _stack_obs(items: list[Any]) -> Any:
     return np.stack([np.asarray(it) for it in items])
 
 
-def _single_obs(obs: Any, i: int) -> Any:
-    """Env ``i``'s entry of a batched observation (arrays, dicts of them, tuples of strings)."""
-    if isinstance(obs, dict):
-        return {k: _single_obs(v, i) for k, v in obs.items()}
-    if isinstance(obs, tuple | list) and (not obs or isinstance(obs[0], str)):
-        return obs[i]
-    if isinstance(obs, tuple):
-        return tuple(_single_obs(v, i) for v in obs)
-    return obs[i]
-
-
-def _take_obs(obs: Any, idx: np.ndarray) -> Any:
-    """The entries ``idx`` of a batched observation."""
+def _take_obs(obs: Any, idx: np.ndarray | int) -> Any:
+    """The entries ``idx`` of a batched observation (an int: that env's own, unbatched)."""
     if isinstance(obs, dict):
         return {k: _take_obs(v, idx) for k, v in obs.items()}
     if isinstance(obs, tuple | list) and (not obs or isinstance(obs[0], str)):
-        return tuple(obs[i] for i in idx)
+        return obs[idx] if isinstance(idx, int) else tuple(obs[i] for i in idx)
     if isinstance(obs, tuple):
         return tuple(_take_obs(v, idx) for v in obs)
-    return obs[torch.as_tensor(idx) if isinstance(obs, torch.Tensor) else idx]
+    return obs[torch.as_tensor(idx) if isinstance(obs, torch.Tensor) and not isinstance(idx, int) else idx]

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
-from trainers.demos import Episode, collect_episodes
+from trainers.demos import Episode, check_format, collect_episodes
 
 FORMAT, VERSION = "vla-gym-rm-frames", 1
 SUCCESS_KEYS = ("success", "is_success")  # per-step success of plain gymnasium envs
@@ -319,12 +319,6 @@ def collect_frames(
 
 
 # ---------------------------------------------------------------------------- HDF5 file
-def _h5py() -> Any:
-    import h5py
-
-    return h5py
-
-
 def write_frames(
     path: str | Path,
     episodes: Iterator[tuple[int, Episode, np.ndarray, np.ndarray]],
@@ -332,7 +326,8 @@ def write_frames(
 ) -> FrameSet:
     """Stream ``collect_frames`` into ``path`` (via ``<path>.tmp``, renamed once complete and
     checked: both labels present). On any error nothing is left behind. Returns the frames."""
-    h5py = _h5py()
+    import h5py
+
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     table: dict[str, list[Any]] = {c: [] for c in EPISODE_COLUMNS}
@@ -411,15 +406,13 @@ def check_labels(labels: np.ndarray, episodes: int, meta: dict[str, Any]) -> Non
 
 def read_frames(path: str | Path) -> FrameSet:
     """A file written by ``write_frames``, all in memory."""
-    h5py = _h5py()
+    import h5py
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no frame file at {path} (written by python -m trainers.reward_model)")
     with h5py.File(path, "r") as f:
-        if f.attrs.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} file (format attribute {f.attrs.get('format')!r})")
-        if int(f.attrs["version"]) > VERSION:
-            raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {VERSION}")
+        check_format(f, path, FORMAT, VERSION)
         meta = {k: json.loads(v) for k, v in f.attrs.items() if k not in ("format", "version")}
         table = {c: f[f"episodes/{c}"][()] for c in EPISODE_COLUMNS}
         table["task"] = np.array([t.decode() if isinstance(t, bytes) else str(t) for t in table["task"]])
