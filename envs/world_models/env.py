@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
 from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
+from envs.world_models.bundles import Bundle, find_bundle
 from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel, relative_rewards
 from nets.safe_load import UnsafeFileError, torch_load
@@ -64,20 +65,32 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 REWARD_MODEL_FILE = "resnet_rm.pth"
 
 
-def check_reward_model_path(env_id: str, reward_model: str | os.PathLike | None) -> Path | None:
-    """The ``reward_model=`` kwarg of a world-model env as a path to an existing file (None: the
-    bundle's ``resnet_rm.pth``); checked before any weights are loaded."""
-    if reward_model is None:
-        return None
-    if not isinstance(reward_model, str | os.PathLike):
-        raise bad_input(env_id, "reward_model", "a path to a resnet_rm.pth file", type(reward_model).__name__)
-    path = Path(reward_model)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{env_id}: reward_model={str(path)!r} is not a file; expected a resnet_rm.pth state dict "
-            "(e.g. written by `python -m trainers.reward_model`)"
-        )
-    return path
+def locate_bundle(
+    env_id: str,
+    bundles: Mapping[str, Bundle],
+    suite: str,
+    reward_model: str | os.PathLike | None,
+    model_dir: str | os.PathLike | None,
+    download: bool,
+    revision: str | None,
+) -> tuple[Path, Path | None]:
+    """The suite's bundle folder and the ``reward_model=`` file (None: the bundle's
+    ``resnet_rm.pth``, which the bundle then must hold). Both are checked before any weights load."""
+    if suite not in bundles:
+        raise ValueError(f"{env_id}: suite must be one of {sorted(bundles)}, got {suite!r}")
+    reward_path = None
+    if reward_model is not None:
+        if not isinstance(reward_model, str | os.PathLike):
+            kind = type(reward_model).__name__
+            raise bad_input(env_id, "reward_model", "a path to a resnet_rm.pth file", kind)
+        reward_path = Path(reward_model)
+        if not reward_path.is_file():
+            raise FileNotFoundError(
+                f"{env_id}: reward_model={str(reward_path)!r} is not a file; expected a resnet_rm.pth "
+                "state dict (e.g. written by `python -m trainers.reward_model`)"
+            )
+    skip = (REWARD_MODEL_FILE,) if reward_path is not None else ()
+    return find_bundle(bundles[suite], model_dir, download, revision, skip=skip), reward_path
 
 
 def bundle_parts(

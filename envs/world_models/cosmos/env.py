@@ -9,13 +9,12 @@ from typing import Any
 import torch
 
 from envs.core.errors import check_image_size
-from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL, find_bundle
+from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL
 from envs.world_models.env import (
-    REWARD_MODEL_FILE,
     WorldModelVectorEnv,
     bundle_parts,
-    check_reward_model_path,
     default_device,
+    locate_bundle,
     parse_dtype,
 )
 
@@ -69,12 +68,8 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
     ) -> None:
         from envs.world_models.cosmos.model import CosmosWorldModel
 
-        if suite not in BUNDLES:
-            raise ValueError(f"{env_id}: suite must be one of {sorted(BUNDLES)}, got {suite!r}")
         image_size = check_image_size(env_id, image_size)  # before any weights are loaded
-        reward_path = check_reward_model_path(env_id, reward_model)
-        skip = (REWARD_MODEL_FILE,) if reward_path is not None else ()
-        root = find_bundle(BUNDLES[suite], model_dir, download, revision, skip=skip)
+        root, reward_path = locate_bundle(env_id, BUNDLES, suite, reward_model, model_dir, download, revision)
         device = default_device(device)
         model = CosmosWorldModel.from_files(
             root / "libero-spatial-2b-19k.pt",
