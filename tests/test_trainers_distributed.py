@@ -4,8 +4,10 @@ Two processes share a rollout collected from CartPole, each taking half of the e
 groups); their DDP update must give the weights of the single-process update on the whole rollout.
 That is exact (up to float summation order) when every minibatch is the whole batch: with several
 shuffled minibatches the two runs draw different minibatches, so there the test checks that the
-ranks stay in step (same number of updates, same early stop, identical weights). The end-to-end
-tests run ``torchrun`` (``python -m torch.distributed.run``) on the trainers' command lines.
+ranks stay in step (same number of updates, same early stop, identical weights). Self-imitation
+buffers gather every rank's rows, so with a generator common to both runs for the imitation rows
+the 2-rank update with them is exact too. The end-to-end tests run ``torchrun`` (``python -m
+torch.distributed.run``) on the trainers' command lines.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.multiprocessing as mp
 from policies.registry import make_policy
 from trainers import checkpoint as ckpt
 from trainers import distributed
-from trainers.grpo import GRPOConfig, episode_scores, group_seeds, grpo_update, select_envs
+from trainers.grpo import GRPOConfig, group_seeds, grpo_update, select_envs
 from trainers.grpo import make_optimizer as grpo_optimizer
 from trainers.metrics import read_metrics
 from trainers.ppo import PPOConfig, make_optimizer, ppo_update
@@ -63,9 +65,26 @@ def _grpo_rollout(policy, group_size: int) -> Rollout:
     return rollout
 
 
-def _run_update(algo: str, kwargs: dict, rollout_envs: range | None, sil: bool = False) -> dict:
+SIL_CAPACITY = 150
+
+
+def _sil_buffer(rollout: Rollout) -> SuccessBuffer:
+    """Every rank adds its envs' long first episodes (``add`` gathers them over the ranks), then
+    the short ones: the second add overflows the capacity, so FIFO drops rows after a gather."""
+    buffer = SuccessBuffer(SIL_CAPACITY)
+    lengths = rollout.first_episode.any(-1).sum(0)  # not the scores: rank 1's rewards are zeroed
+    buffer.add(rollout, lengths > 20)
+    buffer.add(rollout, lengths <= 20)
+    return buffer
+
+
+def _run_update(
+    algo: str, kwargs: dict, rollout_envs: range | None, sil: bool = False, sil_seed: int | None = None
+) -> dict:
     """One update (PPO) or two (GRPO) of the fixed rollout's envs ``rollout_envs`` (all: None),
-    with the policy wrapped by ``distributed.data_parallel`` (plain at world size 1)."""
+    with the policy wrapped by ``distributed.data_parallel`` (plain at world size 1). ``sil``: with
+    a self-imitation buffer (returned as ``"sil"``), its rows drawn from a generator seeded with
+    ``sil_seed`` (None: ``grpo_update``'s default)."""
     torch.set_num_threads(1)
     policy = _policy(critic=algo == "ppo")
     generator = torch.Generator().manual_seed(5 + distributed.rank())
@@ -83,10 +102,8 @@ def _run_update(algo: str, kwargs: dict, rollout_envs: range | None, sil: bool =
         if rollout_envs is not None:
             rollout = select_envs([(rollout, rollout_envs)])
         ref = _policy(critic=False).requires_grad_(False)
-        buffer = None
-        if sil and distributed.rank() == 0:  # only rank 0 has something to imitate
-            buffer = SuccessBuffer(100)
-            buffer.add(rollout, episode_scores(rollout.rewards, rollout.first_episode) > 20)
+        buffer = _sil_buffer(rollout) if sil else None
+        sil_generator = torch.Generator().manual_seed(sil_seed) if sil_seed is not None else None
         optimizer = grpo_optimizer(policy, config)
         evaluator = distributed.data_parallel(policy)
         metrics = [
@@ -99,13 +116,20 @@ def _run_update(algo: str, kwargs: dict, rollout_envs: range | None, sil: bool =
                 generator=generator,
                 sil=buffer,
                 evaluator=evaluator,
+                sil_generator=sil_generator,
             )
             for _ in range(2)
         ]
-    return {"state": {k: v.detach().clone() for k, v in policy.state_dict().items()}, "metrics": metrics}
+    state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    out = {"state": state, "metrics": metrics}
+    if sil:
+        out["sil"] = buffer.state_dict()
+    return out
 
 
-def _worker(rank: int, store: str, out_dir: str, algo: str, kwargs: dict, sil: bool) -> None:
+def _worker(
+    rank: int, store: str, out_dir: str, algo: str, kwargs: dict, sil: bool, sil_seed: int | None
+) -> None:
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",
@@ -116,13 +140,16 @@ def _worker(rank: int, store: str, out_dir: str, algo: str, kwargs: dict, sil: b
     try:
         envs = 4 if algo == "ppo" else 8
         share = distributed.shard(envs, rank, WORLD)
-        torch.save(_run_update(algo, kwargs, share, sil), Path(out_dir) / f"rank{rank}.pt")
+        torch.save(_run_update(algo, kwargs, share, sil, sil_seed), Path(out_dir) / f"rank{rank}.pt")
     finally:
         distributed.shutdown()  # a barrier first: see its docstring
 
 
-def _two_ranks(tmp_path, algo: str, kwargs: dict, sil: bool = False) -> list[dict]:
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path), algo, kwargs, sil), nprocs=WORLD)
+def _two_ranks(
+    tmp_path, algo: str, kwargs: dict, sil: bool = False, sil_seed: int | None = None
+) -> list[dict]:
+    args = (str(tmp_path / "store"), str(tmp_path), algo, kwargs, sil, sil_seed)
+    mp.spawn(_worker, args=args, nprocs=WORLD)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
 
@@ -165,6 +192,44 @@ def test_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
     assert ranks[0]["metrics"] == ranks[1]["metrics"]
 
 
+def _assert_same_buffer(a: dict, b: dict) -> None:
+    assert a["replay"].keys() == b["replay"].keys()
+    for key in a["replay"]:
+        assert torch.equal(a["replay"][key], b["replay"][key]), key
+    assert torch.equal(a["valid"], b["valid"])
+
+
+def test_grpo_self_imitation_over_two_ranks_equals_the_single_process_update(tmp_path):
+    # both ranks add successes; the buffer gathered on each rank is the single process's (same
+    # rows, same order, FIFO cap included), and the ranks' shares of each minibatch's imitation rows
+    # are the rows one process draws with the same generator. Rank 1 has no policy-gradient rows
+    # (its groups carry no signal) but imitates its share.
+    kwargs = dict(group_size=2, learning_rate=1e-2, n_epochs=3, sil_coef=0.5, sil_capacity=SIL_CAPACITY)
+    ranks = _two_ranks(tmp_path, "grpo", kwargs, sil=True, sil_seed=9)
+    single = _run_update("grpo", kwargs, None, sil=True, sil_seed=9)
+    assert len(single["sil"]["valid"]) == SIL_CAPACITY  # the cap applied
+    for r in ranks:
+        _assert_same_buffer(r["sil"], single["sil"])
+        _assert_close(r["state"], single["state"], atol=1e-6)
+    start = dict(_policy(critic=False).named_parameters())
+    assert max((single["state"][k] - p).abs().max() for k, p in start.items()) > 1e-4  # it learned
+    for key in ("loss", "policy_loss", "sil_loss", "samples", "updates"):
+        assert ranks[0]["metrics"][1][key] == pytest.approx(single["metrics"][1][key], rel=1e-5, abs=1e-7)
+    assert single["metrics"][1]["sil_loss"] != 0.0
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+
+    # rank 0's buffer (what its checkpoint holds) resumes in one process as the single process's
+    resumed = SuccessBuffer(SIL_CAPACITY)
+    resumed.load_state_dict(ranks[0]["sil"])
+    _assert_same_buffer(resumed.state_dict(), single["sil"])
+    alone = SuccessBuffer(SIL_CAPACITY)
+    alone.load_state_dict(single["sil"])
+    drawn = [b.sample(50, torch.Generator().manual_seed(3)) for b in (resumed, alone)]
+    assert torch.equal(drawn[0][1], drawn[1][1])
+    for key, value in drawn[0][0].items():
+        assert torch.equal(value, drawn[1][0][key]), key
+
+
 def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
     # several minibatches: the ranks draw their own, so only agreement between ranks is checked
     kwargs = dict(n_steps=24, batch_size=10, n_epochs=10, target_kl=0.002, learning_rate=3e-3)
@@ -173,8 +238,9 @@ def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
     grpo_kwargs = dict(
         group_size=2, learning_rate=0.05, batch_size=8, n_epochs=6, target_kl=0.01, sil_coef=0.5
     )
-    grpo = _two_ranks(tmp_path, "grpo", grpo_kwargs, sil=True)
+    grpo = _two_ranks(tmp_path, "grpo", grpo_kwargs, sil=True)  # a common SIL stream seeded by rank 0
     assert grpo[0]["metrics"][0]["sil_loss"] != 0.0
+    _assert_same_buffer(grpo[0]["sil"], grpo[1]["sil"])
     for runs in (ppo, grpo):
         assert runs[0]["metrics"] == runs[1]["metrics"]
         for key, value in runs[0]["state"].items():
@@ -241,6 +307,7 @@ def test_torchrun_grpo_checkpoints_resumes_on_one_rank_then_on_two(tmp_path):
 
     run_dir = tmp_path / "run"
     grpo = ["--group-size", "2", "--learning-rate", "3e-3", "--log-prob-level", "chunk", "--kl-beta", "0.05"]
+    grpo += ["--sil-coef", "0.5"]
     stdout = _torchrun(
         "-m", "trainers", "--algo", "grpo", "--env", "CartPole-v1", "--num-envs", "8", *grpo,
         "--max-iterations", "3", "--total-steps", "100000", "--checkpoint-every", "2",
@@ -255,6 +322,9 @@ def test_torchrun_grpo_checkpoints_resumes_on_one_rank_then_on_two(tmp_path):
     # runs until every env of the rank finished one)
     assert data["counters"]["env_steps"] >= sum(r["env/return"] * r["env/episodes"] for r in rows[:3])
     assert len((run_dir / "eval_episodes.jsonl").read_text().splitlines()) == 3
+    # the checkpoint holds the buffer of both ranks: the length logged (the ranks' mean) is its own
+    sil = data["extra"]["sil"]["valid"]
+    assert len(sil) == [r["rollout/sil_buffer"] for r in rows if "rollout/sil_buffer" in r][-1] > 0
 
     final = cli.main(["--resume", str(run_dir), "--max-iterations", "4", "--eval-every", "-1", *FAST])
     assert np.isfinite(final["train/loss"])
@@ -262,6 +332,7 @@ def test_torchrun_grpo_checkpoints_resumes_on_one_rank_then_on_two(tmp_path):
     assert resumed["counters"]["iteration"] == 4
     for key, value in data["extra"]["ref_policy"].items():  # the frozen reference policy carries over
         assert torch.equal(value, resumed["extra"]["ref_policy"][key])
+    assert torch.equal(resumed["extra"]["sil"]["valid"][: len(sil)], sil)  # and the buffer, appended to
 
     # and back onto two ranks: both load the 1-rank checkpoint and train on from it
     stdout = _torchrun("-m", "trainers.grpo", "--resume", str(run_dir), "--max-iterations", "5", *FAST)
@@ -271,6 +342,8 @@ def test_torchrun_grpo_checkpoints_resumes_on_one_rank_then_on_two(tmp_path):
         again["counters"]["iteration"] == 5
         and again["counters"]["env_steps"] > resumed["counters"]["env_steps"]
     )
+    before = resumed["extra"]["sil"]["valid"]
+    assert torch.equal(again["extra"]["sil"]["valid"][: len(before)], before)
     assert [r["iteration"] for r in read_metrics(run_dir) if "train/loss" in r] == list(range(1, 6))
 
 

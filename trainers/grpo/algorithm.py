@@ -155,17 +155,23 @@ def grpo_update(
     guard: BadUpdateGuard | None = None,
     sil: SuccessBuffer | None = None,
     evaluator: torch.nn.Module | None = None,
+    sil_generator: torch.Generator | None = None,
 ) -> dict[str, float]:
     """``n_epochs`` passes of minibatches of chunk-steps over a group rollout.
 
     Every element of env i's first episode gets env i's group advantage; groups dropped by dynamic
     sampling and everything after the first done are masked out. With ``sil`` and ``sil_coef > 0``
-    each minibatch also imitates as many chunk-steps drawn from the buffer.
+    each minibatch also imitates as many chunk-steps drawn from the buffer, from ``sil_generator``
+    (default: ``generator``).
 
     Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
     rank holds whole groups, so advantages need no communication; the loss denominators (token
     count, or trajectory count for ``traj_mean``), the minibatch count and the early-stop and
-    bad-update decisions are taken over all ranks, as in ``ppo_update``.
+    bad-update decisions are taken over all ranks, as in ``ppo_update``. Self-imitation: ``sil``
+    must hold the same rows on every rank (``SuccessBuffer.add`` gathers them); each minibatch's
+    rows are drawn whole, as many as the minibatch has over all ranks, from ``sil_generator``, which
+    must then be in the same state on every rank (default: one seeded here from rank 0's
+    ``generator``), and each rank evaluates its contiguous share of them.
     """
     if config.kl_beta > 0 and ref_policy is None:
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
@@ -228,6 +234,11 @@ def grpo_update(
 
     # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
     use_sil = sil is not None and config.sil_coef > 0 and len(sil) > 0
+    if use_sil and world > 1 and sil_generator is None:  # a stream common to all ranks: rank 0's seed
+        seed = int(torch.randint(2**62, (), generator=generator))
+        sil_generator = torch.Generator().manual_seed(distributed.broadcast(seed))
+    if sil_generator is None:
+        sil_generator = generator
     sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     stop = False
@@ -240,22 +251,18 @@ def grpo_update(
             weights = mb["weights"] if config.loss_agg == "traj_mean" else None
             replays = [{k: v[idx].to(device) for k, v in replay.items()}]
             sil_rows = None
-            if use_sil and world > 1:  # DDP wants one forward per backward: the same one as the minibatch
-                sil_rows = sil.sample(idx.numel(), generator)
-                replays.append({k: v.to(device) for k, v in sil_rows[0].items()})
             # the counts every mean divides by, over all ranks (at world size 1: computed locally)
             counts: dict[str, torch.Tensor] = {}
             if world > 1:
                 level = config.log_prob_level
                 counts = distributed.sum_over_ranks(
-                    {
-                        **policy_loss_weights(mb["log_probs"], mb["valid"], level, 1, weights),
-                        "sil": float(sil_rows[1].sum()) * E if sil_rows is not None else 0.0,
-                        "rows": count,
-                    }
+                    {**policy_loss_weights(mb["log_probs"], mb["valid"], level, 1, weights), "rows": count}
                 )
                 if int(counts["rows"]) == 0:  # this minibatch is empty on every rank
                     continue
+            if use_sil and world > 1:  # DDP wants one forward per backward: the same one as the minibatch
+                sil_rows, counts["sil"] = _sil_share(sil, int(counts["rows"]), sil_generator, E)
+                replays.append({k: v.to(device) for k, v in sil_rows[0].items()})
             outs = distributed.evaluate(evaluator, *replays)
             out = outs[0]
             pg_loss, stats = policy_loss(
@@ -286,7 +293,7 @@ def grpo_update(
             sil_loss = torch.zeros(())
             if use_sil:
                 if sil_rows is None:  # single process: drawn after the early-stop check
-                    sil_rows = sil.sample(idx.numel(), generator)
+                    sil_rows = sil.sample(idx.numel(), sil_generator)
                     outs += distributed.evaluate(evaluator, {k: v.to(device) for k, v in sil_rows[0].items()})
                 sil_loss = imitation_nll(outs[1].log_probs, sil_rows[1].to(device), counts.get("sil"))
                 loss = loss + config.sil_coef * sil_loss
@@ -320,3 +327,23 @@ def grpo_update(
         }
     )
     return metrics
+
+
+def _sil_share(
+    sil: SuccessBuffer, batch_size: int, generator: torch.Generator | None, num_elements: int
+) -> tuple[tuple[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]:
+    """Data parallel: this rank's share of a minibatch's self-imitation rows, and the loss
+    entries of all of them (the NLL's denominator over all ranks).
+
+    The ``batch_size`` rows (the minibatch's over all ranks) are drawn whole, the same on every
+    rank, and rank r takes its contiguous slice: together the ranks evaluate the rows that one
+    process would draw with ``generator``. A rank whose slice is empty (fewer rows than ranks)
+    evaluates one row with no executed sub-step, so that it still runs forward and backward.
+    """
+    drawn = sil.draw(batch_size, generator)
+    weight_sum = torch.tensor(float(sil.valid[drawn].sum()) * num_elements)
+    mine = distributed.shard(batch_size, distributed.rank(), distributed.world_size())
+    if len(mine) == 0:
+        replay, valid = sil.rows(drawn[:1])
+        return (replay, torch.zeros_like(valid)), weight_sum
+    return sil.rows(drawn[mine.start : mine.stop]), weight_sum

@@ -14,7 +14,9 @@ Data parallel: ``torchrun --nproc-per-node N -m trainers.grpo ...`` (``trainers/
 Each rank holds whole groups (its envs must split into groups); the starts of a round are drawn
 for all ``num_envs`` and rank r takes its groups' share of them, so the ranks' groups start
 where the single process's would. Each rank resamples (DAPO) its own groups; the per-task counts
-behind ``start_weighting`` are merged over ranks after each iteration.
+behind ``start_weighting`` are merged over ranks after each iteration. The self-imitation buffer
+gathers every rank's successes, so all ranks hold the single process's buffer (and rank 0's
+checkpoint the whole of it: ``trainers/self_imitation.py``).
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def train(
                     collector, config, starts, run.counters["iteration"]
                 )
             starts.merge_ranks()  # every rank's per-task counts (several ranks)
-            if sil is not None:  # episodes that beat their group's mean score
+            if sil is not None:  # episodes that beat their group's mean score (all ranks' rows)
                 scores = episode_scores(batch.rewards, batch.first_episode)
                 means = scores.reshape(-1, config.group_size).mean(1).repeat_interleave(config.group_size)
                 sampling["rollout/sil_added"] = float(sil.add(batch, scores > means + 1e-8))
