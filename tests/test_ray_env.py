@@ -234,6 +234,111 @@ def test_bad_input_is_refused_before_any_actor_is_called(cosmos_bundle):
         env.step(np.zeros(env.action_space.shape, np.float32))
 
 
+# ---------------------------------------------------------------------- get_state / load_state
+def steps(env, actions) -> list:
+    return [env.step(a) for a in actions]
+
+
+def test_world_model_state_round_trip_through_actors(cosmos_bundle):
+    """3 envs over 2 actors (2 + 1): after load_state, the same env and a fresh one built with the
+    same settings replay the saved continuation exactly: observations, rewards, infos, episode
+    statistics and the initial frames autoreset draws (episodes end every 2 steps)."""
+    kwargs = dict(ray_actors=2, autoreset_mode="NextStep")
+    actions = np.random.default_rng(3).uniform(-1, 1, (7, 3, 8, 7)).astype(np.float32)
+    env = make_world_model(cosmos_bundle, 3, **kwargs)
+    try:
+        env.reset(seed=7)
+        steps(env, actions[:3])  # the first episodes ended at step 2 and restarted at step 3
+        saved = env.get_state()
+        first = steps(env, actions[3:])
+        assert any("episode" in out[4] for out in first) and any(
+            "initial_frame_id" in out[4] for out in first
+        )
+        env.load_state(saved)
+        assert env.get_state() == saved
+        assert_same(steps(env, actions[3:]), first, "same env")
+    finally:
+        env.close()
+    fresh = make_world_model(cosmos_bundle, 3, **kwargs)
+    try:
+        fresh.load_state(saved)  # no reset needed: the state holds the episodes
+        assert_same(steps(fresh, actions[3:]), first, "fresh env")
+    finally:
+        fresh.close()
+
+
+def test_bad_state_is_refused_and_changes_nothing(cosmos_bundle):
+    """Wrong type, garbage, a state of another split or of a local env, a state whose second actor's
+    part does not load (the first actor's loads and is rolled back): a ValueError naming the env,
+    and the env goes on exactly as if load_state had not been called."""
+    import io
+
+    import torch
+
+    from nets.safe_load import UnsafeFileError, torch_load
+
+    other = make_world_model(cosmos_bundle, 2, ray_actors=2)  # 2 envs over 2 actors (1 + 1)
+    try:
+        other.reset(seed=0)
+        other_split = other.get_state()
+    finally:
+        other.close()
+    local = make_world_model(cosmos_bundle, 3)
+    local.reset(seed=0)
+    local_state = local.get_state()
+    local.close()
+
+    actions = np.random.default_rng(4).uniform(-1, 1, (4, 3, 8, 7)).astype(np.float32)
+    env = make_world_model(cosmos_bundle, 3, ray_actors=2, autoreset_mode="NextStep")
+    try:
+        env.reset(seed=1)
+        env.step(actions[0])
+        old = env.get_state()
+        env.step(actions[1])
+        now = env.get_state()
+        undisturbed = steps(env, actions[2:])
+        env.load_state(now)
+
+        state = torch_load(io.BytesIO(old), numpy=True, allow=[envs.InitialFrame])
+        state["actors"][1] = torch.frombuffer(bytearray(b"junk"), dtype=torch.uint8)
+        half_good = io.BytesIO()
+        torch.save(state, half_good)
+        payload = io.BytesIO()
+        torch.save({"kind": "RayVectorEnv", "episode": print}, payload)  # a callable: refused unread
+        cases = [
+            ("state", "received str"),
+            (None, "received NoneType"),
+            (b"junk", "unreadable"),
+            (other_split, r"3 envs over 2 actors of sizes \[2, 1\], received actor sizes \[1, 1\]"),
+            (local_state, "a local env's state"),
+            (half_good.getvalue(), "actor 1's part does not load .*unreadable.*nothing was loaded"),
+        ]
+        for data, match in cases:
+            with pytest.raises(ValueError, match="CosmosWM-LiberoSpatial-v0: bad state.*" + match):
+                env.load_state(data)
+        with pytest.raises(UnsafeFileError, match="refused to load: the file asks for the global 'print'"):
+            env.load_state(payload.getvalue())
+        assert env.get_state() == now
+        assert_same(steps(env, actions[2:]), undisturbed)
+    finally:
+        env.close()
+
+
+def test_backend_without_state_says_it_cannot_save():
+    """The counting env (tests/counting_env.py) has no get_state, as LIBERO and B1K have none."""
+    env = RayVectorEnv("tests.counting_env:CountingVectorEnv", 2, num_actors=2)
+    try:
+        env.reset(seed=0)
+        for call, args in (("get_state", ()), ("load_state", (b"",))):
+            match = rf"Counting-v0: {call}\(\) .*tests\.counting_env\.CountingVectorEnv cannot save its state"
+            with pytest.raises(NotImplementedError, match=match):
+                getattr(env, call)(*args)
+        *_, info = env.step(np.ones(env.action_space.shape, np.float32))
+        assert info["chunk_valid"].any(1).all()  # still usable
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

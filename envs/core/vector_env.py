@@ -389,16 +389,44 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         state["np_random"] = copy.deepcopy(self.np_random.bit_generator.state)
         return state
 
-    def _load_episode_state(self, state: dict[str, Any]) -> None:
-        """Inverse of ``_episode_state``; checks the env count first so nothing is half-applied."""
-        self._check_open("load_state")
+    def _check_episode_state(self, state: Any) -> None:
+        """Raise ``ValueError`` unless ``state`` is an ``_episode_state`` of an env like this one
+        (same ``num_envs``, observation shapes and dtypes, RNG kind); changes nothing."""
+        if not isinstance(state, dict):
+            raise bad_input(self.env_id, "state", "an episode state (a dict)", type(state).__name__)
         missing = [name for name in (*self._EPISODE_FIELDS, "np_random") if name not in state]
         if missing:
             raise ValueError(f"{self.env_id}: bad state: missing entries {missing}")
-        shapes = {k: tuple(v.shape) for k, v in self._obs.items()}
-        got = {k: tuple(np.shape(v)) for k, v in state["_obs"].items()}
-        if len(state["_frames"]) != self.num_envs or got != shapes:
-            raise bad_input(self.env_id, "state", f"observations of shapes {shapes}", got)
+        want = {k: (v.shape, v.dtype) for k, v in self._obs.items()}
+        obs = state["_obs"]
+        if not (
+            isinstance(obs, dict)
+            and set(obs) == set(want)
+            and all(isinstance(v, np.ndarray) and (v.shape, v.dtype) == want[k] for k, v in obs.items())
+        ):
+            got = {k: describe(v) for k, v in obs.items()} if isinstance(obs, dict) else describe(obs)
+            raise bad_input(self.env_id, "state", f"observations of shapes and dtypes {want}", got)
+        frames = state["_frames"]
+        if not isinstance(frames, list) or len(frames) != self.num_envs:
+            raise bad_input(self.env_id, "state", f"{self.num_envs} episode starts", describe(frames))
+        if not all(f is None or isinstance(f, InitialFrame) for f in frames):
+            raise bad_input(self.env_id, "state", "episode starts that are InitialFrames", describe(frames))
+        for name in self._EPISODE_FIELDS:
+            if name in ("_obs", "_frames"):
+                continue
+            mine, value = getattr(self, name), state[name]
+            if not isinstance(value, np.ndarray) or value.shape != mine.shape or value.dtype != mine.dtype:
+                expected = f"{name} of shape {mine.shape} and dtype {mine.dtype}"
+                raise bad_input(self.env_id, "state", expected, describe(value))
+        try:  # on a new generator of the same kind, so ours is untouched
+            type(self.np_random.bit_generator)().state = state["np_random"]
+        except Exception as e:
+            raise bad_input(self.env_id, "state", "the env's RNG state", f"unusable ({e})") from None
+
+    def _load_episode_state(self, state: dict[str, Any]) -> None:
+        """Inverse of ``_episode_state``; checks all of it first so nothing is half-applied."""
+        self._check_open("load_state")
+        self._check_episode_state(state)
         for name in self._EPISODE_FIELDS:
             setattr(self, name, state[name])
         self.np_random.bit_generator.state = state["np_random"]

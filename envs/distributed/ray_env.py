@@ -13,10 +13,15 @@ An actor that dies is restarted by Ray (``max_restarts``); its envs are truncate
 Seeding: ``reset(seed=s)`` seeds the frame draws here, and actor j's own streams (a world model's
 noise, LIBERO's ``scene_seed=None`` layouts) with ``s + j``: with one actor, everything equals the
 local env seeded with ``s``. A restarted actor's streams start unseeded.
+
+``get_state()`` / ``load_state()`` save and restore the episodes (this process's bookkeeping and
+every actor's backend state) where the backend has them (world models); a state that does not fit
+is refused before this process or any actor changes.
 """
 
 from __future__ import annotations
 
+import io
 import time
 import warnings
 from collections.abc import Sequence
@@ -27,9 +32,12 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
+from envs.core.errors import bad_input, describe
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.distributed.actors import ActorHost, ActorSet
+
+STATE_KIND = "RayVectorEnv"  # marks get_state's bytes, told apart from a local env's
 
 
 class EnvHost(ActorHost):
@@ -39,6 +47,7 @@ class EnvHost(ActorHost):
     def __init__(self, vector_class: str, num_envs: int, env_kwargs: dict[str, Any]) -> None:
         kwargs = {**env_kwargs, "autoreset_mode": AutoresetMode.DISABLED}
         super().__init__(lambda: load_env_creator(vector_class)(num_envs=num_envs, **kwargs))
+        self._backup: bytes | None = None  # the state before stage_state, until finish_state
 
     def describe(self) -> dict[str, Any]:
         super().describe()
@@ -53,6 +62,9 @@ class EnvHost(ActorHost):
             "render_mode": env.render_mode,
             "metadata": {k: v for k, v in env.metadata.items() if k not in ("autoreset_mode", "chunk_size")},
             "has_episode_stats": overrides,
+            "backend": f"{type(env).__module__}.{type(env).__qualname__}",
+            "has_state": callable(getattr(env, "get_state", None))
+            and callable(getattr(env, "load_state", None)),
         }
 
     def check_frames(self, frames: list[InitialFrame]) -> list[str | None]:
@@ -72,6 +84,30 @@ class EnvHost(ActorHost):
     def episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
         return self.env._episode_stats(env_ids)
 
+    def get_state(self) -> bytes:
+        return self.env.get_state()
+
+    def stage_state(self, data: bytes) -> str | None:
+        """Load ``data``, keeping the state before it until ``finish_state``. If it does not load,
+        return why (a ``ValueError``'s message) or re-raise, with this actor back where it was."""
+        backup = self.env.get_state()
+        try:
+            self.env.load_state(data)
+        except ValueError as e:
+            self.env.load_state(backup)
+            return str(e)
+        except BaseException:
+            self.env.load_state(backup)
+            raise
+        self._backup = backup
+        return None
+
+    def finish_state(self, keep: bool) -> None:
+        """Keep the staged state, or (``keep=False``) go back to the state before it."""
+        backup, self._backup = self._backup, None
+        if not keep and backup is not None:
+            self.env.load_state(backup)
+
     def seed(self, seed: int) -> None:
         self.env._np_random, self.env._np_random_seed = gym.utils.seeding.np_random(seed)
         self.env._seed_backend(seed)
@@ -90,8 +126,9 @@ class RayVectorEnv(ChunkedVectorEnv):
     Usually built through ``gym.make_vec(id, num_envs, ray_actors=M, ray_options=..., ...)``; the
     rest of the keyword arguments go to the backend in every actor. Same contract as the local vector
     env: chunks, ``initial_frames`` ids and ``InitialFrame``s, ``reset_mask``, the three autoreset
-    modes, ``current_frames()``, episode statistics; bad input is refused here, before any actor is
-    called. Actor ``j`` holds envs ``offsets[j]`` to ``offsets[j + 1] - 1`` (sizes differ by at most 1).
+    modes, ``current_frames()``, episode statistics, ``get_state``/``load_state`` where the backend has
+    them; bad input is refused here, before any actor is called. Actor ``j`` holds envs
+    ``offsets[j]`` to ``offsets[j + 1] - 1`` (sizes differ by at most 1).
 
     Args:
         vector_class: the backend's vector env class, ``"module:Class"`` (what the id registered).
@@ -160,6 +197,7 @@ class RayVectorEnv(ChunkedVectorEnv):
         self.max_restarts, self.restart_timeout_s = max_restarts, restart_timeout_s
         self._ray = ray
         self._has_episode_stats = desc["has_episode_stats"]
+        self._backend, self._has_state = desc["backend"], desc["has_state"]
         self._lost = np.zeros(num_envs, bool)  # env whose actor died: truncated, waits for a reset
         self._pending_seed: int | None = None
         self._limits: list[int] = []
@@ -325,6 +363,133 @@ class RayVectorEnv(ChunkedVectorEnv):
                     ) from None
                 time.sleep(0.2)
 
+    # ---------------------------------------------------------------- saving and restoring episodes
+    def get_state(self) -> bytes:
+        """Everything needed to continue these episodes later (not the weights), as bytes: the
+        bookkeeping here and every actor's backend ``get_state()`` (world models have one).
+
+        Raises ``NotImplementedError`` when the backend cannot save its state (LIBERO, B1K).
+        """
+        self._check_open("get_state")
+        self._check_state_support("get_state")
+        import torch  # here, not at import: `import envs` stays light
+
+        refs = [host.get_state.remote() for host in self._hosts]  # all actors at once
+        parts = []
+        for j, ref in enumerate(refs):
+            try:
+                parts.append(self._ray.get(ref))
+            except self._ray.exceptions.RayActorError:
+                self._actor_died(j, "get_state")  # its envs are lost: saved as lost, with the new actor
+                parts.append(self._ray.get(self._hosts[j].get_state.remote()))
+        state = {
+            "kind": STATE_KIND,
+            "env_id": self.env_id,
+            "sizes": [int(n) for n in self.actors.sizes],
+            "episode": self._episode_state(),
+            "lost": self._lost.copy(),
+            "actors": [torch.from_numpy(np.frombuffer(part, np.uint8).copy()) for part in parts],
+        }
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return buffer.getvalue()
+
+    def load_state(self, data: bytes) -> None:
+        """Restore a ``get_state`` snapshot of a Ray env of the same id, ``num_envs`` and actor split.
+
+        The bytes are read as plain data: no code in them runs. Everything is checked (here, then
+        by every actor's backend) before anything changes: a bad state raises ``ValueError`` and
+        leaves this env and all its actors as they were.
+        """
+        self._check_open("load_state")
+        self._check_state_support("load_state")
+        state = self._read_state(data)
+        parts = [part.numpy().tobytes() for part in state["actors"]]
+        refs = [host.stage_state.remote(part) for host, part in zip(self._hosts, parts)]
+        staged, refused, died = [], {}, []
+        error: BaseException | None = None
+        for j, ref in enumerate(refs):
+            try:
+                why = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError:
+                died.append(j)
+                continue
+            except Exception as e:  # the actor's backend failed and went back; the others go back too
+                error = error or e
+                continue
+            if why is None:
+                staged.append(j)
+            else:
+                refused[j] = why
+        if refused or died or error is not None:
+            self._ray.get([self._hosts[j].finish_state.remote(False) for j in staged])
+            for j in died:
+                self._actor_died(j, "load_state")
+            if error is not None:
+                raise error
+            if refused:
+                j, why = next(iter(refused.items()))
+                raise ValueError(
+                    f"{self.env_id}: bad state: actor {j}'s part does not load ({why}); nothing was loaded"
+                )
+            raise RuntimeError(f"{self.env_id}: Ray actors {died} died during load_state; nothing was loaded")
+        self._ray.get([host.finish_state.remote(True) for host in self._hosts])
+        self._load_episode_state(state["episode"])  # checked in _read_state: cannot fail
+        self._lost = state["lost"]
+
+    def _check_state_support(self, call: str) -> None:
+        if not self._has_state:
+            raise NotImplementedError(
+                f"{self.env_id}: {call}() is not available: the backend {self._backend} cannot save its "
+                "state (it has no get_state/load_state); world-model envs can"
+            )
+
+    def _read_state(self, data: Any) -> dict[str, Any]:
+        """``get_state``'s bytes read safely and checked against this env (nothing is changed)."""
+        import torch
+
+        from nets.safe_load import UnsafeFileError, torch_load
+
+        expected = "the bytes RayVectorEnv.get_state returned"
+        if not isinstance(data, bytes | bytearray):
+            raise bad_input(self.env_id, "state", expected, type(data).__name__)
+        try:
+            state = torch_load(io.BytesIO(data), numpy=True, allow=[InitialFrame], opt_in=None)
+        except UnsafeFileError:
+            raise
+        except Exception as e:
+            raise bad_input(self.env_id, "state", expected, f"unreadable ({e})") from None
+        keys = {"kind", "env_id", "sizes", "episode", "lost", "actors"}
+        if not isinstance(state, dict) or not keys <= set(state) or not _equal(state["kind"], STATE_KIND):
+            got = f"entries {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
+            raise bad_input(self.env_id, "state", expected, f"{got} (a local env's state?)")
+        if not _equal(state["env_id"], self.env_id):
+            raise bad_input(self.env_id, "state", f"a state of {self.env_id}", describe(state["env_id"]))
+        sizes = [int(n) for n in self.actors.sizes]
+        if not _equal(state["sizes"], sizes):
+            raise bad_input(
+                self.env_id,
+                "state",
+                f"a state of {self.num_envs} envs over {self.num_actors} actors of sizes {sizes}",
+                f"actor sizes {describe(state['sizes'])}",
+            )
+        actors = state["actors"]
+        if (
+            not isinstance(actors, list)
+            or len(actors) != self.num_actors
+            or not all(
+                isinstance(a, torch.Tensor) and a.dtype == torch.uint8 and a.dim() == 1 for a in actors
+            )
+        ):
+            raise bad_input(
+                self.env_id, "state", f"{self.num_actors} byte tensors (one per actor)", describe(actors)
+            )
+        lost = state["lost"]
+        if not isinstance(lost, np.ndarray) or lost.dtype != np.bool_ or lost.shape != (self.num_envs,):
+            raise bad_input(self.env_id, "state", f"lost flags of shape ({self.num_envs},)", describe(lost))
+        self._check_episode_state(state["episode"])
+        return state
+
     def call(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call method ``name`` (or read attribute ``name``) of every actor's backend env; one
         result per actor (e.g. ``offload`` / ``onload`` of world-model envs)."""
@@ -348,3 +513,14 @@ class RayVectorEnv(ChunkedVectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self.actors.release()
+
+
+def _equal(value: Any, expected: str | list[int]) -> bool:
+    """``value == expected`` for a value read from a state file, whatever its type."""
+    if isinstance(expected, list):
+        return (
+            type(value) is list
+            and len(value) == len(expected)
+            and all(type(v) is int and v == e for v, e in zip(value, expected))
+        )
+    return type(value) is type(expected) and value == expected
