@@ -26,7 +26,9 @@ Rank 0 alone logs and writes files; ``Run`` (``trainers/run.py``) asks ``is_main
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import inspect
 import math
 import os
@@ -106,12 +108,19 @@ def init(num_envs: int, device: str = "cpu", group_size: int | None = None) -> t
 
 
 def shutdown() -> None:
-    """End the process group (``init`` started it), once every rank has got here: a rank that
-    destroys its gloo group while another is still finishing (rank 0 writing the report) can kill
-    that rank's process with SIGABRT ("terminate called without an active exception")."""
+    """End the process group (``init`` started it), once every rank has got here.
+
+    Two ways a finished rank can die with SIGABRT ("terminate called without an active exception")
+    are closed here: a rank destroying its gloo group while another is still finishing (rank 0
+    writing the report), hence the barrier; and a DDP wrapper left in a reference cycle, whose
+    reducer keeps the group's threads alive until the interpreter's final collection, hence the
+    collections now and at exit, while the interpreter still runs.
+    """
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+        atexit.register(gc.collect)
 
 
 def local_device(device: str, ranks: Ranks) -> str:
