@@ -256,13 +256,10 @@ def test_state_only_env_never_renders():
         env.close()
 
 
-@pytest.mark.slow
-def test_one_env_view_passes_check_env():
-    from gymnasium.utils.env_checker import check_env
-
+def test_one_env_view_resets_from_a_frame_id():
+    # gymnasium's and SB3's env checkers on every LIBERO id: tests/test_env_checkers.py
     env = gym.make("Libero-Spatial-v0", image_size=SIZE, chunk_size=K)
     try:
-        check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(options={"initial_frame": 0})
         assert obs["image"].shape == (SIZE, SIZE, 3) and info["initial_frame_id"] == 0
     finally:
