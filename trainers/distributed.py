@@ -120,6 +120,7 @@ def shutdown() -> None:
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+        atexit.unregister(gc.collect)  # registered once however often a process shuts down
         atexit.register(gc.collect)
 
 
