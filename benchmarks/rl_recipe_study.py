@@ -10,9 +10,10 @@ with some settings changed; all start from the same cloned policy.
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
-recipe's evaluation env once, deterministically, rendering off. The starting policy is evaluated
-once on the same pairs (its deterministic actions are every variant's starting point; a residual
-policy starts at exactly its base's). One table: training budget and wall clock, sampled success
+recipe's evaluation env once, deterministically, rendering off. Each starting policy (the recipe's
+``init_policy``, or a variant's own) is evaluated once on the same pairs and kept in
+``before-<name>.json`` (its deterministic actions are the starting point; a residual policy starts at
+exactly its base's). One table: training budget and wall clock, sampled success
 during training (mean over the first and the last quarter of the iterations), held-out success
 before and after with 95% Wilson intervals, and the exact McNemar test on the pairs whose outcome
 changed. Plus ``learning_curves.png`` (sampled success per iteration, a moving mean over 5) and
@@ -38,6 +39,7 @@ from trainers.metrics import mcnemar_p, wilson_interval
 # (each names what it needs beyond the recipe, so a later recipe change does not silently change it)
 _EXPLORE = {"log_std_bounds": [-20.0, -1.5], "noise_dims": [0, 1, 2, 5, 6]}  # rotations held still
 _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coef": 0.0}
+WEAK_CLONE = "checkpoints/bc_libero_spatial_state_weak.pt"  # see checkpoints/README.md
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -78,6 +80,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "grpo-sil-50k": {
         "about": "the recipe's settings (target_kl 0.02, 4 epochs, self-imitation 1.0) for 50k steps",
         "run": {"total_steps": 50_000},
+    },
+    "weak-clone": {
+        "about": "the recipe from a weaker clone (120 BC epochs on 200 demos of init states 0-39 only)",
+        "run": {"init_policy": WEAK_CLONE},
+    },
+    "weak-clone-long": {
+        "about": "weak-clone for 40k env steps (with --curve-every: where the gain goes)",
+        "run": {"init_policy": WEAK_CLONE, "total_steps": 40_000},
     },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",
@@ -178,6 +188,18 @@ def evaluate_held_out(source: str | Path, env_id: str, env_kwargs: dict, num_env
     return [{"frame": ep["frame"], "task": ep["task"], "success": bool(ep["success"])} for ep in episodes]
 
 
+def held_out_before(out: Path, start: str, env_id: str, env_kwargs: dict, num_envs: int, fresh: bool) -> dict:
+    """The starting policy's held-out episodes: evaluated once, then read from ``before-<name>.json``."""
+    path = out / f"before-{Path(start).stem}.json"
+    before = json.loads(path.read_text()) if path.exists() and not fresh else None
+    if before is None or before["held_out"] != env_kwargs.get("init_states") or before["policy"] != start:
+        print(f"evaluating the starting policy {start} on the held-out pairs")
+        episodes = evaluate_held_out(start, env_id, env_kwargs, num_envs)
+        before = {"policy": start, "held_out": env_kwargs.get("init_states"), "episodes": episodes}
+        write_json(path, before)
+    return before
+
+
 def held_out_curve(run_dir: Path) -> dict[int, list[dict]]:
     """The run's own held-out evaluations: env step -> episodes (frame, task, success)."""
     by_step: dict[int, list[dict]] = {}
@@ -269,17 +291,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env_id = base_run["env"].split(":")[-1]
     out = Path(args.out)
 
-    start = base_run["init_policy"]
-    before_file = out / "before.json"
-    before = json.loads(before_file.read_text()) if before_file.exists() and not args.fresh else None
-    if before is None or before["held_out"] != eval_kwargs.get("init_states") or before["policy"] != start:
-        print(f"evaluating the starting policy {start} on the held-out pairs")
-        before = {
-            "policy": start,
-            "held_out": eval_kwargs.get("init_states"),
-            "episodes": evaluate_held_out(start, env_id, eval_kwargs, args.eval_envs),
-        }
-        write_json(before_file, before)
+    befores: dict[str, dict] = {}  # starting policy -> its held-out episodes
+
+    def before_of(start: str) -> dict:
+        if start not in befores:
+            befores[start] = held_out_before(out, start, env_id, eval_kwargs, args.eval_envs, args.fresh)
+        return befores[start]
 
     results = []
     if args.report:
@@ -301,6 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 print(f"{run_dir} was trained with other settings: training it again")
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
+            before = before_of(run["init_policy"])
             curve: dict[str, list] = {"env_steps": [], "success": []}
             if args.curve_every > 0:
                 run["eval_num_envs"] = args.eval_envs
@@ -322,6 +340,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "seed": seed,
                 "about": variants[name].get("about", ""),
                 "algo": algo,
+                "start": run["init_policy"],
                 "changes": {k: v for k, v in variants[name].items() if k != "about"},
                 "env_steps": data["counters"]["env_steps"],
                 "train_wall_s": wall,
@@ -332,19 +351,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             write_json(result_file, result)
             results.append(result)
 
-    before_rate = rate(before["episodes"])
-    header = ["variant", "seed", "env steps", "train min", "sampled first->last", "held-out before",
+    header = ["variant", "seed", "start", "env steps", "train min", "sampled first->last", "held-out before",
               "held-out after", "change", "+/- pairs", "McNemar p"]  # fmt: skip
     rows, series = [], {}
     for r in results:
-        after_rate, pairs = rate(r["after"]), paired(before["episodes"], r["after"])
+        start = r.setdefault("start", base_run["init_policy"])  # results written before "start" was kept
+        before = before_of(start)
+        before_rate, after_rate = rate(before["episodes"]), rate(r["after"])
+        pairs = paired(before["episodes"], r["after"])
         first, last = quarter_means(r["curve"]["sampled_success"])
         r.update(before=before_rate, after_rate=after_rate, pairs=pairs)
         rows.append(
             [
-                r["variant"], r["seed"], r["env_steps"], r["train_wall_s"] / 60, f"{first:.2f} -> {last:.2f}",
-                cell(before_rate), cell(after_rate), f"{after_rate['rate'] - before_rate['rate']:+.0%}",
-                f"+{pairs['gained']} -{pairs['lost']}", pairs["p"],
+                r["variant"], r["seed"], Path(start).stem, r["env_steps"], r["train_wall_s"] / 60,
+                f"{first:.2f} -> {last:.2f}", cell(before_rate), cell(after_rate),
+                f"{after_rate['rate'] - before_rate['rate']:+.0%}", f"+{pairs['gained']} -{pairs['lost']}",
+                pairs["p"],
             ]
         )  # fmt: skip
         series[f"{r['variant']} s{r['seed']}"] = (
@@ -352,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             moving_mean(r["curve"]["sampled_success"]),
         )
     title = (
-        f"RL from {start} on {env_id} (training init states {min(train_states)}-{max(train_states)}); "
+        f"RL on {env_id} (training init states {min(train_states)}-{max(train_states)}); "
         f"held-out init states {eval_kwargs['init_states']}: one deterministic episode per (task, state)"
     )
     text = table(header, rows, title)
@@ -360,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     curves = {
         f"{r['variant']} s{r['seed']}": (
             [0, *r["held_out_curve"]["env_steps"]],
-            [before_rate["rate"], *r["held_out_curve"]["success"]],
+            [r["before"]["rate"], *r["held_out_curve"]["success"]],
         )
         for r in results
         if r.get("held_out_curve", {}).get("env_steps")
@@ -383,7 +405,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ylabel="sampled success (moving mean of 5 iterations)",
             title="RL recipe study: training episodes",
         )
-    summary = {"table": text, "before": before_rate, "results": results, "args": vars(args)}
+    summary = {
+        "table": text,
+        "before": {start: rate(b["episodes"]) for start, b in befores.items()},
+        "results": results,
+        "args": vars(args),
+    }
     write_json(out / "rl_recipe_study.json", summary)
     return summary
 

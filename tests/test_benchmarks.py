@@ -135,16 +135,25 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
 
     recipe, out = _tiny_recipe(tmp_path), tmp_path / "study"
     args = ["--recipe", str(recipe), "--out", str(out), "--eval-envs", "2"]
-    extra = '{"small-lr": {"about": "a second variant", "grpo": {"learning_rate": 1e-6}}}'
+    weak = str(CHECKPOINT.with_name("bc_libero_spatial_state_weak.pt"))
+    other = {"about": "another start", "run": {"init_policy": weak}, "grpo": {"learning_rate": 1e-6}}
+    extra = json.dumps({"small-lr": other})
     summary = main([*args, "--variants", "recipe", "small-lr", "--define", extra, "--curve-every", "1"])
     table = capsys.readouterr().out
     assert "held-out before" in table and "McNemar p" in table and "small-lr" in table
     rows = summary["results"]
     assert [r["variant"] for r in rows] == ["recipe", "small-lr"]
+    assert [r["start"] for r in rows] == [str(CHECKPOINT), weak]
     for r in rows:
         assert r["env_steps"] >= 60 and len(r["after"]) == 2 and r["before"]["trials"] == 2
         assert r["held_out_curve"]["env_steps"]  # the run's own held-out evaluations
         assert r["pairs"]["gained"] + r["pairs"]["lost"] <= 2
+    # each starting policy is evaluated once, and a row is paired with its own start's episodes
+    for r in rows:
+        before = json.loads((out / f"before-{Path(r['start']).stem}.json").read_text())
+        assert before["policy"] == r["start"]
+        assert r["before"]["successes"] == sum(ep["success"] for ep in before["episodes"])
+    assert "bc_libero_spatial_state_weak" in table
     assert (out / "learning_curves.png").stat().st_size > 0
     assert (out / "held_out_curves.png").stat().st_size > 0
     # a finished (variant, seed) is reused, not retrained

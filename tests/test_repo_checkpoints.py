@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @requires_libero
 @pytest.mark.slow
-def test_bc_libero_spatial_state_checkpoint_acts():
+@pytest.mark.parametrize("name", ["bc_libero_spatial_state.pt", "bc_libero_spatial_state_weak.pt"])
+def test_bc_libero_spatial_state_checkpoints_act(name):
     env = gym.make_vec(
         "Libero-Spatial-v0", num_envs=2, cameras=(), task_state=True, chunk_size=8, autoreset_mode="Disabled"
     )
     try:
         policy = load_policy(
-            ROOT / "checkpoints" / "bc_libero_spatial_state.pt",
+            ROOT / "checkpoints" / name,
             env.single_observation_space,
             env.single_action_space,
         )
