@@ -149,6 +149,7 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
         assert r["held_out_curve"]["env_steps"]  # the run's own held-out evaluations
         assert r["pairs"]["gained"] + r["pairs"]["lost"] <= 2
     # each starting policy is evaluated once, and a row is paired with its own start's episodes
+    assert set(summary["before"]) == {str(CHECKPOINT), weak}
     for r in rows:
         before = json.loads((out / f"before-{Path(r['start']).stem}.json").read_text())
         assert before["policy"] == r["start"]
