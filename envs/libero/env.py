@@ -259,6 +259,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             fast_reset=fast_reset,
             max_cached_scenes=max_cached_scenes,
             task_state=task_state,
+            object_state=object_state_in_info,
         )
         gpus = list(render_gpus) if render_gpus is not None else _default_render_gpus()
         self.pool = WorkerPool(

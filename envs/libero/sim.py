@@ -23,11 +23,12 @@ Fixture placement is re-drawn from
 ``np.random.seed(scene_seed)`` in both paths, so a cached scene serves any seed. The caller's
 global numpy RNG state is restored afterwards.
 
-Rendering. Scenes are built with robosuite's camera observations off, so ``env.step`` never
-renders. A hidden, inactive observable with robosuite's sampling clock copies ``mjData`` at the
-instant robosuite would have rendered its camera observations; images are rendered from that copy
-(same MuJoCo calls as robosuite's renderer) once per chunk, so they are bit-identical to the camera
-observations of a plain ``OffScreenRenderEnv.step``.
+Stepping and rendering. ``env.step`` runs through ``envs.libero.fast_step.FastStep``: the same
+floating-point operations as robosuite's step without its per-sub-step Python (see that module).
+Scenes are built with robosuite's camera observations off, so a step never renders; the MuJoCo data
+is copied at the instant robosuite would have sampled its observations, and images are rendered from
+that copy (same MuJoCo calls as robosuite's renderer) once per chunk, so they are bit-identical to the
+camera observations of a plain ``OffScreenRenderEnv.step``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, ob
     "wrist": ("robot0_eye_in_hand", "wrist_image"),
 }
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])  # no motion, gripper open
-_PROBE = "vla_gym_render_probe"
+PROPRIO_OBSERVABLES = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")  # what _observe reads
 
 
 _libmujoco: Any = None
@@ -195,40 +196,11 @@ class _Renderer:
             self.gl.free()
 
 
-class _ForwardOnce:
-    """Skips robosuite's second ``mj_forward`` of each physics sub-step (bit-identical, ~15% faster).
-
-    robosuite's step loop calls ``sim.forward()`` and then, before anything changes the state, the
-    OSC controller's ``update()`` calls it again. ``mj_forward`` is a pure function of the state
-    (qpos, qvel, act, ctrl, warm start...) and writes only derived quantities, so the second call
-    recomputes exactly what is already there. While ``active`` (inside ``_Scene.step`` only: resets
-    and ``set_init_state`` write the state directly and always get a real forward), a forward is
-    skipped when no ``mj_step`` ran since the last one.
-    """
-
-    def __init__(self, sim: Any) -> None:
-        self.sim, self.active, self.fresh = sim, False, False
-        self._forward, self._step = sim.forward, sim.step
-        sim.forward, sim.step = self.forward, self.step  # instance attributes shadow the methods
-
-    def forward(self) -> None:
-        if self.active and self.fresh:
-            return
-        self._forward()
-        self.fresh = self.active
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        self.fresh = False
-        self._step(*args, **kwargs)
-
-
 class _Scene:
     """A built LIBERO env plus what we keep next to it."""
 
     def __init__(self, task: LiberoTask) -> None:
         env_wrapper = _import_libero()  # first: it quiets robosuite's import-time warnings
-        import mujoco
-        from robosuite.utils.observables import Observable, sensor
 
         self.env = env_wrapper.ControlEnv(
             bddl_file_name=task.bddl_file,
@@ -241,25 +213,11 @@ class _Scene:
         _release_build_memory()
         self.base_inits = list(self.inner.object_property_initializers)  # one model load's worth
         self.site_rgba = self.inner.sim.model._model.site_rgba.copy()  # as compiled from the MJCF
-        self.snap: Any = None  # copy of mjData at robosuite's observation instant
-        self._snap_model: Any = None
         self.renderer: _Renderer | None = None
         self.raw_obs: dict[str, Any] = {}
-        self._forward_once: _ForwardOnce | None = None
-
-        @sensor(modality="vla_gym")
-        def probe(obs_cache: dict) -> np.ndarray:  # ~20 us per step
-            m, d = self.inner.sim.model._model, self.inner.sim.data._data
-            if self._snap_model is not m:  # first call, or a new model after a hard reset
-                self.snap, self._snap_model = mujoco.MjData(m), m
-            mujoco.mj_copyData(self.snap, m, d)
-            return np.zeros(1)
-
-        # Inactive (not in the obs dict) but enabled: sampled on the same clock as robosuite's
-        # observables, i.e. where camera observations would be rendered within env.step().
-        self.inner.add_observable(
-            Observable(name=_PROBE, sensor=probe, sampling_rate=self.inner.control_freq, active=False)
-        )
+        self.stepper: Any = None  # a FastStep, made after each reset (robosuite remakes the controller)
+        self._snapshot: Any = None  # MjData the stepper copies into at observation instants
+        self._snapshot_model: Any = None
 
     def reset(self, seed: int, hard: bool) -> None:
         from robosuite.utils.errors import RandomizationError
@@ -287,16 +245,38 @@ class _Scene:
             self.renderer.close()
             self.renderer = None
 
-    def step(self, action: np.ndarray) -> tuple[Any, ...]:
-        """``env.step(action)`` of LIBERO, without robosuite's redundant forward (``_ForwardOnce``)."""
-        sim = self.inner.sim
-        if self._forward_once is None or self._forward_once.sim is not sim:  # new after a hard reset
-            self._forward_once = _ForwardOnce(sim)
-        self._forward_once.active, self._forward_once.fresh = True, False
-        try:
-            return self.inner.step(action)
-        finally:
-            self._forward_once.active = False
+    def set_init_state(self, init_state: np.ndarray, observables: tuple[str, ...] | None) -> None:
+        """LIBERO's ``set_init_state`` (state, forward, forced observation), then a new stepper
+        sampling ``observables`` (None: all)."""
+        self.raw_obs = self.env.set_init_state(init_state)
+        from envs.libero.fast_step import FastStep  # imports robosuite: after _import_libero's set-up
+
+        self.stepper = FastStep(self.inner, observables)
+
+    def take_snapshots(self, on: bool) -> None:
+        """Copy the MuJoCo data at each observation instant (``snap``, what images and object poses
+        are read from) from now on, or stop."""
+        import mujoco
+
+        model = self.inner.sim.model._model
+        if on and (self._snapshot is None or self._snapshot_model is not model):
+            self._snapshot, self._snapshot_model = mujoco.MjData(model), model  # one per model
+            mujoco.mj_copyData(self._snapshot, model, self.inner.sim.data._data)
+        self.stepper.snapshot = self._snapshot if on else None
+
+    def step(self, action: np.ndarray) -> tuple[float, bool]:
+        """LIBERO's ``env.step(action)``: (reward, done = success); observations via ``observe()``."""
+        return self.stepper.step(action)
+
+    def observe(self) -> dict[str, Any]:
+        """robosuite's observations after the last step (the sampled ones)."""
+        self.raw_obs = self.stepper.observations()
+        return self.raw_obs
+
+    @property
+    def snap(self) -> Any:
+        """MuJoCo data at the instant of the last observation (``take_snapshots``)."""
+        return None if self.stepper is None else self.stepper.snapshot
 
     def render(self, camera: str, size: int) -> np.ndarray:
         if self.renderer is None:
@@ -307,7 +287,7 @@ class _Scene:
         if self.renderer is not None:
             self.renderer.close()
             self.renderer = None
-        self.snap = self._snap_model = None
+        self.stepper = self._snapshot = self._snapshot_model = None
         self.env.close()
 
 
@@ -324,7 +304,10 @@ class LiberoSim:
         fast_reset: bool = True,
         max_cached_scenes: int = 1,
         task_state: bool = False,
+        object_state: bool = False,
     ) -> None:
+        """``object_state``: keep every robosuite observable up to date (what ``object_state()``
+        reads); otherwise each step samples only the robot observables the observation reads."""
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
             raise ValueError(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
@@ -337,6 +320,7 @@ class LiberoSim:
         self.fast_reset = fast_reset
         self.max_cached_scenes = max_cached_scenes
         self.task_state = task_state
+        self.object_state_on = object_state
         self._task_state: Any = None  # TaskStateBuilder of the current episode (task_state=True)
         self._episode_step = 0
         self._first_success: int | None = None  # episode step of the first successful sub-step
@@ -368,9 +352,12 @@ class LiberoSim:
             self._scenes[task.bddl_file] = scene
             self._scene = scene
             scene.reset(int(scene_seed), hard=not self.fast_reset)
-            scene.raw_obs = scene.env.set_init_state(np.asarray(init_state, dtype=np.float64))
+            scene.set_init_state(np.asarray(init_state, dtype=np.float64), self._observables())
+            scene.take_snapshots(self._snapshots())
             for _ in range(self.settle_steps):
-                scene.raw_obs = scene.step(NOOP_ACTION.copy())[0]
+                scene.step(NOOP_ACTION.copy())
+            if self.settle_steps:
+                scene.observe()
         finally:
             np.random.set_state(rng_state)
         self._episode_step = 0
@@ -391,6 +378,7 @@ class LiberoSim:
         episode keeps running); the reward is 1.0 at the episode's first success only, so a
         return is the same whatever ``steps_after_success`` is."""
         scene = self._require_scene()
+        scene.take_snapshots(self._snapshots() or record_frames)
         acts = np.array(actions, dtype=np.float64)
         k = acts.shape[0]
         rewards = np.zeros(k, dtype=np.float32)
@@ -399,7 +387,7 @@ class LiberoSim:
         executed, ended = 0, False
         for i in range(min(k, max(0, int(max_steps)))):
             # LIBERO's step returns done = _check_success() (ignore_done=True: never the horizon).
-            scene.raw_obs, _, done, _ = scene.step(acts[i])
+            _, done = scene.step(acts[i])
             executed += 1
             self._episode_step += 1
             if frames is not None:
@@ -413,6 +401,8 @@ class LiberoSim:
                 ended = True
                 break
         reuse = frames[-1].copy() if frames else None
+        if executed:
+            scene.observe()
         return ChunkOutcome(self._observe(scene, reuse), rewards, success, executed, frames, ended)
 
     def object_state(self) -> dict[str, np.ndarray]:
@@ -423,6 +413,8 @@ class LiberoSim:
         and ``<fixture>_quat`` (xyzw), plus ``<obj>_joint_qpos`` for articulated objects/fixtures.
         """
         scene = self._require_scene()
+        if not self.object_state_on:
+            raise RuntimeError("object_state() needs LiberoSim(object_state=True) (every observable sampled)")
         out = {k: np.array(v) for k, v in scene.raw_obs.items() if np.ndim(v) > 0 and k != "image-state"}
         inner = scene.inner
         data = scene.snap if scene.snap is not None else inner.sim.data._data
@@ -449,6 +441,15 @@ class LiberoSim:
         self._scene = None
 
     # -- helpers ------------------------------------------------------------------------------------
+
+    def _observables(self) -> tuple[str, ...] | None:
+        """The robosuite observables each step samples: all (None) for ``object_state()``, else the
+        ones ``_observe`` reads."""
+        return None if self.object_state_on else PROPRIO_OBSERVABLES
+
+    def _snapshots(self) -> bool:
+        """Whether steps copy the MuJoCo data at observation instants: for images and object poses."""
+        return bool(self.cameras) or self.object_state_on
 
     def _require_scene(self) -> _Scene:
         if self._scene is None:
