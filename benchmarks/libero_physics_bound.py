@@ -93,6 +93,69 @@ def _ours_in_process(task: Any, actions: np.ndarray) -> dict[str, float]:
         sim.close()
 
 
+def _breakdown(task: Any, actions: np.ndarray) -> dict[str, float]:
+    """Where our step's time goes, inside the loop: each part's seconds over ``actions``
+    (timers around the calls add ~0.2 us each, counted in ``other``)."""
+    import mujoco
+
+    from envs.libero import fast_step
+    from envs.libero.sim import LiberoSim
+    from envs.libero.suites import load_init_states
+
+    spent: dict[str, float] = {}
+
+    def timed(part: str, fn: Any) -> Any:
+        def call(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - t
+
+        return call
+
+    parts = {
+        "physics (mj_step1 + mj_step2)": ("mj_step1", "mj_step2"),
+        "Jacobian, mass matrix (MuJoCo)": ("mj_jacSite", "mj_fullM"),
+    }
+    proxy = type("mujoco", (), {name: getattr(mujoco, name) for name in dir(mujoco) if name.startswith("mj")})
+    for part, names in parts.items():
+        for name in names:
+            setattr(proxy, name, staticmethod(timed(part, getattr(mujoco, name))))
+    np_proxy = type("np", (), {name: getattr(np, name) for name in dir(np) if not name.startswith("__")})
+    np_proxy.dot = staticmethod(timed("numpy BLAS dots", np.dot))
+    saved = {
+        name: getattr(fast_step, name)
+        for name in ("mujoco", "np", "_state_and_osc", "_osc_terms", "_arm_torques")
+    }
+    fast_step.mujoco, fast_step.np = proxy, np_proxy
+    for name in ("_state_and_osc", "_osc_terms", "_arm_torques"):
+        setattr(fast_step, name, timed("OSC kernels (numba: LAPACK pinv/inv, copies)", saved[name]))
+    sim = LiberoSim(cameras=())
+    try:
+        sim.reset(task, load_init_states(task)[INIT_STATE], scene_seed=0)
+        inner, ctl = sim._scene.inner, sim._scene.stepper.controller
+        part = "LIBERO/robosuite per step (set_goal, reward, success, post-process)"
+        inner._post_action, inner._check_success = (
+            timed(part, inner._post_action),
+            timed(part, inner._check_success),
+        )
+        ctl.set_goal = timed(part, ctl.set_goal)
+        spent.clear()
+        t0 = time.perf_counter()
+        for start in range(0, len(actions), K):
+            sim.run_chunk(actions[start : start + K], 10**6)
+        spent["total"] = time.perf_counter() - t0
+    finally:
+        sim.close()
+        for name, value in saved.items():
+            setattr(fast_step, name, value)
+    spent["other (Python loop, gripper, clock, observables, timers)"] = spent["total"] - sum(
+        v for k, v in spent.items() if k != "total"
+    )
+    return spent
+
+
 def _expert_actions(task: Any, max_steps: int) -> np.ndarray:
     """The scripted expert's actions on the task, until its success or ``max_steps``."""
     import gymnasium as gym
@@ -128,6 +191,7 @@ def _worker(conn: Any) -> None:
 
     threadpool_limits(1)  # as our env's workers do
     jobs = {"liberos_own": _liberos_own, "ours": _ours_in_process, "expert": _expert_actions}
+    jobs["breakdown"] = _breakdown
     while (msg := conn.recv()) is not None:
         name, args = msg
         conn.send(jobs[name](*args))
@@ -191,10 +255,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160, help="random actions (and the expert's cap)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default="runs/benchmarks/libero_physics_bound.json")
+    parser.add_argument(
+        "--no-breakdown", dest="breakdown", action="store_false", help="skip where our step's time goes"
+    )
     args = parser.parse_args()
     os.environ.update(MUJOCO_GL="egl", PYOPENGL_PLATFORM="egl")
 
     results: list[dict[str, Any]] = []
+    breakdowns: dict[str, dict[str, float]] = {}
     measurers = {n: _Measurers(n) for n in sorted(set(args.envs))}
     try:
         for suite in args.suites:
@@ -224,11 +292,16 @@ def main() -> None:
                     row["reset_s_per_env"] = best["reset_s"] / n
                     results.append(row)
                     print(_row_text(row), flush=True)
+                if seq_name == "random" and args.breakdown:
+                    spent = measurers[min(measurers)].run("breakdown", task, actions)[0]
+                    breakdowns[suite] = {k: v / len(actions) for k, v in spent.items()}
     finally:
         for measurer in measurers.values():
             measurer.close()
     _print_table(results)
-    write_json(args.json, results)
+    if breakdowns:
+        _print_breakdown(breakdowns, results)
+    write_json(args.json, {"results": results, "breakdown_s_per_step": breakdowns})
 
 
 def _merge(per_process: list[dict[str, float]]) -> dict[str, float]:
@@ -260,6 +333,20 @@ def _print_table(results: list[dict[str, Any]]) -> None:
         "own env for the same task, init state and actions; best of the rounds (target: ours <= 1.5x)"
     )
     print(table(header, rows, title))
+
+
+def _print_breakdown(breakdowns: dict[str, dict[str, float]], results: list[dict[str, Any]]) -> None:
+    bound = {r["suite"]: r["bound_s"] for r in results if r["actions"] == "random" and r["envs"] == 1}
+    parts = [k for k in next(iter(breakdowns.values())) if k != "total"]
+    rows = [
+        (part, *(f"{b[part] * 1e3:.2f} ({b[part] / bound[s]:.2f}x)" for s, b in breakdowns.items()))
+        for part in [*parts, "total"]
+    ]
+    title = (
+        "Where our step's time goes (random actions, 1 env, in the process): ms per env step (x the bound)"
+    )
+    print()
+    print(table(("part", *(f"{s}/{TASKS[s]}" for s in breakdowns)), rows, title))
 
 
 if __name__ == "__main__":
