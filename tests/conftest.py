@@ -24,13 +24,13 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-# Files that start process groups on fixed ports (Ray clusters, torchrun's default rendezvous): with
-# ``pytest -n 2 --dist loadgroup`` they run one after another in one worker; every other file stays
-# whole in one worker, so its module-scoped envs are built once.
-_SHARED_PORTS = {"test_ray_env.py", "test_benchmarks.py", "test_trainers_distributed.py", "test_trainers_fsdp.py"}
+# The files that start Ray clusters (one on a fixed port) run one after the other in one worker of
+# ``pytest -n 2 --dist loadgroup`` (README's test command); every other file stays whole in one
+# worker, so its module-scoped envs are built once.
+_RAY_FILES = {"test_ray_env.py", "test_benchmarks.py"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ports" if name in _SHARED_PORTS else name))
+        item.add_marker(pytest.mark.xdist_group("ray" if name in _RAY_FILES else name))

@@ -1,6 +1,7 @@
-"""Every registered id that runs here passes gymnasium's and Stable-Baselines3's env checkers
-through its one-env view (``gym.make``; the LIBERO suites other than Spatial: gymnasium's only);
-SB3's checker needs the instruction text dropped."""
+"""Registered ids through their one-env view (``gym.make``) pass gymnasium's and Stable-Baselines3's
+env checkers: LIBERO-Spatial and the world models (SB3's checker needs the instruction text
+dropped). The other LIBERO ids are the same env class over other task lists: each suite's scenes
+build, reset and step, and each id's spaces match Spatial's."""
 
 from __future__ import annotations
 
@@ -35,11 +36,44 @@ def check_both(make, sb3: bool = True) -> None:
 
 @pytest.mark.slow
 @requires_libero
-@pytest.mark.parametrize("env_id", list(SUITE_IDS))
-def test_libero_ids_pass_the_env_checkers(env_id):
-    """Gymnasium's checker on every suite; SB3's (which checks the space types, the same class and
-    spaces for every suite) on LIBERO-Spatial only: each extra env build costs about 12 s."""
-    check_both(lambda **kw: gym.make(env_id, **LIBERO_KWARGS, **kw), sb3=env_id == "Libero-Spatial-v0")
+def test_libero_spatial_passes_both_checkers():
+    check_both(lambda **kw: gym.make("Libero-Spatial-v0", **LIBERO_KWARGS, **kw))
+
+
+@pytest.mark.slow
+@requires_libero
+def test_every_libero_suite_builds_resets_and_steps():
+    """One env per suite (its first task) in one ``Libero-130-v0`` vector env; every suite id has
+    Spatial's spaces and its own tasks."""
+    import numpy as np
+
+    ids = {suite: gym.make_vec(env_id, num_envs=1, cameras=()) for env_id, suite in SUITE_IDS.items()}
+    try:
+        spatial = ids["spatial"]
+        for suite, env in ids.items():
+            assert env.single_observation_space == spatial.single_observation_space, suite
+            assert env.single_action_space == spatial.single_action_space, suite
+        firsts = [0, 500, 1000, 1500, 2000]  # task 0 of Spatial, Object, Goal, 10 and 90 in the 130 list
+        frames = ids["130"].initial_frames
+        assert [frames[i].meta["suite"] for i in firsts] == [
+            f"libero_{s}" for s in ("spatial", "object", "goal", "10", "90")
+        ]
+        assert [frames[i].instruction for i in firsts] == [
+            ids[s].initial_frames[0].instruction for s in ("spatial", "object", "goal", "10", "90")
+        ]
+    finally:
+        for env in ids.values():
+            env.close()
+    env = gym.make_vec(
+        "Libero-130-v0", num_envs=len(firsts), cameras=(), chunk_size=2, autoreset_mode="Disabled"
+    )
+    try:
+        obs, _ = env.reset(options={"initial_frames": firsts})
+        assert obs in env.observation_space
+        obs, reward, term, trunc, info = env.step(np.zeros(env.action_space.shape, np.float32))
+        assert obs in env.observation_space and info["chunk_valid"].all() and not (term | trunc).any()
+    finally:
+        env.close()
 
 
 @pytest.mark.slow

@@ -109,6 +109,7 @@ def test_every_sub_step_equals_liberos_own_env_through_the_experts_grasps():
         ref.close()
 
 
+@pytest.mark.slow
 def test_images_equal_liberos_offscreen_render_env():
     from envs.libero.sim import LiberoSim
     from envs.libero.suites import load_init_states, suite_tasks

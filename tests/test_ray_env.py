@@ -78,11 +78,11 @@ def run_both(ray_env, local_env, resets, steps, seed=0) -> None:
 
 @requires_libero
 @pytest.mark.slow
-def test_libero_state_only_equals_local():
-    """Disabled mode: partial resets by mask, frame ids and InitialFrame objects. The autoreset modes
-    are the driver's own code, the same for every backend: the world-model and CartPole tests below
-    run all three (each LIBERO mode cost about 25 s of env builds)."""
-    kwargs = dict(STATE, autoreset_mode="Disabled")
+def test_libero_equals_local():
+    """Disabled mode: partial resets by mask, frame ids and InitialFrame objects; a camera. The
+    autoreset modes are the driver's own code, the same for every backend: the world-model and
+    CartPole tests below run all three (each LIBERO mode cost about 25 s of env builds)."""
+    kwargs = dict(STATE, cameras=("agentview",), image_size=32, autoreset_mode="Disabled")
     remote = gym.make_vec("Libero-Spatial-v0", num_envs=3, ray_actors=2, **kwargs)
     local = gym.make_vec("Libero-Spatial-v0", num_envs=3, **kwargs)
     try:
@@ -96,19 +96,6 @@ def test_libero_state_only_equals_local():
         resets += [{"initial_frames": [2, frame], "reset_mask": np.array([True, False, True])}, None]
         resets += [{"initial_frames": [1, 2, 3]}]
         run_both(remote, local, resets, steps=6)
-    finally:
-        remote.close()
-        local.close()
-
-
-@requires_libero
-@pytest.mark.slow
-def test_libero_with_camera_equals_local():
-    kwargs = dict(STATE, cameras=("agentview",), image_size=32, autoreset_mode="SameStep")
-    remote = gym.make_vec("Libero-Spatial-v0", num_envs=2, ray_actors=2, **kwargs)
-    local = gym.make_vec("Libero-Spatial-v0", num_envs=2, **kwargs)
-    try:
-        run_both(remote, local, [{"initial_frames": [3, 12]}], steps=3)
         np.testing.assert_array_equal(np.stack(remote.render()), np.stack(local.render()))
     finally:
         remote.close()
@@ -125,6 +112,7 @@ def make_world_model(bundle, num_envs, **kwargs):
     return gym.make_vec("CosmosWM-LiberoSpatial-v0", num_envs=num_envs, model_dir=bundle, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_world_model_one_actor_equals_local(cosmos_bundle, mode):
     """One actor: its noise is seeded exactly as the local env's."""
@@ -214,6 +202,7 @@ def test_killed_actor_is_restarted_and_its_envs_truncated():
         env.close()
 
 
+@pytest.mark.slow
 def test_bad_input_is_refused_before_any_actor_is_called(cosmos_bundle):
     env = make_world_model(cosmos_bundle, 2, ray_actors=2, autoreset_mode="Disabled")
     try:
@@ -240,6 +229,7 @@ def steps(env, actions) -> list:
     return [env.step(a) for a in actions]
 
 
+@pytest.mark.slow
 def test_world_model_state_round_trip_through_actors(cosmos_bundle):
     """3 envs over 2 actors (2 + 1): after load_state, the same env and a fresh one built with the
     same settings replay the saved continuation exactly: observations, rewards, infos, episode
@@ -268,6 +258,7 @@ def test_world_model_state_round_trip_through_actors(cosmos_bundle):
         fresh.close()
 
 
+@pytest.mark.slow
 def test_bad_state_is_refused_and_changes_nothing(cosmos_bundle):
     """Wrong type, garbage, a state of another split or of a local env, a state whose second actor's
     part does not load (the first actor's loads and is rolled back): a ValueError naming the env,
@@ -352,7 +343,9 @@ def test_backend_without_state_says_it_cannot_save():
         ({"ray_actors": 1, "ray_options": {"cpus": 1}}, "ray_options"),
         ({"ray_actors": 1, "ray_placement": "tight"}, "ray_placement"),
         ({"ray_options": {"num_cpus": 1}}, "need ray_actors"),
-        ({"ray_actors": 1, "image_size": -3}, "image_size"),  # the backend's own check, from the actor
+        pytest.param(  # the backend's own check, from the actor
+            {"ray_actors": 1, "image_size": -3}, "image_size", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_bad_arguments_give_clear_errors(cosmos_bundle, kwargs, match):

@@ -313,6 +313,7 @@ def test_world_model_envs_take_a_reward_model_path(tmp_path):
 
 # ---------------------------------------------------------------------------- the real simulator
 @requires_libero
+@pytest.mark.slow
 def test_libero_frames_train_a_model_that_a_world_model_loads(tmp_path):
     """Expert episodes (successes) and a noisy one (failure), 64x64, 2 steps past the success."""
     env_kwargs = {"image_size": [64, 64], "cameras": ["agentview"], "proprio": False,

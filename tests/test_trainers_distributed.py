@@ -176,6 +176,7 @@ def test_ppo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
     assert ranks[1]["metrics"] == ranks[0]["metrics"]
 
 
+@pytest.mark.slow
 def test_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
     # rank 1's groups all carry no signal: it has no rows and still steps with rank 0; traj_mean
     # weights and the reference KL divide by counts over both ranks
@@ -199,6 +200,7 @@ def _assert_same_buffer(a: dict, b: dict) -> None:
     assert torch.equal(a["valid"], b["valid"])
 
 
+@pytest.mark.slow
 def test_grpo_self_imitation_over_two_ranks_equals_the_single_process_update(tmp_path):
     # both ranks add successes; the buffer gathered on each rank is the single process's (same
     # rows, same order, FIFO cap included), and the ranks' shares of each minibatch's imitation rows
@@ -230,6 +232,7 @@ def test_grpo_self_imitation_over_two_ranks_equals_the_single_process_update(tmp
         assert torch.equal(value, drawn[1][0][key]), key
 
 
+@pytest.mark.slow
 def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
     # several minibatches: the ranks draw their own, so only agreement between ranks is checked
     kwargs = dict(n_steps=24, batch_size=10, n_epochs=10, target_kl=0.002, learning_rate=3e-3)
@@ -254,7 +257,16 @@ FAST = ["--no-progress", "--no-video", "--torch-threads", "1"]
 def _torchrun(*args: str) -> str:
     """``torchrun --nproc-per-node 2`` (as ``python -m torch.distributed.run``) on this checkout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), *args]
+    # --standalone: the rendezvous on a free port (other tests may run torchrun at the same time)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(WORLD),
+        *args,
+    ]
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -269,6 +281,7 @@ def _only_rank0_wrote(run_dir: Path, stdout: str, iterations: int) -> None:
     assert stdout.count("summary: ") == 1
 
 
+@pytest.mark.slow
 def test_torchrun_ppo_checkpoints_then_resumes_on_one_rank_and_evaluates(tmp_path):
     from trainers.evaluation import evaluate_episodes
     from trainers.ppo import train as ppo_train

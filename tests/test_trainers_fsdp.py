@@ -94,7 +94,7 @@ def _two_ranks(tmp_path, algo: str, kwargs: dict, units: bool = False, dtype=Non
     return torch.load(tmp_path / "rank0.pt")  # the full states are gathered to rank 0
 
 
-@pytest.mark.parametrize("units", [False, True], ids=["root", "units"])
+@pytest.mark.parametrize("units", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["root", "units"])
 def test_fsdp_ppo_update_over_two_ranks_equals_the_single_process_update(tmp_path, units):
     sharded = _two_ranks(tmp_path, "ppo", PPO, units=units)
     single = _run_update("ppo", PPO, None)
@@ -110,6 +110,7 @@ def test_fsdp_ppo_update_over_two_ranks_equals_the_single_process_update(tmp_pat
     )
 
 
+@pytest.mark.slow
 def test_fsdp_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_path):
     # sub-units: during the rollout (inside gathered) the ranks call act different numbers of
     # times (episodes until all done), with no collective in between; rank 1 has no rows
@@ -120,6 +121,7 @@ def test_fsdp_grpo_update_over_two_ranks_equals_the_single_process_update(tmp_pa
         assert sharded["metrics"][1][key] == pytest.approx(single["metrics"][1][key], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_and_activation_checkpointing_update(tmp_path):
     # no equality claim: bfloat16 compute; the weights (kept in float32) move and stay finite
     sharded = _two_ranks(tmp_path, "ppo", PPO, units=True, dtype=torch.bfloat16, ac=True)
@@ -208,6 +210,7 @@ def _round_trip_worker(rank: int, store: str, out_dir: str) -> None:
         distributed.shutdown()  # a barrier first: see its docstring
 
 
+@pytest.mark.slow
 def test_fsdp_loads_and_gives_back_a_single_process_checkpoint_state(tmp_path):
     # a single-process policy and Adam state (after two steps) go into the shards and come back whole
     policy = _policy(critic=True)
@@ -284,6 +287,7 @@ def _vla_worker(rank: int, store: str, out_dir: str, name: str) -> None:
         distributed.shutdown()  # a barrier first: see its docstring
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pi05", "openvla_oft"])
 def test_fsdp_update_of_a_tiny_vla_over_two_ranks_equals_the_single_process_update(tmp_path, name):
     if name == "pi05":
