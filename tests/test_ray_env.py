@@ -113,11 +113,11 @@ def make_world_model(bundle, num_envs, **kwargs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-def test_world_model_one_actor_equals_local(cosmos_bundle, mode):
-    """One actor: its noise is seeded exactly as the local env's."""
-    remote = make_world_model(cosmos_bundle, 2, ray_actors=1, autoreset_mode=mode)
-    local = make_world_model(cosmos_bundle, 2, autoreset_mode=mode)
+def test_world_model_one_actor_equals_local(cosmos_bundle):
+    """One actor: its noise is seeded exactly as the local env's (the autoreset modes are the
+    driver's own code: the CartPole tests below run all three)."""
+    remote = make_world_model(cosmos_bundle, 2, ray_actors=1, autoreset_mode="NextStep")
+    local = make_world_model(cosmos_bundle, 2, autoreset_mode="NextStep")
     try:
         run_both(remote, local, [{"initial_frames": [0, 1]}], steps=4)
     finally:
@@ -369,29 +369,6 @@ def test_unanswering_address_and_missing_ray_give_clear_errors():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "refused: Libero-Spatial-v0: no Ray cluster answers at '127.0.0.1:9'" in out.stdout, out.stderr
     assert 'missing: Ray-actor envs need Ray: pip install "vla-gym[ray]"' in out.stdout, out.stderr
-
-
-@pytest.mark.slow
-def test_trainer_runs_on_ray_actors_chosen_by_env_kwargs(cosmos_bundle, tmp_path):
-    """The trainers never import envs: Ray is chosen by the env kwargs alone (here GRPO, 2 actors)."""
-    import json
-
-    from trainers.grpo import train as grpo_train
-    from trainers.metrics import read_metrics
-
-    wm_kwargs = {"model_dir": str(cosmos_bundle), "image_size": [32, 48], "model_options": {"num_steps": 2},
-                 "max_episode_steps": 16, "ray_actors": 2}  # fmt: skip
-    args = [
-        "--env", "envs:CosmosWM-LiberoSpatial-v0", "--env-kwargs", json.dumps(wm_kwargs),
-        "--policy", "gaussian", "--policy-kwargs", json.dumps({"hidden_sizes": [16], "squash": True}),
-        "--num-envs", "4", "--group-size", "2", "--total-steps", "64", "--no-dynamic-sampling",
-        "--eval-episodes", "2", "--run-dir", str(tmp_path), "--no-progress", "--torch-threads", "1",
-    ]  # fmt: skip
-    final = grpo_train.main(args)
-    assert final["iteration"] == 1 and final["eval/episode_len"] == 16.0
-    train = [r for r in read_metrics(tmp_path) if "train/loss" in r]
-    assert len(train) == 1 and np.isfinite(train[0]["train/loss"]) and train[0]["env/episode_len"] == 16
-    assert json.loads((tmp_path / "config.json").read_text())["run"]["env_kwargs"]["ray_actors"] == 2
 
 
 @pytest.mark.slow
