@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -25,9 +26,18 @@ def one_torch_thread():
 
 
 # The files that start Ray clusters (one on a fixed port) run one after the other in one worker of
-# ``pytest -n 2 --dist loadgroup`` (README's test command); every other file stays whole in one
+# ``pytest -n 2 --dist loadgroup`` (addopts in pyproject.toml); every other file stays whole in one
 # worker, so its module-scoped envs are built once.
 _RAY_FILES = {"test_ray_env.py", "test_benchmarks.py"}
+
+
+def pytest_configure(config):
+    """With several test processes (``-n``), each runs its numerical libraries on one thread (set
+    before any test module imports torch or numpy; the processes they start inherit it): on 2 cores,
+    two processes of two threads each spend much of their time in OpenMP's spin-waits."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
 
 
 def pytest_collection_modifyitems(config, items):
