@@ -19,10 +19,12 @@ over ~30 observables. ``FastStep.step`` computes the same state, bit for bit:
 * **The gripper**: ``PandaGripper.format_action``'s clip-and-add and ``grip_action``'s rescale,
   in Python floats (the same IEEE operations).
 * **Observables**: robosuite samples every observable on a clock (``Observable.update``): each
-  sub-step adds ``model_timestep``, a sample is taken at the first sub-step of each period. The clock
-  runs here in Python floats with the same operations; at a sample instant the MuJoCo data is copied
-  (``snapshot``, also what images are rendered from) and the observables are computed from that copy
-  by robosuite's own sensors only when read (``observations()``), not at every step.
+  sub-step adds ``model_timestep``, a sample is taken at the first sub-step of each period (the
+  24th of 25, as robosuite's clock drifts). The clock runs here in Python floats with the same
+  operations, and only the sample instants call robosuite's own ``Observable.update``: for every
+  observable, or for the few the caller reads (``observables``); there the MuJoCo data may also be
+  copied (``snapshot``: what images and object poses are read from), instead of ~30 observables
+  walked at every sub-step.
 
 What is not kept: robosuite's per-policy-step history buffers (``robot.recent_qpos``,
 ``recent_ee_forcetorques``, ...), which no LIBERO code reads. Everything else robosuite leaves behind
@@ -46,7 +48,7 @@ from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, o
 
 
 @numba.njit(cache=True)
-def _arm_state(site_xpos, site_xmat, jacp, jacr, mfull, qpos, qvel, q0, v0, n):  # noqa: ANN001, ANN202
+def _arm_state(site_xpos, site_xmat, jacp, jacr, mfull, qpos, qvel, q0, v0, n):
     """``OperationalSpaceController.update``'s copies, in its layouts (J and mass: Fortran order, as its
     fancy indexing makes them)."""
     J_pos, J_ori = np.empty((n, 3)).T, np.empty((n, 3)).T
@@ -63,59 +65,29 @@ def _arm_state(site_xpos, site_xmat, jacp, jacr, mfull, qpos, qvel, q0, v0, n): 
 
 
 @numba.njit(cache=True)
-def _osc_terms(
-    goal_pos, goal_ori, ee_pos, ee_ori_mat, ee_pos_vel, ee_ori_vel, kp, kd, mass, J_full, J_pos, J_ori
-):  # noqa: ANN001, ANN202, E501
-    """``run_controller`` up to the decoupling (whose ``np.dot``s stay numpy's)."""
+def _osc_terms(goal_pos, goal_ori, ee_pos, ee_ori_mat, ee_vel, ee_ori_vel, kp, kd, mass, J_full, J_pos, J_ori):  # fmt: skip  # noqa: E501
+    """``run_controller`` up to the decoupling (whose ``np.dot``s stay numpy's): lambda_pos,
+    lambda_ori, the null-space matrix, the desired force and torque."""
     ori_error = orientation_error(goal_ori, ee_ori_mat)
-    desired_force = (goal_pos - ee_pos) * kp[0:3] + (-ee_pos_vel) * kd[0:3]
+    desired_force = (goal_pos - ee_pos) * kp[0:3] + (-ee_vel) * kd[0:3]
     desired_torque = ori_error * kp[3:6] + (-ee_ori_vel) * kd[3:6]
     _, lambda_pos, lambda_ori, nullspace = opspace_matrices(mass, J_full, J_pos, J_ori)
     return lambda_pos, lambda_ori, nullspace, desired_force, desired_torque
 
 
 @numba.njit(cache=True)
-def _state_and_osc(
-    site_xpos,
-    site_xmat,
-    jacp,
-    jacr,
-    mfull,
-    qpos,
-    qvel,
-    q0,
-    v0,
-    n,
-    goal_pos,
-    goal_ori,
-    ee_pos_vel,
-    ee_ori_vel,
-    kp,
-    kd,
-):  # noqa: ANN001, ANN202, E501
-    """``_arm_state`` then ``_osc_terms``: every sub-step but the policy step's. Returns what the rest
-    of the sub-step needs: (joint_pos, joint_vel, J_full, mass) and the OSC terms."""
+def _state_and_osc(site_xpos, site_xmat, jacp, jacr, mfull, qpos, qvel, q0, v0, n, goal_pos, goal_ori, ee_vel, ee_ori_vel, kp, kd):  # fmt: skip  # noqa: E501
+    """``_arm_state`` then ``_osc_terms`` (every sub-step but the policy step's): what the rest of
+    the sub-step needs, (joint_pos, joint_vel, J_full, mass) + the OSC terms."""
     ee_pos, ee_ori_mat, joint_pos, joint_vel, J_pos, J_ori, J_full, mass = _arm_state(
         site_xpos, site_xmat, jacp, jacr, mfull, qpos, qvel, q0, v0, n
     )
-    lambda_pos, lambda_ori, nullspace, desired_force, desired_torque = _osc_terms(
-        goal_pos, goal_ori, ee_pos, ee_ori_mat, ee_pos_vel, ee_ori_vel, kp, kd, mass, J_full, J_pos, J_ori
-    )
-    return (
-        joint_pos,
-        joint_vel,
-        J_full,
-        mass,
-        lambda_pos,
-        lambda_ori,
-        nullspace,
-        desired_force,
-        desired_torque,
-    )
+    terms = _osc_terms(goal_pos, goal_ori, ee_pos, ee_ori_mat, ee_vel, ee_ori_vel, kp, kd, mass, J_full, J_pos, J_ori)  # fmt: skip  # noqa: E501
+    return (joint_pos, joint_vel, J_full, mass) + terms
 
 
 @numba.njit(cache=True)
-def _arm_torques(tq, qfrc_bias, v0, mass, nullspace, initial_joint, joint_pos, joint_vel, low, high):  # noqa: ANN001, ANN202, E501
+def _arm_torques(tq, qfrc_bias, v0, mass, nullspace, initial_joint, joint_pos, joint_vel, low, high):
     """The rest of ``run_controller`` (gravity compensation, null-space torques) and
     ``SingleArm.control``'s clip to the torque limits."""
     torques = tq + qfrc_bias[v0 : v0 + tq.shape[0]]
@@ -288,19 +260,8 @@ class FastStep:
                     goal_pos, goal_ori, ee_pos, ee_ori_mat, *vel, kp, kd, mass, J_full, J_pos, J_ori
                 )
             else:
-                (
-                    joint_pos,
-                    joint_vel,
-                    J_full,
-                    mass,
-                    lambda_pos,
-                    lambda_ori,
-                    nullspace,
-                    desired_force,
-                    desired_torque,
-                ) = _state_and_osc(
-                    sx, sm, jacp, jacr, mfull, qpos, qvel, q0, v0, n, goal_pos, goal_ori, *vel, kp, kd
-                )
+                out = _state_and_osc(sx, sm, jacp, jacr, mfull, qpos, qvel, q0, v0, n, goal_pos, goal_ori, *vel, kp, kd)  # fmt: skip  # noqa: E501
+                joint_pos, joint_vel, J_full, mass, lambda_pos, lambda_ori, nullspace, desired_force, desired_torque = out  # fmt: skip  # noqa: E501
             stale = False
             dot(lambda_pos, desired_force, out=wrench[:3])  # robosuite: np.concatenate of the two dots
             dot(lambda_ori, desired_torque, out=wrench[3:])
