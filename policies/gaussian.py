@@ -56,6 +56,8 @@ class GaussianPolicy(TorsoPolicy):
             their mean and carry no log-prob (E = ``len(noise_dims)``). RL from a clone: the
             dimensions the demonstrations hold still (LIBERO-Spatial's rotations, std ~0.007)
             need no exploration, and their tiny stds would dominate the policy gradient (~1/std).
+        state_dependent_std: ``log_std`` is a linear head on the torso's features (SB3's SAC
+            actor) instead of one parameter; ``log_std_init`` is then the head's initial bias.
         **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
@@ -73,6 +75,7 @@ class GaussianPolicy(TorsoPolicy):
         squash: bool = False,
         noise_correlation: float = 0.0,
         noise_dims: Sequence[int] | None = None,
+        state_dependent_std: bool = False,
         **torso_options: Any,
     ):
         super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
@@ -90,7 +93,12 @@ class GaussianPolicy(TorsoPolicy):
         n = self.chunk_size * self.action_dim
         self.mean_head = nn.Linear(self.torso.out_dim, n)
         self._init_head(self.mean_head, 0.01)
-        self.log_std = nn.Parameter(torch.full((n,), float(log_std_init)))
+        self.log_std_head: nn.Linear | None = None
+        if state_dependent_std:
+            self.log_std_head = nn.Linear(self.torso.out_dim, n)
+            nn.init.constant_(self.log_std_head.bias, float(log_std_init))
+        else:
+            self.log_std = nn.Parameter(torch.full((n,), float(log_std_init)))
         if log_std_bounds is not None:
             lo, hi = (float(b) for b in log_std_bounds)
             if not lo <= hi:
@@ -111,10 +119,13 @@ class GaussianPolicy(TorsoPolicy):
         """Mean ``[B, K, D]`` and log-std broadcast to it."""
         shape = (features.shape[0], self.chunk_size, self.action_dim)
         mean = self.mean_head(features).reshape(shape)
-        log_std = self.log_std
+        if self.log_std_head is not None:
+            log_std = self.log_std_head(features).reshape(shape)
+        else:
+            log_std = self.log_std.reshape(shape[1:]).expand(shape)
         if self.log_std_bounds is not None:
             log_std = log_std.clamp(*self.log_std_bounds)
-        return mean, log_std.reshape(shape[1:]).expand(shape)
+        return mean, log_std
 
     def _log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
         """``log p(u_k | u_{k-1})`` per element (written out: no torch.distributions object per call;
@@ -180,6 +191,17 @@ class GaussianPolicy(TorsoPolicy):
         u, log_probs = (mean, None) if deterministic else self._sample(mean, log_std)
         replay = {**self._obs_replay(prepared), "raw_action": u}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
+
+    def rsample(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparametrised sample (gradients flow into the weights, as SAC's actor loss needs):
+        actions ``[B, K, D]`` in env units and their log-probs ``[B, K, E]``. Squashed, the
+        log-probs are of the action in units of the Box's half-width (SB3's convention: the
+        entropy target then does not depend on the bounds)."""
+        mean, log_std = self._mean_log_std(self.torso(self._prepare(obs)))
+        u, log_probs = self._sample(mean, log_std)
+        if self.squash:
+            log_probs = log_probs + self._explored(self.action_scale.log().expand_as(u))
+        return self._to_action(u), log_probs
 
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Entropy is the Gaussian's ``[B, K, D]``, or None when squashed (no closed form; SB3

@@ -1,15 +1,16 @@
-"""The trainers' one command line: ``--algo`` picks GRPO or PPO, every other flag is a field of
+"""The trainers' one command line: ``--algo`` picks GRPO, PPO or SAC, every other flag is a field of
 ``RunConfig`` or of the algorithm's config, and ``--config FILE`` (a run's ``config.json`` or a
 recipe under ``configs/``) gives the starting values.
 
     python -m trainers --config configs/libero_spatial_grpo.json        # the main job (README)
     python -m trainers --config configs/libero_spatial_grpo.json --total-steps 100000 --device cuda
     python -m trainers --algo ppo --env CartPole-v1 --total-steps 100000
+    python -m trainers --algo sac --env Pendulum-v1 --num-envs 1 --total-steps 20000
     python -m trainers --resume runs/grpo-Libero-Spatial-v0-s0-20261121-071500
 
 Without ``--algo`` the algorithm is the one the config file has a section for (else GRPO); with
-it, the config's sections for other algorithms are ignored. ``python -m trainers.grpo`` and
-``python -m trainers.ppo`` are the same command with the algorithm fixed.
+it, the config's sections for other algorithms are ignored. ``python -m trainers.grpo``,
+``python -m trainers.ppo`` and ``python -m trainers.sac`` are the same command with the algorithm fixed.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from trainers.grpo.train import train as train_grpo
 from trainers.ppo.algorithm import PPOConfig
 from trainers.ppo.train import train as train_ppo
 from trainers.run import RunConfig
+from trainers.sac.algorithm import SACConfig
+from trainers.sac.train import train as train_sac
 
 ALGOS: dict[str, tuple[type, Callable[..., dict[str, float]]]] = {
     "grpo": (GRPOConfig, train_grpo),
     "ppo": (PPOConfig, train_ppo),
+    "sac": (SACConfig, train_sac),
 }
 
 

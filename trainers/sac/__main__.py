@@ -1,0 +1,3 @@
+from trainers.sac.train import main
+
+main()

@@ -1,0 +1,222 @@
+"""Soft actor-critic over action chunks: the config and one gradient step, on one screen.
+
+With the defaults and K = 1 this is Stable-Baselines3's SAC (Haarnoja et al. 2018, v2): twin
+critics, target critics moved by Polyak averaging, an automatically tuned temperature with
+target entropy ``-dim(A)``, one gradient step per env step, log-probs in normalised action units,
+and SB3's order inside a step (temperature, then critics, then actor; the temperature used in the
+losses is the one before its step). The options the sample-efficient methods add:
+
+* RLPD (Ball et al. 2023): ``n_critics`` > 2 with ``critic_subsample`` (the target is the min
+  over a random subset), ``critic_layer_norm``, a high update-to-data ratio (``gradient_steps``)
+  and batches half prior data (``prior_ratio``, in ``trainers/sac/train.py``);
+* Q-chunking (Li et al. 2025): the critic scores the whole chunk ``[K, D]``, the reward sums the
+  executed sub-steps and the bootstrap discount is ``gamma^(executed)`` (``trainers/sac/replay.py``),
+  ``n_step`` chains chunk-steps, and ``bc_coef`` keeps the actor near the prior data (the actor's
+  negative log-likelihood of the prior rows' chunks).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from policies.torso_policy import box_bounds, box_chunk_shape
+from trainers.optim import BadUpdateGuard, fused_ok
+from trainers.sac.critic import QEnsemble
+from trainers.sac.replay import Batch
+
+
+@dataclass
+class SACConfig:
+    """SAC settings (defaults: SB3's SAC)."""
+
+    learning_rate: float = 3e-4  # Adam, for actor, critics and temperature
+    buffer_size: int = 1_000_000  # transitions kept
+    batch_size: int = 256
+    gamma: float = 0.99  # discount per env sub-step
+    tau: float = 0.005  # Polyak factor of the target critics
+    learning_starts: int = 100  # transitions in the buffer before the first update
+    # env steps of every env (vector steps) per iteration; each iteration logs a row
+    steps_per_iteration: int = 1000
+    gradient_steps: int = 1  # gradient steps after each vector step (the update-to-data ratio)
+    n_step: int = 1  # chunk-steps per return (each chunk's executed sub-steps are always summed)
+    # -- temperature
+    init_alpha: float = 1.0
+    learn_alpha: bool = True
+    target_entropy: float | None = None  # None: -(number of sampled action elements per chunk)
+    # -- critics
+    n_critics: int = 2
+    critic_subsample: int = 0  # the target's min over this many random members (0: all)
+    critic_layer_norm: bool = False
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    critic_activation: str = "relu"
+    actor_q: Literal["min", "mean"] = "min"  # how the actor's loss reduces the members' Q
+    # -- warm-up: actions before learning_starts, uniform in the Box (SB3) or the policy's own
+    warmup: Literal["uniform", "policy"] = "uniform"
+    # -- prior data (RLPD): a demonstrations file or folder (trainers.datasets) or an earlier SAC run
+    prior_data: str | None = None
+    prior_ratio: float = 0.5  # share of every batch drawn from the prior data
+    offline_steps: int = 0  # gradient steps on the prior data alone before the first env step
+    bc_coef: float = 0.0  # weight of the actor's imitation loss on the batch's prior rows
+    max_grad_norm: float | None = None
+    max_bad_updates: int = 10  # non-finite updates in a row before the run stops
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("learning_starts", "gradient_steps", "offline_steps", "critic_subsample"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sac {name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 < self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"sac gamma and tau must be in (0, 1], got {self.gamma} and {self.tau}")
+        if not 0.0 <= self.prior_ratio < 1.0:
+            raise ValueError(f"sac prior_ratio must be in [0, 1), got {self.prior_ratio}")
+        if self.init_alpha <= 0 or self.learning_rate <= 0 or self.bc_coef < 0:
+            raise ValueError("sac init_alpha and learning_rate must be > 0 and bc_coef >= 0")
+        if self.critic_subsample > self.n_critics:
+            raise ValueError(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
+        if self.actor_q not in ("min", "mean") or self.warmup not in ("uniform", "policy"):
+            raise ValueError(
+                f"actor_q must be min or mean and warmup uniform or policy, got {self.actor_q}, {self.warmup}"
+            )
+
+
+class Learner(nn.Module):
+    """What SAC trains besides the actor: the critics, their targets and the temperature.
+
+    Actions reach the critics in normalised units: ``(a - center) / scale`` on a bounded Box.
+    """
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Box, config: SACConfig) -> None:
+        super().__init__()
+        low, high = box_bounds(action_space)
+        bounded = torch.isfinite(low).all() and torch.isfinite(high).all()
+        self.register_buffer("action_center", (high + low) / 2 if bounded else torch.zeros_like(low))
+        self.register_buffer("action_scale", (high - low) / 2 if bounded else torch.ones_like(low))
+        self.critic = QEnsemble(
+            observation_space,
+            box_chunk_shape(action_space),
+            config.n_critics,
+            config.critic_hidden_sizes,
+            config.critic_activation,
+            config.critic_layer_norm,
+        )
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)))
+
+    def q(self, obs: Any, actions: torch.Tensor, target: bool = False) -> torch.Tensor:
+        """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]``."""
+        normalised = (actions - self.action_center) / self.action_scale
+        return (self.critic_target if target else self.critic)(obs, normalised)
+
+
+def make_optimizer(actor: nn.Module, learner: Learner, config: SACConfig) -> torch.optim.Adam:
+    """One Adam over three parameter groups (actor, critics, temperature). Each loss is stepped
+    with only its own group's gradients set (``sac_update``), so Adam moves every group exactly as
+    three separate optimizers would, and the run checkpoints one optimizer state."""
+    groups = [
+        [p for p in actor.parameters() if p.requires_grad],
+        list(learner.critic.parameters()),
+        [learner.log_alpha],
+    ]
+    params = [p for g in groups for p in g]
+    return torch.optim.Adam([{"params": g} for g in groups], lr=config.learning_rate, fused=fused_ok(params))
+
+
+def _step(
+    loss: torch.Tensor,
+    group: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    guard: BadUpdateGuard,
+) -> None:
+    """Step ``group``'s parameters alone on ``loss`` (other groups keep no gradient)."""
+    optimizer.zero_grad(set_to_none=True)
+    grads = torch.autograd.grad(loss, group, allow_unused=True)
+    for p, g in zip(group, grads):
+        p.grad = g
+    params = [p for p in group if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_grad_norm is None else max_grad_norm)
+    if guard.ok(loss, norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def sac_update(
+    actor: Any,
+    learner: Learner,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    config: SACConfig,
+    generator: torch.Generator,
+    guard: BadUpdateGuard,
+    target_entropy: float,
+) -> dict[str, torch.Tensor]:
+    """One SAC gradient step on ``batch``; returns its metrics as 0-dim tensors (no host sync).
+
+    ``actor`` is a policy with ``rsample(obs) -> (actions [B, K, D], log-probs [B, K, E])``
+    (``policies.gaussian.GaussianPolicy``); ``generator`` draws the critics' target subset.
+    """
+    actor_group, critic_group, alpha_group = (g["params"] for g in optimizer.param_groups)
+    # temperature: alpha_loss = -log_alpha * (log pi + target entropy)
+    pi_actions, log_prob = actor.rsample(batch.obs)
+    log_prob = log_prob.sum((1, 2))
+    alpha = learner.log_alpha.detach().exp()
+    alpha_loss = -(learner.log_alpha * (log_prob.detach() + target_entropy)).mean()
+    if config.learn_alpha:
+        _step(alpha_loss, alpha_group, optimizer, config.max_grad_norm, guard)
+
+    # critics: y = r + discount * (min_subset Q_targ(s', a') - alpha log pi(a'|s')), a' ~ pi(s')
+    with torch.no_grad():
+        next_actions, next_log_prob = actor.rsample(batch.next_obs)
+        q_next = learner.q(batch.next_obs, next_actions, target=True)
+        if 0 < config.critic_subsample < config.n_critics:
+            members = torch.randperm(config.n_critics, generator=generator)[: config.critic_subsample]
+            q_next = q_next[members.to(q_next.device)]
+        soft_next = q_next.min(0).values - alpha * next_log_prob.sum((1, 2))
+        target = batch.rewards + batch.discounts * soft_next
+    q = learner.q(batch.obs, batch.actions)
+    critic_loss = 0.5 * ((q - target) ** 2).mean(1).sum()
+    _step(critic_loss, critic_group, optimizer, config.max_grad_norm, guard)
+
+    # actor: E[alpha log pi(a|s) - Q(s, a)], a ~ pi(s) (reparametrised), Q after the critics' step
+    q_pi = learner.q(batch.obs, pi_actions)
+    q_pi = q_pi.min(0).values if config.actor_q == "min" else q_pi.mean(0)
+    actor_loss = (alpha * log_prob - q_pi).mean()
+    bc_loss = torch.zeros((), device=q.device)
+    if config.bc_coef > 0 and bool(batch.prior.any()):
+        prior_obs = _rows(batch.obs, batch.prior.cpu().numpy())
+        bc_loss = actor.imitation_loss(prior_obs, batch.actions[batch.prior])
+        actor_loss = actor_loss + config.bc_coef * bc_loss
+    _step(actor_loss, actor_group, optimizer, config.max_grad_norm, guard)
+
+    with torch.no_grad():  # Polyak: targ <- (1 - tau) targ + tau critic
+        torch._foreach_lerp_(
+            list(learner.critic_target.parameters()), list(learner.critic.parameters()), config.tau
+        )
+    return {
+        "critic_loss": critic_loss.detach(),
+        "actor_loss": actor_loss.detach(),
+        "alpha_loss": alpha_loss.detach(),
+        "bc_loss": bc_loss.detach(),
+        "alpha": alpha,
+        "q": q.detach().mean(),
+        "target_q": target.mean(),
+        "entropy": -log_prob.detach().mean(),
+    }
+
+
+def _rows(obs: Any, mask: Any) -> Any:
+    """The rows ``mask`` of a batched observation (dict of arrays, string tuples)."""
+    if isinstance(obs, dict):
+        return {k: _rows(v, mask) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(x for x, keep in zip(obs, mask) if keep)
+    return obs[mask]

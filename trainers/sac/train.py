@@ -1,0 +1,192 @@
+"""The SAC training loop and its command line.
+
+    python -m trainers.sac --env Pendulum-v1 --total-steps 20000 --num-envs 1
+    python -m trainers --algo sac --config configs/libero_spatial_sac.json    # RLPD from a clone
+
+Each vector step of the envs goes into the replay buffer (as n-step chunk transitions,
+``trainers/sac/replay.py``); once it holds ``learning_starts`` transitions, every vector step is
+followed by ``gradient_steps`` SAC updates (``trainers/sac/algorithm.py``), each on a batch of which
+``prior_ratio`` comes from the prior data when there is some (``trainers/sac/prior.py``). An
+iteration is ``steps_per_iteration`` vector steps: a metrics row, and evaluation and checkpoints
+when due. A checkpoint holds the actor, critics, targets, temperature, optimizer, random streams and
+the replay buffer; on resume the envs start new episodes (as PPO's do). One process only: torchrun
+with several ranks is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from policies.base import ActionChunk, ActionChunkPolicy
+from policies.torso_policy import box_bounds, box_chunk_shape
+from trainers.callbacks import Callback
+from trainers.config import parse_cli
+from trainers.optim import BadUpdateGuard
+from trainers.rollout import Collector
+from trainers.run import Run, RunConfig
+from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update
+from trainers.sac.prior import load_prior
+from trainers.sac.replay import Batch, ChunkStep, NStepWriter, ReplayBuffer, obs_row
+
+RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
+# a new actor is SB3's SAC actor: 256-256 ReLU, a state-dependent log-std head, tanh squashing
+ACTOR_DEFAULTS = {
+    "squash": True,
+    "state_dependent_std": True,
+    "log_std_bounds": (-20.0, 2.0),
+    "hidden_sizes": (256, 256),
+    "activation": "relu",
+    "ortho_init": False,
+}
+
+
+class UniformPolicy(ActionChunkPolicy):
+    """Warm-up actions: uniform in the Box, from its own generator."""
+
+    def __init__(self, action_space: gym.spaces.Box, generator: torch.Generator) -> None:
+        super().__init__()
+        self.low, self.high = box_bounds(action_space)
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.generator = generator
+
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        n = len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
+        u = torch.rand((n, *self.low.shape), generator=self.generator)
+        return ActionChunk(self.low + (self.high - self.low) * u)
+
+
+def train(
+    run_config: RunConfig, config: SACConfig, callbacks: list[Callback] | None = None
+) -> dict[str, float]:
+    """Train with SAC until ``run_config.total_steps`` env steps; returns the final metrics."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--algo sac runs in one process; start it without torchrun (or --nproc-per-node 1)")
+    run = Run("sac", run_config, config, callbacks)
+    env = run.make_env(autoreset="same_step")
+    try:
+        space = env.single_action_space
+        if not (isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 2)):
+            raise ValueError(
+                f"SAC needs a Box action space of shape (D,) or (K, D); {run_config.env} has {space}"
+            )
+        shape = box_chunk_shape(space)
+        new = run_config.init_policy is None and run_config.resume is None
+        gaussian = run_config.policy in ("auto", "gaussian")
+        policy = run.make_policy(env, **(ACTOR_DEFAULTS if new and gaussian else {}), use_critic=False)
+        if not callable(getattr(policy, "rsample", None)) or not getattr(policy, "squash", False):
+            raise ValueError(
+                f"SAC trains a squashed Gaussian actor (a policy with rsample and squash=True); "
+                f"got {type(policy).__name__}"
+                + ("" if not hasattr(policy, "squash") else " with squash=False")
+            )
+        learner = Learner(env.single_observation_space, space, config).to(run.device)
+        optimizer = make_optimizer(policy, learner, config)
+        prior = None
+        if config.prior_data:  # read and checked before any env step
+            prior = load_prior(
+                config.prior_data, env.single_observation_space, shape, config.gamma, config.n_step
+            )
+        buffer = ReplayBuffer(env.single_observation_space, shape, config.buffer_size)
+        sampler = torch.Generator().manual_seed(run_config.seed + 1)  # batch rows, critic subsets
+        warmup = torch.Generator().manual_seed(run_config.seed + 2)
+        extra = run.restore(policy, optimizer, {"sampler": sampler, "warmup": warmup})
+        updates = 0
+        if extra:
+            learner.load_state_dict(extra["learner"])
+            buffer.load_state_dict(extra["buffer"])
+            updates = int(extra["updates"])
+        target_entropy = config.target_entropy
+        if target_entropy is None:
+            target_entropy = -float(policy.chunk_size * policy.log_prob_dim)
+        guard = BadUpdateGuard(config.max_bad_updates)
+
+        def update() -> dict[str, torch.Tensor]:
+            online = (
+                config.batch_size if prior is None else round(config.batch_size * (1 - config.prior_ratio))
+            )
+            batch = buffer.sample(online, sampler, run.device) if online > 0 else None
+            if prior is not None and online < config.batch_size:
+                extra_rows = prior.sample(config.batch_size - online, sampler, run.device)
+                batch = extra_rows if batch is None else Batch.cat(batch, extra_rows)
+            return sac_update(policy, learner, optimizer, batch, config, sampler, guard, target_entropy)
+
+        if prior is not None and updates == 0 and config.offline_steps > 0:
+            offline = _offline(config, prior, policy, learner, optimizer, sampler, guard, target_entropy, run)
+            run.log({f"offline/{k}": v for k, v in offline.items()})
+            updates = config.offline_steps
+
+        acting = UniformPolicy(space, warmup) if config.warmup == "uniform" else policy
+        collector = Collector(env, acting)
+        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
+        writer = NStepWriter(env.num_envs, config.n_step, config.gamma)
+        while not run.finished:
+            env_steps, episodes, sums, count = 0, [], {}, 0
+            for _ in range(config.steps_per_iteration):
+                collector.policy = policy if len(buffer) >= config.learning_starts else acting
+                rollout = collector.collect(1, record_obs=True)
+                buffer.add(_transitions(rollout, collector.obs, writer))
+                env_steps += int(rollout.valid.sum())
+                episodes += rollout.episodes
+                if len(buffer) >= config.learning_starts:
+                    for _ in range(config.gradient_steps):
+                        for key, value in update().items():
+                            sums[key] = sums.get(key, 0.0) + value
+                        count += 1
+            updates += count
+            metrics = {k: float(v) / count for k, v in sums.items()}
+            metrics.update({"updates": updates, "buffer_size": len(buffer)})
+            run.extra = {"learner": learner.state_dict(), "buffer": buffer.state_dict(), "updates": updates}
+            run.end_iteration(env_steps, episodes, {f"train/{k}": v for k, v in metrics.items()})
+        env.close()  # frees the simulators before the final evaluation starts its own
+        return run.finish()
+    finally:
+        env.close()
+
+
+def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
+    """The transitions one collected vector step completes (``rollout`` holds one step)."""
+    out = []
+    obs = rollout.observations[0]
+    for i in range(rollout.num_envs):
+        valid = rollout.valid[0, i].numpy()
+        if not valid.any():  # a NEXT_STEP reset step or a frozen env: nothing was executed
+            continue
+        term, trunc = bool(rollout.terminated[0, i]), bool(rollout.truncated[0, i])
+        ended = term or trunc
+        after = obs_row(rollout.final_observations[(0, i)]) if ended else obs_row(next_obs, i)
+        step = ChunkStep(obs_row(obs, i), rollout.actions[0, i].numpy(), rollout.rewards[0, i].numpy(), valid)
+        out += writer.push(i, step, after, term, trunc)
+    return out
+
+
+def _offline(
+    config: SACConfig,
+    prior: ReplayBuffer,
+    policy: Any,
+    learner: Learner,
+    optimizer: torch.optim.Optimizer,
+    sampler: torch.Generator,
+    guard: BadUpdateGuard,
+    target_entropy: float,
+    run: Run,
+) -> dict[str, float]:
+    """``offline_steps`` SAC updates on the prior data alone; their mean metrics."""
+    from tqdm import tqdm
+
+    sums: dict[str, Any] = {}
+    for _ in tqdm(range(config.offline_steps), desc="offline pretraining", disable=not run.config.progress):
+        batch = prior.sample(config.batch_size, sampler, run.device)
+        for key, value in sac_update(
+            policy, learner, optimizer, batch, config, sampler, guard, target_entropy
+        ).items():
+            sums[key] = sums.get(key, 0.0) + value
+    return {k: float(v) / config.offline_steps for k, v in sums.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    configs = parse_cli({"run": RunConfig, "sac": SACConfig}, argv, description=__doc__)
+    return train(configs["run"], configs["sac"])
