@@ -40,6 +40,17 @@ from trainers.metrics import mcnemar_p, wilson_interval
 _EXPLORE = {"log_std_bounds": [-20.0, -1.5], "noise_dims": [0, 1, 2, 5, 6]}  # rotations held still
 _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coef": 0.0}
 WEAK_CLONE = "checkpoints/bc_libero_spatial_state_weak.pt"  # see checkpoints/README.md
+# SAC's prior data: 400 expert episodes from the training starts (init states 0-39) only, made by
+#   python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert --num-envs 2 \
+#     --env-kwargs '{"chunk_size": null, "task_state": true, "cameras": [], "init_states": [0, ..., 39]}' \
+#     --episodes 400 --seed 1 --out runs/demos/spatial_train.h5
+SAC_PRIOR = "runs/demos/spatial_train.h5"
+SAC_RLPD = {
+    "prior_data": SAC_PRIOR, "prior_ratio": 0.5, "offline_steps": 1000, "bc_coef": 0.1, "warmup": "policy",
+    "learning_starts": 2048, "batch_size": 256, "gradient_steps": 8, "steps_per_iteration": 20,
+    "n_critics": 2, "critic_layer_norm": True, "n_step": 4, "learning_rate": 1e-4,
+    "init_alpha": 1e-5, "learn_alpha": False,
+}  # fmt: skip
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -89,6 +100,29 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "about": "weak-clone for 40k env steps (with --curve-every: where the gain goes)",
         "run": {"init_policy": WEAK_CLONE, "total_steps": 40_000},
     },
+    "sac-rlpd-weak": {
+        "about": "SAC from the weak clone with prior demos (RLPD: half of each batch, offline steps, BC 0.1) "
+        "chunk critic, 4-chunk returns, fixed alpha 1e-5, std <= e^-1.5, 60k steps",
+        "algo": "sac",
+        "run": {
+            "init_policy": WEAK_CLONE,
+            "total_steps": 60_000,
+            "torch_threads": 1,
+            "policy_kwargs": {"log_std_bounds": [-20.0, -1.5], "noise_dims": None},
+        },
+        "sac": SAC_RLPD,
+    },
+    "sac-rlpd-weak-placebo": {
+        "about": "sac-rlpd-weak with each batch's rewards and discounts shuffled among its rows (a control)",
+        "algo": "sac",
+        "run": {
+            "init_policy": WEAK_CLONE,
+            "total_steps": 60_000,
+            "torch_threads": 1,
+            "policy_kwargs": {"log_std_bounds": [-20.0, -1.5], "noise_dims": None},
+        },
+        "sac": {**SAC_RLPD, "placebo": True},
+    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",
         "run": {"total_steps": 50_000},
@@ -125,6 +159,8 @@ def train_variant(
     from trainers.ppo.algorithm import PPOConfig
     from trainers.ppo.train import train as train_ppo
     from trainers.run import RunConfig
+    from trainers.sac.algorithm import SACConfig
+    from trainers.sac.train import train as train_sac
 
     evaluation: dict[str, Any] = {"eval_every": -1}  # evaluated by the caller, on every held-out pair
     if held_out is not None:
@@ -146,8 +182,10 @@ def train_variant(
         train_grpo(config, GRPOConfig(**algo_settings))
     elif algo == "ppo":
         train_ppo(config, PPOConfig(**algo_settings))
+    elif algo == "sac":
+        train_sac(config, SACConfig(**algo_settings))
     else:
-        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo' or 'ppo'")
+        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo' or 'sac'")
     return time.perf_counter() - t0
 
 

@@ -1,15 +1,19 @@
-"""Do the trainers learn, and how fast? PPO and GRPO learning figures, with Stable-Baselines3 2.9
-PPO trained side by side in the same process on the same task, budget and hardware.
+"""Do the trainers learn, and how fast? PPO, GRPO and SAC learning figures, with Stable-Baselines3
+2.9's PPO and SAC trained side by side in the same process on the same task, budget and hardware.
 
 * PPO, CartPole-v1, 100k env steps, 8 envs, the rl-zoo3 hyperparameters (target: mean return >= 475)
 * PPO, InvertedPendulum-v5, 200k env steps, 1 env, SB3's default hyperparameters (target: >= 900)
 * GRPO, CartPole-v1, 150k env steps, 4 groups of 8 (target: >= 300, from ~22 for a random policy)
+* SAC, Pendulum-v1, 20k env steps, 1 env, rl-zoo3's learning rate 1e-3, SB3's other defaults
+  (target: >= -200; random actions score about -1200)
+* SAC, InvertedPendulum-v5, 20k env steps, 1 env, SB3's default hyperparameters (target: >= 900)
 
 Every trained policy is scored by the same evaluator: 10 deterministic episodes on a fresh env,
 reset seeds 10000..10009. Time is the wall-clock of building and training (no evaluation, no
 TensorBoard, one checkpoint at the end for ours). Both libraries run with one torch thread.
 
-    python -m benchmarks.trainer_vs_sb3 [--tasks cartpole pendulum grpo] [--seeds 0 1 2] [--no-sb3]
+    python -m benchmarks.trainer_vs_sb3 [--tasks cartpole pendulum grpo sac sac-mujoco] [--seeds 0 1 2]
+    python -m benchmarks.trainer_vs_sb3 --tasks sac --seeds 0 --no-sb3   # ours alone
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from trainers.metrics import read_metrics
 from trainers.ppo import PPOConfig
 from trainers.ppo import train as ppo_train
 from trainers.run import RunConfig
+from trainers.sac import SACConfig
+from trainers.sac import train as sac_train
+
+TRAINERS = {"ppo": (PPOConfig, ppo_train), "grpo": (GRPOConfig, grpo_train), "sac": (SACConfig, sac_train)}
 
 EVAL_EPISODES, EVAL_SEED = 10, 10_000
 
@@ -58,6 +66,8 @@ TASKS = {
     "grpo": Task("grpo", "CartPole-v1", 150_000, 300.0, 32, {
         "group_size": 8, "learning_rate": 3e-3, "weight_decay": 0.0, "log_prob_level": "chunk",
     }),
+    "sac": Task("sac", "Pendulum-v1", 20_000, -200.0, 1, {"learning_rate": 1e-3}),
+    "sac-mujoco": Task("sac", "InvertedPendulum-v5", 20_000, 900.0, 1),
 }  # fmt: skip
 
 
@@ -83,10 +93,8 @@ def run_ours(task: Task, seed: int, out: Path) -> dict[str, Any]:
                     tensorboard=False, video=False, progress=False)  # fmt: skip
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
-        if task.algo == "ppo":
-            ppo_train.train(run, PPOConfig(**task.hparams))
-        else:
-            grpo_train.train(run, GRPOConfig(**task.hparams))
+        config_cls, trainer = TRAINERS[task.algo]
+        trainer.train(run, config_cls(**task.hparams))
     seconds = time.perf_counter() - start
     env = gym.make(task.env)
     policy = load_policy(out, env.observation_space, env.action_space)
@@ -109,7 +117,7 @@ def run_ours(task: Task, seed: int, out: Path) -> dict[str, Any]:
 
 
 def run_sb3(task: Task, seed: int) -> dict[str, Any]:
-    from stable_baselines3 import PPO
+    from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
 
     hp = {k: v for k, v in task.hparams.items() if not k.endswith("_schedule")}
@@ -119,7 +127,7 @@ def run_sb3(task: Task, seed: int) -> dict[str, Any]:
         hp["clip_range"] = lambda progress: progress * 0.2
     start = time.perf_counter()
     env = make_vec_env(task.env, n_envs=task.num_envs, seed=seed)
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", **hp)
+    model = (SAC if task.algo == "sac" else PPO)("MlpPolicy", env, seed=seed, device="cpu", **hp)
     model.learn(task.steps)
     seconds = time.perf_counter() - start
     ret = mean_return(lambda obs: model.predict(obs, deterministic=True)[0], task.env)
@@ -204,7 +212,7 @@ def main() -> None:
                 r = run_ours(task, seed, Path(tmp) / "run")
             rows.append({"task": name, "trainer": "ours", "seed": seed, "target": task.target, **r})
             print(table(rows[-1:]).splitlines()[-1], flush=True)
-            if task.algo == "ppo" and not args.no_sb3:
+            if task.algo != "grpo" and not args.no_sb3:
                 rows.append({"task": name, "trainer": "sb3", "seed": seed, "target": task.target,
                              **run_sb3(task, seed)})  # fmt: skip
                 print(table(rows[-1:]).splitlines()[-1], flush=True)

@@ -367,3 +367,19 @@ def test_sac_refuses_what_it_cannot_train(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="--algo sac runs in one process"):
         sac_train.main(["--env", "Pendulum-v1", *FAST])
+
+
+def test_placebo_shuffles_outcomes_among_rows_only():
+    from trainers.sac.algorithm import shuffle_outcomes
+
+    buf = ReplayBuffer(_dict_space(), (3, 1), capacity=16)
+    buf.add([_transition(i) for i in range(16)])
+    for i in range(16):
+        buf.discounts[i] = i / 100  # a distinct discount per row, to check pairs move together
+    batch = buf.sample(32, torch.Generator().manual_seed(1))
+    placebo = shuffle_outcomes(batch, torch.Generator().manual_seed(2))
+    pairs = sorted(zip(batch.rewards.tolist(), batch.discounts.tolist()))
+    assert sorted(zip(placebo.rewards.tolist(), placebo.discounts.tolist())) == pairs
+    assert not torch.equal(placebo.rewards, batch.rewards)
+    assert torch.equal(placebo.actions, batch.actions) and placebo.obs is batch.obs
+    assert np.allclose(placebo.discounts.numpy() * 100, placebo.rewards.numpy(), atol=1e-4)

@@ -18,6 +18,7 @@ losses is the one before its step). The options the sample-efficient methods add
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -66,6 +67,9 @@ class SACConfig:
     bc_coef: float = 0.0  # weight of the actor's imitation loss on the batch's prior rows
     max_grad_norm: float | None = None
     max_bad_updates: int = 10  # non-finite updates in a row before the run stops
+    # a control, not a method: each batch's (reward, discount) pairs permuted among its rows, so the
+    # update has the same data and sizes but no information on what each chunk earned
+    placebo: bool = False
 
     def __post_init__(self) -> None:
         for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
@@ -211,6 +215,12 @@ def sac_update(
         "target_q": target.mean(),
         "entropy": -log_prob.detach().mean(),
     }
+
+
+def shuffle_outcomes(batch: Batch, generator: torch.Generator) -> Batch:
+    """The placebo's batch: the rows' (reward, discount) pairs randomly permuted among the rows."""
+    perm = torch.randperm(len(batch.rewards), generator=generator).to(batch.rewards.device)
+    return dataclasses.replace(batch, rewards=batch.rewards[perm], discounts=batch.discounts[perm])
 
 
 def _rows(obs: Any, mask: Any) -> Any:

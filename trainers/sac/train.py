@@ -28,7 +28,7 @@ from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector
 from trainers.run import Run, RunConfig
-from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update
+from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update, shuffle_outcomes
 from trainers.sac.prior import load_prior
 from trainers.sac.replay import Batch, ChunkStep, NStepWriter, ReplayBuffer, obs_row
 
@@ -112,6 +112,8 @@ def train(
             if prior is not None and online < config.batch_size:
                 extra_rows = prior.sample(config.batch_size - online, sampler, run.device)
                 batch = extra_rows if batch is None else Batch.cat(batch, extra_rows)
+            if config.placebo:
+                batch = shuffle_outcomes(batch, sampler)
             return sac_update(policy, learner, optimizer, batch, config, sampler, guard, target_entropy)
 
         if prior is not None and updates == 0 and config.offline_steps > 0:
@@ -180,6 +182,8 @@ def _offline(
     sums: dict[str, Any] = {}
     for _ in tqdm(range(config.offline_steps), desc="offline pretraining", disable=not run.config.progress):
         batch = prior.sample(config.batch_size, sampler, run.device)
+        if config.placebo:
+            batch = shuffle_outcomes(batch, sampler)
         for key, value in sac_update(
             policy, learner, optimizer, batch, config, sampler, guard, target_entropy
         ).items():
