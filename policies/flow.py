@@ -338,6 +338,20 @@ class FlowPolicy(TorsoPolicy):
         }
         return ActionChunk(actions, log_probs, self._value(prepared, context), replay)
 
+    @torch.no_grad()
+    def denoise(self, obs: Any, noise: torch.Tensor) -> torch.Tensor:
+        """The action chunk ``[B, K, D]`` that the deterministic (ODE) chain reaches from the initial
+        noise ``[B, K, D]``: what ``act(deterministic=True)`` does after drawing its noise. DSRL
+        (``policies/dsrl.py``) steers the frozen policy through this noise."""
+        context = self.torso(self._prepare(obs))
+        x = noise.to(context)
+        b = x.shape[0]
+        level = torch.full((b,), self.noise_level, device=x.device)
+        for i in range(self.num_steps):
+            step = torch.full((b,), i, dtype=torch.long, device=x.device)
+            x, _ = self.transition(x, step, context, "flow_ode", level)
+        return torch.clamp(x, self.action_low, self.action_high) if self.clip_actions else x
+
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Log-probs of the stored chain transitions under the current weights. Entropy (mean over
         the same terms) only for flow_noise, whose std is learned; None for the fixed-std methods."""

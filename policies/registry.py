@@ -1,7 +1,8 @@
 """Build a policy by name, so command lines and checkpoints can name one.
 
 Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``residual`` (a correction over a frozen
-Gaussian base), ``libero_expert`` (scripted), ``openvla_oft``,
+Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise), ``libero_expert``
+(scripted), ``openvla_oft``,
 ``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
 (categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
 ``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
@@ -23,6 +24,7 @@ POLICIES = {
     "binned": "policies.binned:BinnedPolicy",
     "flow": "policies.flow:FlowPolicy",
     "residual": "policies.residual:ResidualPolicy",
+    "dsrl": "policies.dsrl:NoiseSteeredPolicy",
     "libero_expert": "policies.libero_expert:LiberoExpert",
     "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
     "pi05": "policies.pi05:Pi05Policy",

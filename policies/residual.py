@@ -107,9 +107,9 @@ class ResidualPolicy(GaussianPolicy):
         """The frozen base's pre-squash mean ``[B, K, D]``."""
         return self.base._mean_log_std(self.base.torso(self.base._prepare(obs)))[0]
 
-    @torch.no_grad()
     rsample = None  # no reparametrised sample through the frozen base: SAC refuses this policy
 
+    @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         prepared = self._prepare(obs)
         features = self.torso(prepared)

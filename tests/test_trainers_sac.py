@@ -383,3 +383,67 @@ def test_placebo_shuffles_outcomes_among_rows_only():
     assert not torch.equal(placebo.rewards, batch.rewards)
     assert torch.equal(placebo.actions, batch.actions) and placebo.obs is batch.obs
     assert np.allclose(placebo.discounts.numpy() * 100, placebo.rewards.numpy(), atol=1e-4)
+
+
+# ---------------------------------------------------------------------- DSRL
+def _flow_checkpoint(path):
+    from policies.flow import FlowPolicy
+
+    env = Reach()
+    kwargs = {"num_steps": 3, "velocity_hidden": [16], "hidden_sizes": [16], "use_critic": False}
+    flow = FlowPolicy(env.observation_space, env.action_space, **kwargs)
+    spec = {"name": "flow", "kwargs": kwargs, "state_dict": flow.state_dict(), "omitted": []}
+    ckpt.save_checkpoint(path, {"algo": "bc", "policy": spec, "counters": {}, "config": {}})
+    return flow
+
+
+def test_flow_denoise_is_the_deterministic_chain_from_its_noise():
+    from policies.flow import FlowPolicy
+
+    env = Reach()
+    flow = FlowPolicy(
+        env.observation_space, env.action_space, num_steps=4, velocity_hidden=[16], hidden_sizes=[16]
+    )
+    flow.seed(0)
+    obs = torch.randn(5, 2)
+    out = flow.act(obs, deterministic=True)
+    torch.testing.assert_close(flow.denoise(obs, out.replay["chains"][:, 0]), out.actions)
+
+
+def test_dsrl_trains_the_noise_actor_of_a_frozen_flow_policy(tmp_path):
+    base = _flow_checkpoint(tmp_path / "flow.pt")
+    final = sac_train.main(
+        ["--env", "SacReach-v0", "--num-envs", "2", "--total-steps", "60", "--steps-per-iteration", "10",
+         "--learning-starts", "20", "--batch-size", "16", "--policy", "dsrl",
+         "--init-policy", str(tmp_path / "flow.pt"),
+         "--policy-kwargs", '{"hidden_sizes": [16], "max_noise": 1.5}', "--critic-hidden-sizes", "[16]",
+         "--eval-episodes", "2", "--run-dir", str(tmp_path / "run"), *FAST]
+    )  # fmt: skip
+    assert math.isfinite(final["train/critic_loss"]) and math.isfinite(final["eval/return"])
+    data = ckpt.latest_checkpoint(tmp_path / "run")[1]
+    state = data["policy"]["state_dict"]
+    for key, value in base.state_dict().items():  # the base is frozen
+        assert torch.equal(state[f"base.{key}"], value), key
+    noise = data["extra"]["buffer"]["actions"]
+    assert noise.abs().max() <= 1.5 and data["policy"]["name"] == "policies.dsrl:NoiseSteeredPolicy"
+    # the buffer holds the noise, the env got the base's action for it
+    from trainers.checkpoint import load_policy
+
+    policy = load_policy(tmp_path / "run", Reach.observation_space, Reach.action_space)
+    obs = data["extra"]["buffer"]["obs"]["obs"][:4]
+    torch.testing.assert_close(policy.decode(obs, noise[:4]), base.denoise(obs, noise[:4]))
+
+
+def test_dsrl_refuses_what_does_not_fit(tmp_path):
+    _flow_checkpoint(tmp_path / "flow.pt")
+    flow = ["--env", "SacReach-v0", "--policy", "dsrl", "--init-policy", str(tmp_path / "flow.pt")]
+    with pytest.raises(ValueError, match="DSRL's critics score the noise fed to the frozen policy"):
+        sac_train.main(
+            [*flow, "--prior-data", str(tmp_path / "demos.h5"), "--run-dir", str(tmp_path / "a"), *FAST]
+        )
+    gauss = sac_train.main(["--env", "SacReach-v0", "--total-steps", "20", "--steps-per-iteration", "10",
+                            "--eval-every", "-1", "--run-dir", str(tmp_path / "g"), *FAST])  # fmt: skip
+    assert math.isfinite(gauss["env/return"])
+    with pytest.raises(TypeError, match="DSRL steers a flow policy .* got GaussianPolicy"):
+        sac_train.main(["--env", "SacReach-v0", "--policy", "dsrl", "--init-policy", str(tmp_path / "g"),
+                        "--run-dir", str(tmp_path / "b"), *FAST])  # fmt: skip

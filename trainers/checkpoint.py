@@ -241,9 +241,9 @@ def build_policy(
 
     ``name``/``kwargs`` build a new policy. With ``init_policy`` (a checkpoint or run directory) it
     starts from that policy: its class and arguments (``kwargs`` override them; whether there is
-    a critic stays the caller's choice) and weights, or, with ``name="residual"``, a
-    ``ResidualPolicy`` whose frozen base is that policy. With ``resume`` the policy is rebuilt as
-    the resumed run built it (the caller loads its weights).
+    a critic stays the caller's choice) and weights, or, with ``name`` ``"residual"`` or ``"dsrl"``,
+    a ``ResidualPolicy`` / ``NoiseSteeredPolicy`` whose frozen base is that policy. With ``resume``
+    the policy is rebuilt as the resumed run built it (the caller loads its weights).
     """
     from gymnasium import spaces
 
@@ -259,7 +259,7 @@ def build_policy(
         path, data = latest_checkpoint(init_policy)
         spec = data["policy"]
         kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
-        if name == "residual":  # the checkpoint's policy becomes the frozen base
+        if name in FROZEN_BASE:  # the checkpoint's policy becomes the frozen base
             kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
         else:
             name, kwargs = spec["name"], {**kept, **kwargs}
@@ -267,7 +267,7 @@ def build_policy(
         observation_space = policy_observation_space(spec, observation_space, path)
     policy = make_policy(name, observation_space, action_space, **kwargs)
     if state is not None:
-        load_initial_weights(policy.base if name == "residual" else policy, *state)
+        load_initial_weights(policy.base if name in FROZEN_BASE else policy, *state)
     built = {"name": resolve_policy(name, action_space), "kwargs": kwargs}
     if isinstance(observation_space, spaces.Dict):  # what it reads: load_policy rebuilds it on these keys
         built["observation_keys"] = list(observation_space.spaces)
@@ -275,6 +275,7 @@ def build_policy(
 
 
 CRITIC_PREFIXES = ("critic_torso.", "value_head.")
+FROZEN_BASE = ("residual", "dsrl")  # policies that keep --init-policy's policy as a frozen base
 
 
 def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) -> None:

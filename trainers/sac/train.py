@@ -1,7 +1,7 @@
 """The SAC training loop and its command line.
 
     python -m trainers.sac --env Pendulum-v1 --total-steps 20000 --num-envs 1
-    python -m trainers --algo sac --config configs/libero_spatial_sac.json    # RLPD from a clone
+    python -m trainers.sac --env Pendulum-v1 --policy dsrl --init-policy runs/bc-flow   # DSRL
 
 Each vector step of the envs goes into the replay buffer (as n-step chunk transitions,
 ``trainers/sac/replay.py``); once it holds ``learning_starts`` transitions, every vector step is
@@ -16,6 +16,7 @@ with several ranks is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -45,18 +46,26 @@ ACTOR_DEFAULTS = {
 
 
 class UniformPolicy(ActionChunkPolicy):
-    """Warm-up actions: uniform in the Box, from its own generator."""
+    """Warm-up actions: uniform in SAC's action Box, from their own generator. With ``decode`` (DSRL)
+    the uniform sample is the noise, and the env gets ``decode(obs, noise)``."""
 
-    def __init__(self, action_space: gym.spaces.Box, generator: torch.Generator) -> None:
+    def __init__(
+        self,
+        action_space: gym.spaces.Box,
+        generator: torch.Generator,
+        decode: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.low, self.high = box_bounds(action_space)
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.generator = generator
+        self.generator, self.decode = generator, decode
 
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         n = len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
-        u = torch.rand((n, *self.low.shape), generator=self.generator)
-        return ActionChunk(self.low + (self.high - self.low) * u)
+        u = self.low + (self.high - self.low) * torch.rand((n, *self.low.shape), generator=self.generator)
+        if self.decode is None:
+            return ActionChunk(u)
+        return ActionChunk(self.decode(obs, u), replay={"sac_action": u})
 
 
 def train(
@@ -83,7 +92,13 @@ def train(
                 f"got {type(policy).__name__}"
                 + ("" if not hasattr(policy, "squash") else " with squash=False")
             )
-        learner = Learner(env.single_observation_space, space, config).to(run.device)
+        sac_space = getattr(policy, "sac_action_space", space)  # DSRL: the critics score the noise
+        if sac_space is not space and config.prior_data:
+            raise ValueError(
+                "DSRL's critics score the noise fed to the frozen policy; prior data holds env actions "
+                "(drop --prior-data, or clone the flow policy on the demos with trainers.bc)"
+            )
+        learner = Learner(env.single_observation_space, sac_space, config).to(run.device)
         optimizer = make_optimizer(policy, learner, config)
         prior = None
         if config.prior_data:  # read and checked before any env step
@@ -121,7 +136,8 @@ def train(
             run.log({f"offline/{k}": v for k, v in offline.items()})
             updates = config.offline_steps
 
-        acting = UniformPolicy(space, warmup) if config.warmup == "uniform" else policy
+        decode = getattr(policy, "decode", None) if sac_space is not space else None
+        acting = UniformPolicy(sac_space, warmup, decode) if config.warmup == "uniform" else policy
         collector = Collector(env, acting)
         collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
         writer = NStepWriter(env.num_envs, config.n_step, config.gamma)
@@ -150,7 +166,8 @@ def train(
 
 
 def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
-    """The transitions one collected vector step completes (``rollout`` holds one step)."""
+    """The transitions one collected vector step completes (``rollout`` holds one step); the action
+    stored is the policy's ``replay["sac_action"]`` where it has one (DSRL's noise)."""
     out = []
     obs = rollout.observations[0]
     for i in range(rollout.num_envs):
@@ -160,7 +177,8 @@ def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
         term, trunc = bool(rollout.terminated[0, i]), bool(rollout.truncated[0, i])
         ended = term or trunc
         after = obs_row(rollout.final_observations[(0, i)]) if ended else obs_row(next_obs, i)
-        step = ChunkStep(obs_row(obs, i), rollout.actions[0, i].numpy(), rollout.rewards[0, i].numpy(), valid)
+        action = (rollout.replay["sac_action"] if "sac_action" in rollout.replay else rollout.actions)[0, i]
+        step = ChunkStep(obs_row(obs, i), action.numpy(), rollout.rewards[0, i].numpy(), valid)
         out += writer.push(i, step, after, term, trunc)
     return out
 

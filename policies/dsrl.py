@@ -1,0 +1,124 @@
+"""DSRL (Wagenmaker et al. 2025, "Steering your diffusion policy with latent space RL"): a frozen
+flow policy whose initial denoising noise is chosen by a small squashed-Gaussian actor.
+
+The env executes ``base.denoise(obs, w)``, the base's deterministic chain from the noise ``w``; SAC
+trains the noise actor and a critic on (observation, ``w``), so the base's behaviour is never
+changed, only which of its outputs is picked. ``w`` lies in ``[-max_noise, max_noise]`` (a noise
+actor that wanders far outside the base's N(0, I) training noise leaves its training data). At
+initialisation the actor's noise is about N(0, I) near 0, so DSRL starts close to the base policy.
+``sac_action_space`` tells the trainer that the critic's action is the noise (``replay["sac_action"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from .base import ActionChunk, ActionChunkPolicy, PolicyEval
+from .gaussian import GaussianPolicy
+from .registry import make_policy
+from .torso_policy import box_chunk_shape
+
+
+class NoiseSteeredPolicy(ActionChunkPolicy):
+    """A frozen flow ``base`` steered by a noise actor.
+
+    Args:
+        observation_space, action_space: single-env spaces (the base is built on the same).
+        base: the base policy spec ``{"name": ..., "kwargs": {...}}``: a policy with
+            ``denoise(obs, noise)`` (``flow``); the trainers fill it from ``--init-policy``.
+        max_noise: the noise actor's bound.
+        hidden_sizes, activation, log_std_bounds: the noise actor's (SB3's SAC actor by default).
+        use_critic: must be False (the trainers pass it).
+        **actor_options: more ``GaussianPolicy`` options for the noise actor.
+
+    Replay: the noise actor's (``obs/<key>``, ``raw_action``) plus ``sac_action`` ``[B, K, D]``.
+    """
+
+    squash = True
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        *,
+        base: Mapping[str, Any],
+        max_noise: float = 2.0,
+        hidden_sizes: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        log_std_bounds: tuple[float, float] = (-20.0, 2.0),
+        use_critic: bool = False,
+        **actor_options: Any,
+    ) -> None:
+        super().__init__()
+        if use_critic:
+            raise ValueError("DSRL's noise actor has no value head (SAC's critics score the noise)")
+        if not isinstance(base, Mapping) or "name" not in base:
+            raise ValueError(
+                f"base must be a policy spec {{'name': ..., 'kwargs': {{...}}}}, got {base!r:.200}"
+            )
+        base_policy = make_policy(
+            base["name"], observation_space, action_space, **dict(base.get("kwargs", {}))
+        )
+        if not callable(getattr(base_policy, "denoise", None)):
+            raise TypeError(
+                f"DSRL steers a flow policy (one with denoise(obs, noise)); got {type(base_policy).__name__}"
+            )
+        if not max_noise > 0:
+            raise ValueError(f"max_noise must be > 0, got {max_noise}")
+        self.base = base_policy.requires_grad_(False).eval()
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        shape = (self.chunk_size, self.action_dim)
+        self.sac_action_space = spaces.Box(-float(max_noise), float(max_noise), shape, np.float32)
+        self.actor = GaussianPolicy(
+            observation_space,
+            self.sac_action_space,
+            squash=True,
+            state_dependent_std=True,
+            log_std_bounds=log_std_bounds,
+            hidden_sizes=hidden_sizes,
+            activation=activation,
+            use_critic=False,
+            ortho_init=False,
+            **actor_options,
+        )
+        self.log_prob_dim = self.actor.log_prob_dim
+
+    def seed(self, seed: int) -> None:
+        super().seed(seed)
+        self.actor.generator = self.generator  # one stream, checkpointed as the policy's
+
+    def train(self, mode: bool = True) -> NoiseSteeredPolicy:
+        super().train(mode)
+        self.base.eval()  # frozen: never in training mode
+        return self
+
+    def decode(self, obs: Any, noise: torch.Tensor) -> torch.Tensor:
+        """The env actions the base makes of ``noise``."""
+        return self.base.denoise(obs, noise)
+
+    @torch.no_grad()
+    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
+        out = self.actor.act(obs, deterministic)
+        return ActionChunk(
+            self.decode(obs, out.actions), out.log_probs, None, {**out.replay, "sac_action": out.actions}
+        )
+
+    def rsample(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparametrised noise sample and its log-probs (``GaussianPolicy.rsample``)."""
+        return self.actor.rsample(obs)
+
+    def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
+        return self.actor.evaluate(replay)
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        raise NotImplementedError(
+            "DSRL trains the noise fed to a frozen policy: demonstrated env actions say nothing about "
+            "that noise (clone the flow base with trainers.bc instead)"
+        )
