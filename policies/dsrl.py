@@ -30,13 +30,15 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
     Args:
         observation_space, action_space: single-env spaces (the base is built on the same).
         base: the base policy spec ``{"name": ..., "kwargs": {...}}``: a policy with
-            ``denoise(obs, noise)`` (``flow``); the trainers fill it from ``--init-policy``.
+            ``denoise(obs, noise)`` and ``noise_shape`` (``flow``, ``pi05``); the trainers fill it
+            from ``--init-policy`` (or name it directly, e.g. a pi0.5 ``model_path``).
         max_noise: the noise actor's bound.
         hidden_sizes, activation, log_std_bounds: the noise actor's (SB3's SAC actor by default).
         use_critic: must be False (the trainers pass it).
         **actor_options: more ``GaussianPolicy`` options for the noise actor.
 
-    Replay: the noise actor's (``obs/<key>``, ``raw_action``) plus ``sac_action`` ``[B, K, D]``.
+    Replay: the noise actor's (``obs/<key>``, ``raw_action``) plus ``sac_action``, the noise
+    ``[B, *base.noise_shape]``; log-probs are the noise actor's ``[B, *noise_shape]``.
     """
 
     squash = True
@@ -64,7 +66,7 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         base_policy = make_policy(
             base["name"], observation_space, action_space, **dict(base.get("kwargs", {}))
         )
-        if not callable(getattr(base_policy, "denoise", None)):
+        if not callable(getattr(base_policy, "denoise", None)) or not hasattr(base_policy, "noise_shape"):
             raise TypeError(
                 f"DSRL steers a flow policy (one with denoise(obs, noise)); got {type(base_policy).__name__}"
             )
@@ -72,7 +74,7 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
             raise ValueError(f"max_noise must be > 0, got {max_noise}")
         self.base = base_policy.requires_grad_(False).eval()
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        shape = (self.chunk_size, self.action_dim)
+        shape = tuple(base_policy.noise_shape)  # flow: the chunk; pi0.5: horizon x model action dims
         self.sac_action_space = spaces.Box(-float(max_noise), float(max_noise), shape, np.float32)
         self.actor = GaussianPolicy(
             observation_space,

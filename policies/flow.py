@@ -338,6 +338,11 @@ class FlowPolicy(TorsoPolicy):
         }
         return ActionChunk(actions, log_probs, self._value(prepared, context), replay)
 
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """The shape of one sample's initial noise: the chunk ``(K, D)``."""
+        return (self.chunk_size, self.action_dim)
+
     @torch.no_grad()
     def denoise(self, obs: Any, noise: torch.Tensor) -> torch.Tensor:
         """The action chunk ``[B, K, D]`` that the deterministic (ODE) chain reaches from the initial

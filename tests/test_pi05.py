@@ -240,6 +240,30 @@ def test_deterministic_act_and_train_expert_only(ckpt):
     assert policy.model.action_in_proj.weight.grad is not None
 
 
+def test_dsrl_steers_pi05_through_its_initial_noise(ckpt):
+    from policies.dsrl import NoiseSteeredPolicy
+
+    policy = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, **KW)
+    policy.seed(0)
+    out = policy.act(_obs(), deterministic=True)
+    torch.testing.assert_close(policy.denoise(_obs(), out.replay["chains"][:, 0]), out.actions)
+    dsrl = NoiseSteeredPolicy(
+        OBS_SPACE,
+        ACT_SPACE,
+        base={"name": "pi05", "kwargs": {"model_path": str(ckpt), **KW}},
+        hidden_sizes=[16],
+    )
+    dsrl.seed(1)
+    steered = dsrl.act(_obs())
+    noise = steered.replay["sac_action"]
+    assert noise.shape == (3, *policy.noise_shape) and dsrl.sac_action_space.shape == policy.noise_shape
+    assert noise.abs().max() <= 2.0 and steered.actions.shape == (3, 5, 7)
+    torch.testing.assert_close(steered.actions, dsrl.base.denoise(_obs(), noise))
+    actions, log_probs = dsrl.rsample(_obs())
+    assert actions.requires_grad and log_probs.shape == (3, *policy.noise_shape)
+    assert not any(p.requires_grad for p in dsrl.base.parameters())
+
+
 def test_bad_inputs_are_named(ckpt, tmp_path):
     with pytest.raises(ValueError, match="horizon"):
         Pi05Policy(OBS_SPACE, spaces.Box(-1, 1, (11, 7), np.float32), model_path=ckpt, **KW)

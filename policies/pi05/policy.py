@@ -276,6 +276,23 @@ class Pi05Policy(ActionChunkPolicy):
         }
         return ActionChunk(self._to_env(chains[:, -1]), log_probs, self._value(cache), replay)
 
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """The shape of one sample's initial noise: ``(horizon, model action dims)``."""
+        return (self.horizon, self.model_action_dim)
+
+    @torch.no_grad()
+    def denoise(self, obs: Any, noise: torch.Tensor) -> torch.Tensor:
+        """Env actions ``[B, K, D]`` of the deterministic (ODE) chain from the initial noise
+        ``[B, horizon, model action dims]``: what ``act(deterministic=True)`` does after drawing its
+        noise. DSRL (``policies/dsrl.py``) steers the frozen policy through this noise."""
+        cache = self._prefix(self._prepare(obs))
+        x = noise.to(cache.hidden.device, torch.float32)
+        transition = self._transition(cache, torch.full((x.shape[0],), self.noise_level, device=x.device))
+        for i in range(self.num_steps):
+            x, _ = transition(x, i, "flow_ode")
+        return self._to_env(x)
+
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Log-probs of the stored chain's stochastic steps under the current weights (the prefix is
         recomputed; without gradients when PaliGemma is frozen)."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from policies.base import ActionChunk, ActionChunkPolicy
@@ -105,7 +106,7 @@ def train(
             prior = load_prior(
                 config.prior_data, env.single_observation_space, shape, config.gamma, config.n_step
             )
-        buffer = ReplayBuffer(env.single_observation_space, shape, config.buffer_size)
+        buffer = ReplayBuffer(env.single_observation_space, box_chunk_shape(sac_space), config.buffer_size)
         sampler = torch.Generator().manual_seed(run_config.seed + 1)  # batch rows, critic subsets
         warmup = torch.Generator().manual_seed(run_config.seed + 2)
         extra = run.restore(policy, optimizer, {"sampler": sampler, "warmup": warmup})
@@ -115,8 +116,9 @@ def train(
             buffer.load_state_dict(extra["buffer"])
             updates = int(extra["updates"])
         target_entropy = config.target_entropy
-        if target_entropy is None:
-            target_entropy = -float(policy.chunk_size * policy.log_prob_dim)
+        if target_entropy is None:  # minus the number of sampled elements per chunk (SB3: -dim(A))
+            sampled = policy.chunk_size * policy.log_prob_dim if sac_space is space else sac_space.shape
+            target_entropy = -float(np.prod(sampled))
         guard = BadUpdateGuard(config.max_bad_updates)
 
         def update() -> dict[str, torch.Tensor]:
