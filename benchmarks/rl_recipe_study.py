@@ -7,6 +7,7 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe --steps 2000 --eval-init-states 40  # smoke
     python -m benchmarks.rl_recipe_study --define '{"mine": {"grpo": {"learning_rate": 1e-3}}}'
     python -m benchmarks.rl_recipe_study --variants recipe-long --curve-every 4
+    python -m benchmarks.rl_recipe_study --variants recipe sac-rlpd-weak --seeds 0 1 2 --placebo
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
@@ -112,23 +113,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sac": SAC_RLPD,
     },
-    "sac-rlpd-weak-placebo": {
-        "about": "sac-rlpd-weak with each batch's rewards and discounts shuffled among its rows (a control)",
-        "algo": "sac",
-        "run": {
-            "init_policy": WEAK_CLONE,
-            "total_steps": 60_000,
-            "torch_threads": 1,
-            "policy_kwargs": {"log_std_bounds": [-20.0, -1.5], "noise_dims": None},
-        },
-        "sac": {**SAC_RLPD, "placebo": True},
-    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",
         "run": {"total_steps": 50_000},
         "grpo": {"learning_rate": 1e-4, "target_kl": 0.05, "pg_coef": 0.0},
     },
 }
+
+
+def placebo_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """The variant's control: the same settings with ``placebo`` on (scores or rewards shuffled)."""
+    algo = spec.get("algo", "grpo")
+    return {
+        **copy.deepcopy(spec),
+        "about": f"placebo of: {spec.get('about', '')}",
+        algo: {**spec.get(algo, {}), "placebo": True},
+    }
 
 
 def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, dict, dict]:
@@ -304,6 +304,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
     )
+    parser.add_argument(
+        "--placebo", action="store_true", help="also run each variant with its scores shuffled (a control)"
+    )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
     parser.add_argument(
         "--report", action="store_true", help="train nothing: the table of every finished run under --out"
@@ -319,6 +322,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [n for n in names if n not in variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(variants)}")
+    if args.placebo:  # each variant's shuffled-score control right after it
+        for name in list(names):
+            if not name.endswith("-placebo") and f"{name}-placebo" not in names:
+                variants[f"{name}-placebo"] = placebo_of(variants[name])
+                names.insert(names.index(name) + 1, f"{name}-placebo")
     base_run = recipe["run"]
     eval_kwargs = dict(base_run.get("eval_env_kwargs") or base_run["env_kwargs"])
     if args.eval_init_states:

@@ -232,3 +232,12 @@ def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, cap
     assert extra["frames"]["frames"] == extra["data"]["frames"]
     saved = json.loads((tmp_path / "bench" / "reward_model.json").read_text())
     assert saved["held_out_frames"]["tn"] == m["tn"] and saved["independent_collection"]["data"]["seed"] == 1
+
+
+def test_rl_recipe_study_placebo_variants():
+    from benchmarks.rl_recipe_study import VARIANTS, placebo_of
+
+    grpo, sac = placebo_of(VARIANTS["recipe"]), placebo_of(VARIANTS["sac-rlpd-weak"])
+    assert grpo["grpo"] == {"placebo": True} and grpo["about"].startswith("placebo of: ")
+    assert sac["sac"] == {**VARIANTS["sac-rlpd-weak"]["sac"], "placebo": True} and sac["algo"] == "sac"
+    assert "placebo" not in VARIANTS["sac-rlpd-weak"]["sac"]  # the variant itself is unchanged

@@ -27,6 +27,7 @@ from trainers.grpo import (
     groups_to_resample,
     grpo_update,
     keep_groups,
+    shuffle_scores,
 )
 from trainers.grpo import make_optimizer as grpo_optimizer
 from trainers.losses import clipped_surrogate, to_level
@@ -298,6 +299,11 @@ def test_scores_until_first_done_and_dynamic_sampling():
     ro = make_rollout(rewards, terminated=terminated)
     scores = episode_scores(ro.rewards, ro.first_episode)
     assert scores.tolist() == [1.0, 1.0, 0.0, 3.0]
+    # the placebo: the same scores, permuted among the envs, on each env's first-episode sub-steps
+    placebo = shuffle_scores(ro, torch.Generator().manual_seed(3))
+    shuffled = episode_scores(placebo.rewards, placebo.first_episode)
+    assert sorted(shuffled.tolist()) == sorted(scores.tolist()) and shuffled.tolist() != scores.tolist()
+    assert not (placebo.rewards * ~placebo.first_episode).any() and placebo.valid is ro.valid
     assert keep_groups(scores, 2).tolist() == [False, True]  # group 0: all equal -> no signal
     assert groups_to_resample(scores, 2) == [0]
     assert keep_groups(scores, 2, low=0.0, high=1.0).tolist() == [False, False]  # mean 1.5 > 1

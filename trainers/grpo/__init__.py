@@ -2,7 +2,14 @@
 logic (where each group starts, which groups carry signal, the batch of kept groups), ``train``
 the training loop with dynamic sampling, and the command line (``python -m trainers.grpo --help``)."""
 
-from trainers.grpo.algorithm import GRPOConfig, episode_scores, group_advantages, grpo_update, make_optimizer
+from trainers.grpo.algorithm import (
+    GRPOConfig,
+    episode_scores,
+    group_advantages,
+    grpo_update,
+    make_optimizer,
+    shuffle_scores,
+)
 from trainers.grpo.groups import (
     GroupStarts,
     group_reset,
@@ -24,4 +31,5 @@ __all__ = [
     "keep_groups",
     "make_optimizer",
     "select_envs",
+    "shuffle_scores",
 ]

@@ -18,6 +18,7 @@ buffered chunk-steps of episodes that beat their group's mean (``trainers/self_i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -78,6 +79,10 @@ class GRPOConfig:
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
     max_bad_updates: int = 10
+    # a control, not a method: each batch's episode scores permuted among its episodes before the
+    # update and self-imitation see them (same starts and update sizes, no information); the
+    # reported env success stays the real one
+    placebo: bool = False
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -121,6 +126,18 @@ def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.O
 def episode_scores(rewards: torch.Tensor, first_episode: torch.Tensor) -> torch.Tensor:
     """Score of each env's first episode: the sum of its rewards ``[T, N, K] -> [N]``."""
     return (rewards * first_episode).sum((0, 2))
+
+
+def shuffle_scores(rollout: Rollout, generator: torch.Generator) -> Rollout:
+    """The placebo's rollout: every env's first-episode score moved to a random other env (a
+    permutation), each put on the first sub-step of that env's first episode; other rewards 0."""
+    scores = episode_scores(rollout.rewards, rollout.first_episode)
+    perm = torch.randperm(len(scores), generator=generator).to(scores.device)
+    t, n, k = rollout.rewards.shape
+    first = rollout.first_episode.permute(1, 0, 2).reshape(n, t * k)  # [N, T*K]
+    rewards = torch.zeros(n, t * k, dtype=rollout.rewards.dtype, device=scores.device)
+    rewards[torch.arange(n), first.float().argmax(1)] = scores[perm]
+    return dataclasses.replace(rollout, rewards=rewards.reshape(n, t, k).permute(1, 0, 2).contiguous())
 
 
 def group_advantages(

@@ -28,7 +28,7 @@ import torch
 from trainers import distributed
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
-from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer
+from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer, shuffle_scores
 from trainers.grpo.groups import GroupStarts, keep_groups, select_envs
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector, Rollout
@@ -127,6 +127,8 @@ def train(
                     collector, config, starts, run.counters["iteration"]
                 )
             starts.merge_ranks()  # every rank's per-task counts (several ranks)
+            if config.placebo:
+                batch = shuffle_scores(batch, shuffle)
             if sil is not None:  # episodes that beat their group's mean score (all ranks' rows)
                 scores = episode_scores(batch.rewards, batch.first_episode)
                 means = scores.reshape(-1, config.group_size).mean(1).repeat_interleave(config.group_size)
