@@ -59,3 +59,36 @@ def test_grpo_on_libero_spatial_end_to_end(tmp_path):
     frames = iio.imread(videos[-1])
     assert frames.shape[1:] == (32, 64, 3) and frames.shape[0] == 12 // 4 + 1  # reset + one frame per chunk
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_sac_from_the_clone_with_expert_prior_data(tmp_path):
+    """The SAC recipe's path on the real simulator: prior data from the scripted expert (one action
+    per step, re-chunked to K = 8), the repository's state-based clone as the actor, RLPD batches,
+    offline steps, the BC term, and a held-out evaluation."""
+    from trainers import demos
+    from trainers.sac import train as sac_train
+
+    state = {"cameras": [], "task_state": True, "task_ids": [0], "init_states": [0, 1]}
+    demos.main(
+        ["--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps({**state, "chunk_size": None}),
+         "--num-envs", "2", "--episodes", "2", "--out", str(tmp_path / "demos.h5")]
+    )  # fmt: skip
+    weak = "checkpoints/bc_libero_spatial_state_weak.pt"
+    final = sac_train.main(
+        ["--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps({**state, "max_episode_steps": 48}),
+         "--eval-env-kwargs", json.dumps({**state, "init_states": [40]}), "--init-policy", weak,
+         "--policy-kwargs", '{"log_std_bounds": [-20.0, -1.5]}', "--num-envs", "2", "--total-steps", "96",
+         "--steps-per-iteration", "3", "--learning-starts", "4", "--batch-size", "16", "--warmup", "policy",
+         "--prior-data", str(tmp_path / "demos.h5"), "--offline-steps", "2", "--bc-coef", "0.1",
+         "--n-step", "2", "--no-learn-alpha", "--init-alpha", "1e-5",
+         "--critic-layer-norm", "--eval-episodes", "1", "--run-dir", str(tmp_path / "run"),
+         "--no-progress", "--torch-threads", "1", "--no-video"]
+    )  # fmt: skip
+    assert final["train/bc_loss"] > 0 and final["train/alpha"] == pytest.approx(1e-5)
+    assert 0.0 <= final["eval/success"] <= 1.0 and final["iteration"] == 2
+    buffer = ckpt.latest_checkpoint(tmp_path / "run")[1]["extra"]["buffer"]
+    assert set(buffer["obs"]) == {"proprio", "task_state", "instruction"} and buffer["actions"].shape[1:] == (
+        8,
+        7,
+    )
