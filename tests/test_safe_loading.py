@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import requires_libero
 
 import envs  # noqa: F401
 import trainers.checkpoint as ckpt
@@ -74,6 +75,95 @@ def test_the_named_opt_in_loads_a_full_pickle(tmp_path):
     torch.save({"w": Payload(ran)}, tmp_path / "trusted.pt")
     torch_load(tmp_path / "trusted.pt", trust_pickle=True)
     assert ran.exists()  # exactly what trust_pickle=True means: the file's code runs
+
+
+# ---------------------------------------------------------------------- threads
+def _in_threads(work, items, threads=3):
+    """Run ``work(item)`` for every item, spread over ``threads`` threads started together;
+    the exceptions raised."""
+    import threading
+
+    errors, start = [], threading.Barrier(threads)
+
+    def run(part):
+        start.wait()
+        for item in part:
+            try:
+                work(item)
+            except Exception as e:  # noqa: BLE001  (collected for the assertion)
+                errors.append(e)
+
+    pool = [threading.Thread(target=run, args=(items[i::threads],)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors
+
+
+def test_loads_in_several_threads_at_once_are_safe(tmp_path):
+    """Each load carries its own allow list: no process-wide switch (torch's safe_globals)
+    is flipped, so threads loading files with different needs never refuse each other's."""
+    safe_before = list(torch.serialization.get_safe_globals())
+    frame = InitialFrame(instruction="pick", image=np.zeros((4, 4, 3), np.uint8))
+    torch.save({"a": np.arange(5.0), "s": np.float32(2)}, tmp_path / "numpy.pt")
+    torch.save({"frame": frame, "w": torch.ones(3)}, tmp_path / "frame.pt")
+    torch.save({"w": torch.ones(3)}, tmp_path / "plain.pt")
+    jobs = [("numpy", {"numpy": True}), ("frame", {"numpy": True, "allow": [InitialFrame]}), ("plain", {})]
+
+    def load(job):
+        name, kwargs = job
+        torch_load(tmp_path / f"{name}.pt", **kwargs)
+
+    assert _in_threads(load, jobs * 60) == []
+    # what one call allows is not allowed to the others
+    with pytest.raises(UnsafeFileError, match="numpy"):
+        torch_load(tmp_path / "numpy.pt")
+    with pytest.raises(UnsafeFileError, match="InitialFrame"):
+        torch_load(tmp_path / "frame.pt", numpy=True)
+    assert list(torch.serialization.get_safe_globals()) == safe_before  # never touched
+
+
+@requires_libero
+def test_libero_init_files_load_from_three_threads():
+    """The issue's reproduction: LIBERO's own init files, read from three threads at once."""
+    from pathlib import Path
+
+    from envs.libero import suites
+
+    folder = Path(suites._init_states_path("libero_spatial", "x")).parents[1]
+    paths = sorted(str(p) for p in folder.glob("*/*.pruned_init"))
+    assert len(paths) >= 130
+    suites._load_init_states_file.cache_clear()
+    try:
+        assert _in_threads(suites._load_init_states_file.__wrapped__, paths) == []
+    finally:
+        suites._load_init_states_file.cache_clear()
+
+
+def test_a_torchscript_archive_is_refused(tmp_path):
+    """``torch.load`` hands a TorchScript archive to ``torch.jit.load``: refused, not run."""
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "scripted.pt")
+    with pytest.raises(UnsafeFileError, match="TorchScript"):
+        torch_load(tmp_path / "scripted.pt")
+    with pytest.raises(UnsafeFileError, match="TorchScript"):
+        torch_load(io.BytesIO((tmp_path / "scripted.pt").read_bytes()))
+
+
+def test_a_tensor_with_backward_hooks_is_refused(tmp_path):
+    """Hooks would be called on a later backward pass: even an allowed function is refused."""
+    import codecs
+    import collections
+
+    class Hooked:  # pickles as a tensor rebuilt with a hook (torch.save itself never writes one)
+        def __reduce__(self):
+            hooks = collections.OrderedDict({0: codecs.encode})
+            return torch._utils._rebuild_tensor_v2, (torch.ones(2).storage(), 0, (2,), (1,), False, hooks)
+
+    hooked = Hooked()
+    torch.save({"w": hooked}, tmp_path / "hooked.pt")
+    with pytest.raises(UnsafeFileError, match="a tensor with backward hooks"):
+        torch_load(tmp_path / "hooked.pt")
 
 
 # ---------------------------------------------------------------------- trainer checkpoints
