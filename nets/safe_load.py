@@ -282,3 +282,44 @@ def load_npy(
     if not isinstance(array, np.ndarray) or array.shape != shape:
         raise ValueError(f"{path}: the pickled array does not match its header (shape {shape})")
     return array
+
+
+# ---------------------------------------------------------------------- settings read from files
+# keyword arguments that widen what a loader loads or fetches: they come from the user's own
+# command line or call, never from a file being loaded (a checkpoint's saved kwargs, a run
+# folder's config.json)
+OPT_IN_KEYS = frozenset({"trust_pickle", "download", "revision", "trust_remote_code"})
+PROJECT_PACKAGES = ("envs", "policies", "nets", "trainers")  # modules a file may name for import
+MAX_SETTINGS_DEPTH = 64
+
+
+def strip_opt_ins(settings: Any, source: Any, depth: int = 0) -> Any:
+    """A copy of ``settings`` (read from ``source``, a file) without the keys of ``OPT_IN_KEYS`` at
+    any depth. Dropping one that asks for something (not False or None) warns, naming it and the
+    file; nesting deeper than ``MAX_SETTINGS_DEPTH`` is a ``ValueError``."""
+    import warnings
+
+    if depth > MAX_SETTINGS_DEPTH:
+        raise ValueError(f"{source}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
+    if isinstance(settings, dict):
+        dropped = {k: v for k, v in settings.items() if k in OPT_IN_KEYS and v not in (False, None)}
+        if dropped:
+            warnings.warn(
+                f"{source}: ignored {dropped}: opt-ins that widen what is loaded or fetched come only "
+                "from your own command line or call, never from a file being loaded; give them "
+                "again yourself if you trust what they load",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return {k: strip_opt_ins(v, source, depth + 1) for k, v in settings.items() if k not in OPT_IN_KEYS}
+    if isinstance(settings, (list, tuple)):
+        return type(settings)(strip_opt_ins(v, source, depth + 1) for v in settings)
+    return settings
+
+
+def is_project_module(name: str) -> bool:
+    """Whether ``name`` (``"module"`` or ``"module:Name"``) is a module of this project, which a
+    file may name for import (any other module is imported only when the user names it)."""
+    module = name.partition(":")[0]
+    parts = module.split(".")
+    return all(p.isidentifier() for p in parts) and parts[0] in PROJECT_PACKAGES
