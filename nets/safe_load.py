@@ -164,22 +164,33 @@ def _pickle_module(allowed: dict[tuple[str, str], Any], source: Any, opt_in: str
 
 
 def _is_torchscript(file: PathOrFile) -> bool:
-    """Whether ``file`` is a TorchScript archive (``torch.load`` would hand it to
-    ``torch.jit.load``, which runs the archive's code)."""
+    """Whether ``file`` is a TorchScript archive, which ``torch.load`` would hand to
+    ``torch.jit.load`` (that runs the archive's code). Asked as ``torch.load`` asks it, with
+    torch's own zip reader; Python's ``zipfile`` where those helpers are missing."""
+    ts = torch.serialization
+    helpers = ("_open_file_like", "_is_zipfile", "_open_zipfile_reader", "_is_torchscript_zip")
     try:
-        if isinstance(file, (str, os.PathLike)):
+        if all(hasattr(ts, h) for h in helpers):
+            with ts._open_file_like(file, "rb") as opened:
+                position = opened.tell()
+                try:
+                    if not ts._is_zipfile(opened):
+                        return False
+                    with ts._open_zipfile_reader(opened) as archive:
+                        return bool(ts._is_torchscript_zip(archive))
+                finally:
+                    opened.seek(position)
+        position = None if isinstance(file, (str, os.PathLike)) else file.tell()
+        try:
             with zipfile.ZipFile(file) as archive:
-                names = archive.namelist()
-        else:
-            position = file.tell()
-            try:
-                with zipfile.ZipFile(file) as archive:
-                    names = archive.namelist()
-            finally:
+                return any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in archive.namelist())
+        finally:
+            if position is not None:
                 file.seek(position)
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return False  # not a zip: torch's legacy format or garbage, read (or refused) below
-    return any(name == "constants.pkl" or name.endswith("/constants.pkl") for name in names)
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):
+        return False  # not a readable zip: torch's legacy format or garbage, read (or refused) below
 
 
 def torch_load(
