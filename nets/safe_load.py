@@ -4,25 +4,31 @@
 code when it is loaded. Every vla-gym loader of weights, checkpoints, frame sets and env states
 goes through this module:
 
-* ``torch_load``: ``torch.load(weights_only=True)`` (tensors, dicts, lists, tuples, strings,
-  numbers), plus numpy arrays, dtypes and scalars when ``numpy=True`` and the classes in ``allow``.
+* ``torch_load``: ``torch.load`` whose pickle is read by a restricted unpickler (what
+  ``weights_only=True`` reads: tensors, dicts, lists, tuples, strings, numbers), plus numpy arrays,
+  dtypes and scalars when ``numpy=True`` and the classes in ``allow``.
 * ``restricted_unpickle``: for formats that are plain pickles by definition (RLinf's
   ``dataset/*.npy``, Cosmos Policy's T5 ``.pkl``): only numpy arrays, dtypes and scalars, torch
   tensors, and Python's containers, strings and numbers.
 * ``load_npy``: ``np.load`` whose object arrays are read by ``restricted_unpickle``.
 
-Anything else raises ``UnsafeFileError`` naming the file and what it asked for. ``trust_pickle=True``
+Anything else raises ``UnsafeFileError`` naming the file and what it asked for. Each call carries
+its own allow list (no process-wide switch such as ``torch.serialization.safe_globals`` is flipped
+around a load), so loads in several threads at once are safe. ``trust_pickle=True``
 (a named opt-in at each public loader) loads a full pickle instead: only for files you trust.
 """
 
 from __future__ import annotations
 
+import _compat_pickle
 import codecs
 import collections
+import functools
 import io
 import os
 import pickle
-import re
+import types
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -49,20 +55,142 @@ def _refusal(source: Any, what: str, opt_in: str | None) -> UnsafeFileError:
     )
 
 
-def _numpy_globals() -> list[Any]:
-    """What ``torch.load(weights_only=True)`` needs for numpy arrays, dtypes and scalars, under
-    both numpy 2's and numpy 1's module names."""
+def _named(objects: Iterable[Any]) -> dict[tuple[str, str], Any]:
+    """``(module, name) -> object`` as a pickle names each of ``objects`` (classes, functions)."""
+    return {(obj.__module__, obj.__qualname__): obj for obj in objects}
+
+
+class _NotPlainDataError(Exception):
+    """Raised inside an unpickle for what is refused beyond its globals (becomes an
+    ``UnsafeFileError`` naming the file)."""
+
+
+def _no_hooks(rebuild: Any, hooks_at: int) -> Any:
+    """``rebuild`` (a torch tensor rebuild function) refusing backward hooks, which a plain
+    data file never has (they would be called later, on a backward pass)."""
+
+    def checked(*args: Any) -> Any:
+        if len(args) > hooks_at and args[hooks_at]:
+            raise _NotPlainDataError("a tensor with backward hooks")
+        return rebuild(*args)
+
+    return checked
+
+
+@functools.cache
+def _torch_globals() -> dict[tuple[str, str], Any]:
+    """What plain torch data needs: tensors, parameters, sizes, devices, dtypes, layouts, and
+    Python's containers (the ``Storage`` classes torch resolves itself)."""
+    utils = torch._utils
+    allowed: dict[tuple[str, str], Any] = {
+        ("torch._utils", "_rebuild_tensor"): utils._rebuild_tensor,
+        ("torch._utils", "_rebuild_tensor_v2"): _no_hooks(utils._rebuild_tensor_v2, 5),
+        ("torch._utils", "_rebuild_parameter"): _no_hooks(utils._rebuild_parameter, 2),
+        ("torch._utils", "_rebuild_parameter_with_state"): _no_hooks(utils._rebuild_parameter_with_state, 2),
+        ("torch", "Size"): torch.Size,
+        ("torch", "device"): torch.device,
+        ("torch.storage", "UntypedStorage"): torch.storage.UntypedStorage,
+        ("torch", "UntypedStorage"): torch.storage.UntypedStorage,
+        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("builtins", "set"): set,
+        ("builtins", "frozenset"): frozenset,
+        ("builtins", "complex"): complex,
+        ("builtins", "bytearray"): bytearray,
+        ("_codecs", "encode"): codecs.encode,  # how protocol 2 writes bytes
+    }
+    if hasattr(utils, "_rebuild_tensor_v3"):
+        allowed[("torch._utils", "_rebuild_tensor_v3")] = _no_hooks(utils._rebuild_tensor_v3, 5)
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            allowed[("torch", name)] = value
+    return allowed
+
+
+@functools.cache
+def _numpy_globals() -> dict[tuple[str, str], Any]:
+    """What numpy arrays, dtypes and scalars need, under numpy 2's and numpy 1's module names."""
     rebuild, scalar = np._core.multiarray._reconstruct, np._core.multiarray.scalar
-    dtype_classes = {type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDGSUVOMm"}
-    return [
-        rebuild,
-        (rebuild, "numpy.core.multiarray._reconstruct"),
-        scalar,
-        (scalar, "numpy.core.multiarray.scalar"),
-        np.ndarray,
-        np.dtype,
-        *dtype_classes,
-    ]
+    allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed[(module, "_reconstruct")] = rebuild
+        allowed[(module, "scalar")] = scalar
+    for code in "?bBhHiIlLqQefdgFDGSUVOMm":
+        cls = type(np.dtype(code))
+        allowed[(cls.__module__, cls.__qualname__)] = cls
+    return allowed
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals in ``allowed`` (this call's allow list: no
+    process-wide state, so loads in several threads never see each other's)."""
+
+    def __init__(
+        self,
+        file: IO[bytes],
+        *,
+        allowed: dict[tuple[str, str], Any],
+        source: Any,
+        opt_in: str | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(file, **kwargs)
+        self._allowed, self._source, self._opt_in = allowed, source, opt_in
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names that protocol 2 (torch.save's) writes, e.g. __builtin__.bytes
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        try:
+            return self._allowed[(module, name)]
+        except (KeyError, TypeError):
+            raise _refusal(self._source, f"the global '{module}.{name}'", self._opt_in) from None
+
+
+def _pickle_module(allowed: dict[tuple[str, str], Any], source: Any, opt_in: str | None) -> Any:
+    """A stand-in for the ``pickle`` module that ``torch.load(pickle_module=...)`` reads the file
+    with: its ``Unpickler`` resolves only ``allowed``."""
+
+    class Unpickler(_RestrictedUnpickler):
+        def __init__(self, file: IO[bytes], **kwargs: Any) -> None:
+            super().__init__(file, allowed=allowed, source=source, opt_in=opt_in, **kwargs)
+
+    def load(file: IO[bytes], **kwargs: Any) -> Any:
+        return Unpickler(file, **kwargs).load()
+
+    return types.SimpleNamespace(__name__=f"{__name__}.restricted", Unpickler=Unpickler, load=load)
+
+
+def _is_torchscript(file: PathOrFile) -> bool:
+    """Whether ``file`` is a TorchScript archive, which ``torch.load`` would hand to
+    ``torch.jit.load`` (that runs the archive's code). Asked as ``torch.load`` asks it, with
+    torch's own zip reader; Python's ``zipfile`` where those helpers are missing."""
+    ts = torch.serialization
+    helpers = ("_open_file_like", "_is_zipfile", "_open_zipfile_reader", "_is_torchscript_zip")
+    try:
+        if all(hasattr(ts, h) for h in helpers):
+            with ts._open_file_like(file, "rb") as opened:
+                position = opened.tell()
+                try:
+                    if not ts._is_zipfile(opened):
+                        return False
+                    with ts._open_zipfile_reader(opened) as archive:
+                        return bool(ts._is_torchscript_zip(archive))
+                finally:
+                    opened.seek(position)
+        position = None if isinstance(file, (str, os.PathLike)) else file.tell()
+        try:
+            with zipfile.ZipFile(file) as archive:
+                return any(n == "constants.pkl" or n.endswith("/constants.pkl") for n in archive.namelist())
+        finally:
+            if position is not None:
+                file.seek(position)
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):
+        return False  # not a readable zip: torch's legacy format or garbage, read (or refused) below
 
 
 def torch_load(
@@ -76,59 +204,52 @@ def torch_load(
 ) -> Any:
     """``torch.load`` onto the CPU that runs no code from the file.
 
+    Plain torch data loads (tensors, parameters, containers, strings, numbers, dtypes, devices);
     ``numpy`` also accepts numpy arrays, dtypes and scalars; ``allow`` names more classes (plain
-    data classes of ours). ``trust_pickle=True`` is ``weights_only=False``: only for trusted files.
-    ``opt_in`` is how the caller's user asks for that, quoted in the refusal (None: no way). A file
-    that is no readable torch file (truncated, garbage) raises a ``ValueError`` naming it."""
+    data classes of ours). The allow list belongs to this call alone (a restricted unpickler, no
+    process-wide switch), so loads in several threads at once are safe. ``trust_pickle=True`` is
+    ``weights_only=False``: only for trusted files. ``opt_in`` is how the caller's user asks for
+    that, quoted in the refusal (None: no way). A file that is no readable torch file (truncated,
+    garbage) raises a ``ValueError`` naming it."""
     source = getattr(file, "name", file)
-    allowed = [*(_numpy_globals() if numpy else []), *allow]
-    try:
-        if trust_pickle:
+    if trust_pickle:
+        try:
             return torch.load(file, map_location="cpu", mmap=mmap, weights_only=False)
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(file, map_location="cpu", mmap=mmap, weights_only=True)
-    except FileNotFoundError:
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise ValueError(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
+    allowed = {**_torch_globals(), **(_numpy_globals() if numpy else {}), **_named(allow)}
+    if _is_torchscript(file):
+        raise _refusal(source, "TorchScript code (a torch.jit archive)", opt_in)
+    try:
+        return torch.load(
+            file,
+            map_location="cpu",
+            mmap=mmap,
+            weights_only=False,  # with pickle_module: read by the restricted unpickler
+            pickle_module=_pickle_module(allowed, source, opt_in),
+        )
+    except (FileNotFoundError, UnsafeFileError):
         raise
+    except _NotPlainDataError as e:
+        raise _refusal(source, str(e), opt_in) from None
     except Exception as e:
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))
-        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e) and found:
-            raise _refusal(source, f"the global {found.group(1)!r}", opt_in) from None
         raise ValueError(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
 
 
 def _tensor_from_bytes(data: bytes) -> Any:
     """A storage that ``pickle.dump`` of a tensor wrote (it nests a legacy ``torch.save``)."""
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return torch_load(io.BytesIO(data), opt_in=None)
 
 
-# (module, name) -> the object a restricted unpickle may use for it
-_ALLOWED: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "complex"): complex,
-    ("builtins", "bytearray"): bytearray,
-    ("_codecs", "encode"): codecs.encode,  # how protocol 2 writes bytes
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("torch.storage", "_load_from_bytes"): _tensor_from_bytes,
-}
-for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-    _ALLOWED[(_module, "_reconstruct")] = np._core.multiarray._reconstruct
-    _ALLOWED[(_module, "scalar")] = np._core.multiarray.scalar
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file: IO[bytes], source: Any, opt_in: str | None) -> None:
-        super().__init__(file)
-        self._source, self._opt_in = source, opt_in
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED[(module, name)]
-        except KeyError:
-            raise _refusal(self._source, f"the global '{module}.{name}'", self._opt_in) from None
+def _plain_pickle_globals() -> dict[tuple[str, str], Any]:
+    """What ``restricted_unpickle`` resolves: numpy's and torch's plain data."""
+    return {
+        **_torch_globals(),
+        **_numpy_globals(),
+        ("torch.storage", "_load_from_bytes"): _tensor_from_bytes,
+    }
 
 
 def restricted_unpickle(
@@ -141,7 +262,13 @@ def restricted_unpickle(
             return restricted_unpickle(f, trust_pickle=trust_pickle, opt_in=opt_in)
     if trust_pickle:
         return pickle.load(file)  # noqa: S301  (the caller's explicit opt-in)
-    return _RestrictedUnpickler(file, getattr(file, "name", file), opt_in).load()
+    source = getattr(file, "name", file)
+    try:
+        return _RestrictedUnpickler(
+            file, allowed=_plain_pickle_globals(), source=source, opt_in=opt_in
+        ).load()
+    except _NotPlainDataError as e:
+        raise _refusal(source, str(e), opt_in) from None
 
 
 def load_npy(
@@ -166,3 +293,44 @@ def load_npy(
     if not isinstance(array, np.ndarray) or array.shape != shape:
         raise ValueError(f"{path}: the pickled array does not match its header (shape {shape})")
     return array
+
+
+# ---------------------------------------------------------------------- settings read from files
+# keyword arguments that widen what a loader loads or fetches: they come from the user's own
+# command line or call, never from a file being loaded (a checkpoint's saved kwargs, a run
+# folder's config.json)
+OPT_IN_KEYS = frozenset({"trust_pickle", "download", "revision", "trust_remote_code"})
+PROJECT_PACKAGES = ("envs", "policies", "nets", "trainers")  # modules a file may name for import
+MAX_SETTINGS_DEPTH = 64
+
+
+def strip_opt_ins(settings: Any, source: Any, depth: int = 0) -> Any:
+    """A copy of ``settings`` (read from ``source``, a file) without the keys of ``OPT_IN_KEYS`` at
+    any depth. Dropping one that asks for something (not False or None) warns, naming it and the
+    file; nesting deeper than ``MAX_SETTINGS_DEPTH`` is a ``ValueError``."""
+    import warnings
+
+    if depth > MAX_SETTINGS_DEPTH:
+        raise ValueError(f"{source}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
+    if isinstance(settings, dict):
+        dropped = {k: v for k, v in settings.items() if k in OPT_IN_KEYS and v not in (False, None)}
+        if dropped:
+            warnings.warn(
+                f"{source}: ignored {dropped}: opt-ins that widen what is loaded or fetched come only "
+                "from your own command line or call, never from a file being loaded; give them "
+                "again yourself if you trust what they load",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return {k: strip_opt_ins(v, source, depth + 1) for k, v in settings.items() if k not in OPT_IN_KEYS}
+    if isinstance(settings, (list, tuple)):
+        return type(settings)(strip_opt_ins(v, source, depth + 1) for v in settings)
+    return settings
+
+
+def is_project_module(name: str) -> bool:
+    """Whether ``name`` (``"module"`` or ``"module:Name"``) is a module of this project, which a
+    file may name for import (any other module is imported only when the user names it)."""
+    module = name.partition(":")[0]
+    parts = module.split(".")
+    return all(p.isidentifier() for p in parts) and parts[0] in PROJECT_PACKAGES

@@ -12,6 +12,7 @@ Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 from typing import Any
 
 from gymnasium import spaces
@@ -42,6 +43,22 @@ def resolve_policy(name: str, action_space: spaces.Space) -> str:
     if ":" not in name:
         raise ValueError(f"unknown policy {name!r}: expected one of {['auto', *POLICIES]} or 'module:Class'")
     return name
+
+
+def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) -> None:
+    """Refuse a policy name read from a file (a checkpoint) before anything is imported for it:
+    it must be a registered policy (or its ``module:Class`` path), or one of ``allow``, the
+    ``module:Class`` names the user named in their own call or command line."""
+    if not isinstance(name, str):
+        raise ValueError(f"{source}: expected a policy name (a string), got {type(name).__name__}")
+    if name == "auto" or name in POLICIES or name in POLICIES.values() or name in allow:
+        return
+    raise ValueError(
+        f"{source}: names the policy {name!r}, which is not one of vla-gym's policies "
+        f"({', '.join(POLICIES)}); a module to import comes only from your own call, never from a "
+        f"file: name it yourself if you trust it (load_policy(..., allow_policies=[{name!r}]), or "
+        f"--policy {name} to the trainers)"
+    )
 
 
 def make_policy(

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import requires_libero
 
 import envs  # noqa: F401
 import trainers.checkpoint as ckpt
@@ -74,6 +75,97 @@ def test_the_named_opt_in_loads_a_full_pickle(tmp_path):
     torch.save({"w": Payload(ran)}, tmp_path / "trusted.pt")
     torch_load(tmp_path / "trusted.pt", trust_pickle=True)
     assert ran.exists()  # exactly what trust_pickle=True means: the file's code runs
+
+
+# ---------------------------------------------------------------------- threads
+def _in_threads(work, items, threads=3):
+    """Run ``work(item)`` for every item, spread over ``threads`` threads started together;
+    the exceptions raised."""
+    import threading
+
+    errors, start = [], threading.Barrier(threads)
+
+    def run(part):
+        start.wait()
+        for item in part:
+            try:
+                work(item)
+            except Exception as e:  # noqa: BLE001  (collected for the assertion)
+                errors.append(e)
+
+    pool = [threading.Thread(target=run, args=(items[i::threads],)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors
+
+
+def test_loads_in_several_threads_at_once_are_safe(tmp_path):
+    """Each load carries its own allow list: no process-wide switch (torch's safe_globals)
+    is flipped, so threads loading files with different needs never refuse each other's."""
+    safe_before = list(torch.serialization.get_safe_globals())
+    frame = InitialFrame(instruction="pick", image=np.zeros((4, 4, 3), np.uint8))
+    torch.save({"a": np.arange(5.0), "s": np.float32(2)}, tmp_path / "numpy.pt")
+    torch.save({"frame": frame, "w": torch.ones(3)}, tmp_path / "frame.pt")
+    torch.save({"w": torch.ones(3)}, tmp_path / "plain.pt")
+    jobs = [("numpy", {"numpy": True}), ("frame", {"numpy": True, "allow": [InitialFrame]}), ("plain", {})]
+
+    def load(job):
+        name, kwargs = job
+        torch_load(tmp_path / f"{name}.pt", **kwargs)
+
+    assert _in_threads(load, jobs * 60) == []
+    # what one call allows is not allowed to the others
+    with pytest.raises(UnsafeFileError, match="numpy"):
+        torch_load(tmp_path / "numpy.pt")
+    with pytest.raises(UnsafeFileError, match="InitialFrame"):
+        torch_load(tmp_path / "frame.pt", numpy=True)
+    assert list(torch.serialization.get_safe_globals()) == safe_before  # never touched
+
+
+@requires_libero
+def test_libero_init_files_load_from_three_threads():
+    """The issue's reproduction: LIBERO's own init files, read from three threads at once."""
+    from pathlib import Path
+
+    from envs.libero import suites
+
+    folder = Path(suites._init_states_path("libero_spatial", "x")).parents[1]
+    paths = sorted(str(p) for p in folder.glob("*/*.pruned_init"))
+    assert len(paths) >= 130
+    suites._load_init_states_file.cache_clear()
+    try:
+        assert _in_threads(suites._load_init_states_file.__wrapped__, paths) == []
+    finally:
+        suites._load_init_states_file.cache_clear()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_torchscript_archive_is_refused(tmp_path):
+    """``torch.load`` hands a TorchScript archive to ``torch.jit.load``: refused, not run."""
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "scripted.pt")
+    with pytest.raises(UnsafeFileError, match="TorchScript"):
+        torch_load(tmp_path / "scripted.pt")
+    with pytest.raises(UnsafeFileError, match="TorchScript"):
+        torch_load(io.BytesIO((tmp_path / "scripted.pt").read_bytes()))
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_a_tensor_with_backward_hooks_is_refused(tmp_path):
+    """Hooks would be called on a later backward pass: even an allowed function is refused."""
+    import codecs
+    import collections
+
+    class Hooked:  # pickles as a tensor rebuilt with a hook (torch.save itself never writes one)
+        def __reduce__(self):
+            hooks = collections.OrderedDict({0: codecs.encode})
+            return torch._utils._rebuild_tensor_v2, (torch.ones(2).storage(), 0, (2,), (1,), False, hooks)
+
+    hooked = Hooked()
+    torch.save({"w": hooked}, tmp_path / "hooked.pt")
+    with pytest.raises(UnsafeFileError, match="a tensor with backward hooks"):
+        torch_load(tmp_path / "hooked.pt")
 
 
 # ---------------------------------------------------------------------- trainer checkpoints
@@ -187,3 +279,258 @@ def test_readme_says_what_is_trusted():
 
     text = (Path(__file__).parents[1] / "README.md").read_text()
     assert "trust_pickle=True" in text and "weights_only" in text
+
+
+# ---------------------------------------------------------------------- trust comes from the user
+def _policy_checkpoint(path, name, kwargs, state_dict=None, iteration=1):
+    """A valid trainer checkpoint (correct SHA-256) whose policy spec is ``name``/``kwargs``."""
+    spec = {"name": name, "kwargs": kwargs, "state_dict": state_dict or {}, "omitted": []}
+    payload = {"algo": "bc", "policy": spec, "counters": {"iteration": iteration}, "config": {}}
+    return ckpt.save_checkpoint(path, payload)
+
+
+def test_a_checkpoints_kwargs_cannot_grant_trust_pickle(tmp_path, marker):
+    """The issue's case: a valid checkpoint whose saved kwargs say trust_pickle=True for a folder
+    whose .pkl runs code. The opt-in is dropped with a warning: the .pkl is read safely, refused."""
+    from gymnasium import spaces
+
+    from envs.core.spaces import FieldBox
+    from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
+
+    image = spaces.Box(0, 255, (32, 32, 3), np.uint8)
+    proprio = FieldBox(-10, 10, (("eef_pos", 3), ("eef_axis_angle", 3), ("gripper_qpos", 2)))
+    obs_space = {"image": image, "wrist_image": image, "proprio": proprio, "instruction": spaces.Text(200)}
+    OBS_SPACE, ACT_SPACE = spaces.Dict(obs_space), spaces.Box(-1, 1, (8, 7), np.float32)  # noqa: N806
+    folder = write_tiny_cosmos_policy(tmp_path / "ckpt")
+    with open(folder / "libero_t5_embeddings.pkl", "wb") as f:
+        pickle.dump({"pick": Payload(marker)}, f)
+    kwargs = {"model_path": str(folder), "image_size": 32, "num_steps": 3, "trust_pickle": True}
+    path = _policy_checkpoint(tmp_path / "p.pt", "policies.cosmos_policy:CosmosPolicy", kwargs)
+    for load in (
+        lambda: ckpt.load_policy(path, OBS_SPACE, ACT_SPACE),
+        lambda: ckpt.build_policy("auto", {}, OBS_SPACE, ACT_SPACE, init_policy=path),
+    ):
+        with pytest.warns(RuntimeWarning, match=r"ignored \{'trust_pickle': True\}"), refused():
+            load()
+    # the user's own call is where the opt-in comes from
+    with pytest.warns(RuntimeWarning), pytest.raises(Exception):  # noqa: B017,PT011  (whatever the payload's result raises)
+        ckpt.load_policy(path, OBS_SPACE, ACT_SPACE, policy_kwargs={"trust_pickle": True})
+    assert marker.exists()
+    marker.unlink()
+
+
+def test_a_checkpoints_kwargs_lose_download_and_revision(tmp_path):
+    spec = {
+        "name": "policies.openvla_oft:OpenVLAOFTPolicy",
+        "kwargs": {
+            "model_path": "owner/repo@0123abcd",
+            "download": True,
+            "revision": "main",
+            "nested": {"trust_pickle": True, "keep": 1},
+        },
+    }
+    with pytest.warns(RuntimeWarning) as caught:
+        checked = ckpt.checked_policy_spec(spec, "ckpt.pt")
+    assert checked["kwargs"] == {"model_path": "owner/repo@0123abcd", "nested": {"keep": 1}}
+    messages = [str(w.message) for w in caught]
+    assert any("ignored {'download': True, 'revision': 'main'}" in m for m in messages)
+    assert any("ignored {'trust_pickle': True}" in m for m in messages)
+    quiet = ckpt.checked_policy_spec({"name": "gaussian", "kwargs": {"download": False}}, "ckpt.pt")
+    assert quiet["kwargs"] == {}  # a harmless False is dropped without a word
+
+
+def test_load_policy_drops_the_files_opt_ins_and_still_loads(tmp_path):
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    policy, built = ckpt.build_policy("categorical", {"hidden_sizes": [8]}, *spaces)
+    kwargs = {**built["kwargs"], "trust_pickle": True}  # CategoricalPolicy would reject the key
+    path = _policy_checkpoint(tmp_path / "p.pt", built["name"], kwargs, policy.state_dict())
+    with pytest.warns(RuntimeWarning, match="trust_pickle"):
+        back = ckpt.load_policy(path, *spaces)
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), policy.state_dict().values()))
+
+
+@pytest.fixture
+def evil_module(tmp_path, monkeypatch):
+    """A module on sys.path whose import creates a marker file."""
+    import sys
+
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    ran = tmp_path / "imported"
+    (folder / "vla_gym_evil.py").write_text(f"open({str(ran)!r}, 'w').close()\nclass Policy: pass\n")
+    monkeypatch.syspath_prepend(str(folder))
+    yield ran
+    sys.modules.pop("vla_gym_evil", None)
+
+
+def test_a_checkpoints_module_name_is_checked_before_import(tmp_path, evil_module):
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    path = _policy_checkpoint(tmp_path / "p.pt", "vla_gym_evil:Policy", {})
+    refusal = r"names the policy 'vla_gym_evil:Policy', which is not one of vla-gym's policies"
+    with pytest.raises(ValueError, match=refusal):
+        ckpt.load_policy(path, *spaces)
+    with pytest.raises(ValueError, match=refusal):
+        ckpt.build_policy("auto", {}, *spaces, init_policy=path)
+    # a residual policy's base names a class too
+    base = {"base": {"name": "vla_gym_evil:Policy", "kwargs": {}}}
+    nested = _policy_checkpoint(tmp_path / "r.pt", "residual", base)
+    with pytest.raises(ValueError, match=refusal):
+        ckpt.load_policy(nested, *spaces)
+    assert not evil_module.exists()
+    # named by the user: imported (and then checked for its type)
+    with pytest.raises(ValueError, match="is not an ActionChunkPolicy subclass"):
+        ckpt.load_policy(path, *spaces, allow_policies=["vla_gym_evil:Policy"])
+    assert evil_module.exists()
+
+
+def test_resume_config_json_cannot_grant_trust(tmp_path, marker):
+    """The issue's case: a run folder whose config.json says trust_pickle for a bundle with a
+    payload. --resume builds the env from it: the opt-in is dropped with a warning, the bundle's
+    resnet_rm.pth is read safely and refused."""
+    import json
+
+    from trainers.__main__ import main
+
+    root = write_tiny_bundle("cosmos", tmp_path / "bundle")
+    plant_payload(root / "resnet_rm.pth", marker)
+    run = tmp_path / "run"
+    run.mkdir()
+    env_kwargs = {"trust_pickle": True, "model_dir": str(root), "image_size": [32, 48]}
+    config = {
+        "run": {"env": "envs:CosmosWM-LiberoSpatial-v0", "env_kwargs": env_kwargs, "num_envs": 1},
+        "ppo": {},
+    }
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.warns(RuntimeWarning, match=r"config.json: run.env_kwargs: ignored \{'trust_pickle': True\}"):
+        with refused():
+            main(["--resume", str(run), "--no-progress", "--no-tensorboard"])
+
+
+def test_resume_config_json_cannot_name_a_module(tmp_path, evil_module):
+    import json
+
+    from trainers.__main__ import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for field, value in (("env", "vla_gym_evil:Env-v0"), ("policy", "vla_gym_evil:Policy")):
+        (run / "config.json").write_text(json.dumps({"run": {field: value}, "ppo": {}}))
+        with pytest.raises(ValueError, match=rf"run.{field} is '{value}'.*pass --{field} {value}"):
+            main(["--resume", str(run)])
+    assert not evil_module.exists()
+
+
+def test_untrusted_settings_keep_what_the_command_line_gives():
+    from trainers.config import untrusted_settings
+
+    sections = {"run": {"env_kwargs": {"trust_pickle": True}, "env": "envs:Libero-Spatial-v0", "seed": 3}}
+    with pytest.warns(RuntimeWarning):
+        assert untrusted_settings(sections, {}, "c.json") == {
+            "run": {"env_kwargs": {}, "env": "envs:Libero-Spatial-v0", "seed": 3}
+        }
+    # flags given again on the command line are the user's: the file's values are not read
+    assert untrusted_settings(sections, {"env_kwargs": {"trust_pickle": True}}, "c.json") == {
+        "run": {"env": "envs:Libero-Spatial-v0", "seed": 3}
+    }
+
+
+# ---------------------------------------------------------------------- crafted checkpoints
+def _raw_checkpoint(path, payload, version=ckpt.VERSION):
+    """``payload`` with a checkpoint's tags and a made-up SHA-256, written as it is (no walk)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": ckpt.FORMAT, "version": version, **payload, "sha256": "0" * 64}, path)
+    return path
+
+
+def _deep_pickle_checkpoint(path, depth):
+    """A real torch zip whose pickle nests lists ``depth`` deep (written opcode by opcode: the
+    pickler itself cannot go that deep)."""
+    import struct
+    import zipfile
+
+    def text(s):
+        data = s.encode()
+        return b"X" + struct.pack("<I", len(data)) + data
+
+    pickled = (
+        b"\x80\x02}("
+        + text("format")
+        + text(ckpt.FORMAT)
+        + text("version")
+        + b"K"
+        + bytes([ckpt.VERSION])
+        + text("sha256")
+        + text("0" * 64)
+        + text("policy")
+        + b"]" * depth
+        + b"a" * (depth - 1)
+        + b"u."
+    )
+    template = io.BytesIO()
+    torch.save({}, template)
+    with zipfile.ZipFile(template) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, pickled if info.filename.endswith("/data.pkl") else src.read(info))
+    return path
+
+
+def test_shared_references_cannot_make_verification_hang(tmp_path):
+    import time
+
+    nested = []
+    for _ in range(64):  # 2**64 paths through 64 lists
+        nested = [nested, nested]
+    path = _raw_checkpoint(tmp_path / "iter_000001.pt", {"policy": nested})
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="cannot verify the checkpoint's SHA-256: .*shared references"):
+        ckpt.load_checkpoint(path)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_view_cannot_expand_past_the_file(tmp_path):
+    """A tensor view with stride 0 names 2**40 elements over one stored number."""
+    path = _raw_checkpoint(tmp_path / "iter_000001.pt", {"w": torch.zeros(1).expand(2**40)})
+    with pytest.raises(ValueError, match="cannot verify"):
+        ckpt.load_checkpoint(path)
+
+
+@pytest.mark.parametrize("depth", [500, 100_000])
+def test_deep_nesting_is_refused_and_falls_back(tmp_path, depth):
+    run = tmp_path / "run"
+    good = ckpt.save_checkpoint(run / "checkpoints" / "iter_000001.pt", {"counters": {"iteration": 1}})
+    deep = _deep_pickle_checkpoint(run / "checkpoints" / "iter_000002.pt", depth)
+    with pytest.raises(ValueError, match="nested deeper than"):
+        ckpt.load_checkpoint(deep)
+    with pytest.warns(RuntimeWarning, match="skipping unreadable checkpoint"):
+        path, data = ckpt.latest_checkpoint(run)
+    assert path == good and data["counters"] == {"iteration": 1}
+
+
+def test_a_version_rewritten_to_1_is_refused_unless_allowed(tmp_path):
+    run = tmp_path / "run"
+    good = _policy_checkpoint(run / "checkpoints" / "iter_000001.pt", "gaussian", {})
+    data = ckpt.load_checkpoint(good)
+    data.update(version=1, counters={"iteration": 2})  # altered, and the SHA-256 check skipped
+    forged = run / "checkpoints" / "iter_000002.pt"
+    torch.save(data, forged)
+    with pytest.raises(ValueError, match="version-1 checkpoint, which carries no SHA-256"):
+        ckpt.load_checkpoint(forged)
+    with pytest.warns(RuntimeWarning, match="skipping unreadable checkpoint"):
+        assert ckpt.latest_checkpoint(run)[0] == good
+    with pytest.raises(ValueError, match="version-1"):
+        ckpt.latest_checkpoint(forged)
+    assert ckpt.load_checkpoint(forged, allow_unverified=True)["counters"] == {"iteration": 2}
+    # a trusted version-1 file is re-saved verified by an explicit export
+    ckpt.main([str(forged), str(tmp_path / "verified.pt"), "--allow-unverified"])
+    assert ckpt.load_checkpoint(tmp_path / "verified.pt")["version"] == ckpt.VERSION
+    with pytest.raises(ValueError, match="version-1"):
+        ckpt.main([str(forged), str(tmp_path / "nope.pt")])
+
+
+@pytest.mark.parametrize("version", ["2", 2.0, True, None])
+def test_a_version_of_another_type_is_refused(tmp_path, version):
+    path = _raw_checkpoint(tmp_path / "iter_000001.pt", {}, version=version)
+    with pytest.raises(ValueError, match="checkpoint version"):
+        ckpt.load_checkpoint(path)

@@ -7,9 +7,14 @@ step counters and the run's config. It is written to a temporary name, flushed t
 renamed (and the directory flushed), so a killed run leaves either the previous checkpoint or the
 new one, never half of one; temporary files a killed run left are removed by the next save.
 
-Loading runs no code from the file (``torch.load(weights_only=True)``: tensors, containers, strings,
+Loading runs no code from the file (``nets.safe_load.torch_load``: tensors, containers, strings,
 numbers and numpy arrays only), and a SHA-256 of the payload written with it is checked, so a file
-with flipped bytes is refused rather than loaded with a wrong weight.
+with flipped bytes is refused rather than loaded with a wrong weight. The check is bounded work per
+byte of file (a crafted file cannot make it hang), and a file that cannot be verified, or a
+version-1 file without a SHA-256 unless the caller allows it, is refused with a ``ValueError``.
+What a checkpoint says about its policy (class, arguments) is checked before anything is built:
+it names only vla-gym's policies (or classes the caller names), and the opt-ins of its saved
+arguments (``trust_pickle``, ``download``, ...) are dropped: they come from the caller.
 """
 
 from __future__ import annotations
@@ -18,16 +23,17 @@ import hashlib
 import os
 import random
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nets.safe_load import UnsafeFileError, torch_load
+from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
 
 FORMAT = "vla-gym-checkpoint"
-VERSION = 2  # 2: with "sha256" (version 1 files, without it, are read too)
+VERSION = 2  # 2: with "sha256" (version 1 files, without it, only with allow_unverified=True)
 READABLE_VERSIONS = (1, 2)
 
 
@@ -57,34 +63,66 @@ def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generat
             g.set_state(saved)
 
 
-def payload_digest(payload: Any) -> str:
-    """SHA-256 over a checkpoint payload: every tensor's and array's dtype, shape and bytes, and
-    the ``repr`` of every other value, walked in order (the same after a save/load round trip)."""
-    digest = hashlib.sha256()
+MAX_DEPTH = 100  # containers nested deeper than this are no checkpoint this code writes
+# verifying a file's SHA-256 may walk at most this many bytes (plus one per value) per byte of
+# file: a few times what a real checkpoint needs (tied weights are hashed once per name), so
+# shared references in a crafted file cannot make the walk explode
+WORK_PER_FILE_BYTE = 32
+WORK_SLACK = 1 << 20
 
-    def walk(value: Any) -> None:
+
+def payload_digest(payload: Any, budget: int | None = None) -> str:
+    """SHA-256 over a checkpoint payload: every tensor's and array's dtype, shape and bytes, and
+    the ``repr`` of every other value, walked in order (the same after a save/load round trip).
+
+    The walk is iterative (no recursion limit to hit) and refuses, with a ``ValueError``, nesting
+    deeper than ``MAX_DEPTH`` and, with a ``budget``, a walk of more than ``budget`` bytes and
+    values (a value shared many times is walked each time: a few shared references can stand for
+    far more than the file holds)."""
+    digest = hashlib.sha256()
+    left = float("inf") if budget is None else budget
+    stack: list[tuple[Any, int, bool]] = [(payload, 0, False)]  # (value, depth, is closing bytes)
+
+    def spend(work: int) -> None:
+        nonlocal left
+        left -= work
+        if left < 0:
+            raise ValueError(
+                f"the payload walks to more than {budget} bytes and values, far more than its file "
+                "holds (shared references or views)"
+            )
+
+    while stack:
+        value, depth, closing = stack.pop()
+        if closing:
+            digest.update(value)
+            continue
+        spend(1)
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the payload is nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, torch.Tensor):
+            spend(value.numel() * value.element_size())  # before .contiguous() copies a view
             flat = value.detach().cpu().contiguous().reshape(-1)
             digest.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
             digest.update(memoryview(flat.view(torch.uint8).numpy()))
         elif isinstance(value, np.ndarray) and value.dtype != object:
+            spend(value.nbytes)
             digest.update(f"A{value.dtype.str}{value.shape}".encode())
             digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
-        elif isinstance(value, dict):
-            digest.update(b"{")
-            for key, item in value.items():
-                walk(key)
-                walk(item)
-            digest.update(b"}")
-        elif isinstance(value, (list, tuple)):
-            digest.update(b"(" if isinstance(value, tuple) else b"[")
-            for item in value:
-                walk(item)
-            digest.update(b")")
+        elif isinstance(value, (dict, list, tuple)):
+            items = [x for pair in value.items() for x in pair] if isinstance(value, dict) else list(value)
+            spend(len(items))
+            if isinstance(value, dict):
+                opening, end = b"{", b"}"
+            else:
+                opening, end = (b"(" if isinstance(value, tuple) else b"["), b")"
+            digest.update(opening)
+            stack.append((end, depth, True))
+            stack.extend((item, depth + 1, False) for item in reversed(items))
         else:
-            digest.update(f"{type(value).__name__}:{value!r};".encode())
-
-    walk(payload)
+            text = f"{type(value).__name__}:{value!r};".encode()
+            spend(len(text))
+            digest.update(text)
     return digest.hexdigest()
 
 
@@ -111,26 +149,38 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, *, allow_unverified: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``: safely (no code from the file runs; a
-    file that asks for more raises ``UnsafeFileError``), checking its SHA-256 (clear error for
-    anything else)."""
+    file that asks for more raises ``UnsafeFileError``), checking its SHA-256. Anything else that
+    is wrong with it is a ``ValueError`` naming the file: unreadable, not a checkpoint, a content
+    that does not match its SHA-256 or cannot be verified within bounded work (crafted nesting or
+    shared references). A version-1 file (written before checkpoints carried a SHA-256) is loaded
+    only with ``allow_unverified=True``: a file's ``version`` is no proof that it was never altered."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     data = torch_load(path, numpy=True, opt_in=None)  # ValueError if unreadable; UnsafeFileError
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
-    if data.get("version") not in READABLE_VERSIONS:
-        raise ValueError(
-            f"{path}: checkpoint version {data.get('version')}, this code reads {READABLE_VERSIONS}"
-        )
-    if data["version"] >= 2:
-        saved = data.pop("sha256", None)
-        if saved != payload_digest(data):
+    version = data.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: checkpoint version {version!r}, this code reads {READABLE_VERSIONS}")
+    if version < 2:
+        if not allow_unverified:
             raise ValueError(
-                f"{path}: corrupt checkpoint (its content does not match the SHA-256 saved with it)"
+                f"{path}: a version-1 checkpoint, which carries no SHA-256 to verify its content; "
+                "load it only if you trust it: allow_unverified=True, or re-save it verified with "
+                "`python -m trainers.checkpoint --allow-unverified SOURCE OUT`"
             )
+        return data
+    saved = data.pop("sha256", None)
+    budget = WORK_PER_FILE_BYTE * path.stat().st_size + WORK_SLACK
+    try:
+        actual = payload_digest(data, budget)
+    except Exception as e:  # whatever a crafted payload makes the walk raise: not verified
+        raise ValueError(f"{path}: cannot verify the checkpoint's SHA-256: {type(e).__name__}: {e}") from None
+    if saved != actual:
+        raise ValueError(f"{path}: corrupt checkpoint (its content does not match the SHA-256 saved with it)")
     return data
 
 
@@ -139,21 +189,22 @@ def checkpoint_paths(run_dir: str | Path) -> list[Path]:
     return sorted((Path(run_dir) / "checkpoints").glob("iter_*.pt"))
 
 
-def latest_checkpoint(source: str | Path) -> tuple[Path, dict[str, Any]]:
+def latest_checkpoint(source: str | Path, *, allow_unverified: bool = False) -> tuple[Path, dict[str, Any]]:
     """The newest readable checkpoint of a run directory (or ``source`` itself if it is a file).
 
-    A newest file that cannot be read (a disk fault, not a killed run: writes are atomic) is
-    skipped with a warning in favour of the one before it.
+    A newest file that cannot be read or verified (a disk fault, not a killed run: writes are
+    atomic) is skipped with a warning in favour of the one before it. ``allow_unverified``: see
+    ``load_checkpoint``.
     """
     source = Path(source)
     if source.is_file():
-        return source, load_checkpoint(source)
+        return source, load_checkpoint(source, allow_unverified=allow_unverified)
     paths = checkpoint_paths(source)
     if not paths:
         raise FileNotFoundError(f"no checkpoints under {source / 'checkpoints'} (expected iter_*.pt files)")
     for path in reversed(paths):
         try:
-            return path, load_checkpoint(path)
+            return path, load_checkpoint(path, allow_unverified=allow_unverified)
         except UnsafeFileError:
             raise  # never fall back silently past a file that tried to run code
         except ValueError as e:
@@ -213,16 +264,55 @@ def load_policy_state(
         )
 
 
-def load_policy(source: str | Path, observation_space: Any, action_space: Any) -> Any:
+def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] = ()) -> dict[str, Any]:
+    """A checkpoint's policy spec, checked before anything is built from it: ``name`` (and the
+    name of a nested policy spec such as a residual policy's ``base``) must be a registered policy
+    or in ``allow_policies`` (names the user gave: nothing is imported for a name a file chose);
+    the opt-ins of ``nets.safe_load.OPT_IN_KEYS`` (``trust_pickle``, ``download``, ...) are
+    dropped from ``kwargs`` with a warning (they come only from the user's own call)."""
+    from policies.registry import check_policy_from_file
+
+    where = f"{source}: policy"
+    if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
+        raise ValueError(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
+    check_policy_from_file(spec.get("name"), where, allow_policies)
+    kwargs = strip_opt_ins(spec["kwargs"], f"{where} kwargs")
+    nested = [kwargs]
+    while nested:  # nested policy specs ({"name": ..., "kwargs": ...}, e.g. a residual's base)
+        value = nested.pop()
+        if isinstance(value, dict):
+            if isinstance(value.get("name"), str) and ("kwargs" in value or value is kwargs.get("base")):
+                check_policy_from_file(value["name"], f"{where} kwargs", allow_policies)
+            nested.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            nested.extend(value)
+    return {**spec, "kwargs": kwargs}
+
+
+def load_policy(
+    source: str | Path,
+    observation_space: Any,
+    action_space: Any,
+    *,
+    policy_kwargs: dict[str, Any] | None = None,
+    allow_policies: Collection[str] = (),
+    allow_unverified: bool = False,
+) -> Any:
     """The trained policy of a checkpoint (or of a run directory's newest one), rebuilt for the
     given single-env spaces (only the observation keys it was trained on) with the class and
-    arguments it was trained with."""
+    arguments it was trained with.
+
+    What widens what is loaded comes from this call, never from the file: ``policy_kwargs``
+    override the saved arguments (e.g. ``{"trust_pickle": True}`` or ``{"download": True}`` for
+    a policy whose pretrained files need them; the file's own opt-ins are dropped with a
+    warning), ``allow_policies`` are ``module:Class`` names besides vla-gym's policies that the
+    file may name, and ``allow_unverified`` reads a version-1 file (no SHA-256)."""
     from policies.registry import make_policy
 
-    path, data = latest_checkpoint(source)
-    spec = data["policy"]
+    path, data = latest_checkpoint(source, allow_unverified=allow_unverified)
+    spec = checked_policy_spec(data.get("policy"), path, allow_policies)
     space = policy_observation_space(spec, observation_space, path)
-    policy = make_policy(spec["name"], space, action_space, **spec["kwargs"])
+    policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **(policy_kwargs or {})})
     load_policy_state(policy, spec, path)
     return policy
 
@@ -243,21 +333,26 @@ def build_policy(
     starts from that policy: its class and arguments (``kwargs`` override them; whether there is
     a critic stays the caller's choice) and weights, or, with ``name`` ``"residual"`` or ``"dsrl"``,
     a ``ResidualPolicy`` / ``NoiseSteeredPolicy`` whose frozen base is that policy. With ``resume``
-    the policy is rebuilt as the resumed run built it (the caller loads its weights).
+    the policy is rebuilt as the resumed run built it (the caller loads its weights), with the
+    opt-ins of ``kwargs``. The checkpoint's spec is checked first (``checked_policy_spec``): its
+    opt-ins are dropped and it may name no ``module:Class`` but vla-gym's policies and ``name``.
     """
     from gymnasium import spaces
 
     from policies.registry import make_policy, resolve_policy
 
     state = None
+    allow = [name] if ":" in name else []  # the caller's own module:Class
     if resume:
         path, data = latest_checkpoint(resume)
-        spec = data["policy"]
-        name, kwargs = spec["name"], spec["kwargs"]
+        spec = checked_policy_spec(data.get("policy"), path, allow)
+        # the resumed run's class and arguments, with the caller's opt-ins (never the file's)
+        opt_ins = {k: v for k, v in kwargs.items() if k in OPT_IN_KEYS}
+        name, kwargs = spec["name"], {**spec["kwargs"], **opt_ins}
         observation_space = policy_observation_space(spec, observation_space, path)
     elif init_policy:
         path, data = latest_checkpoint(init_policy)
-        spec = data["policy"]
+        spec = checked_policy_spec(data.get("policy"), path, allow)
         kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
         if name in FROZEN_BASE:  # the checkpoint's policy becomes the frozen base
             kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
@@ -285,10 +380,18 @@ def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) ->
     load_policy_state(policy, spec, path, optional=CRITIC_PREFIXES)
 
 
-def export_policy(source: str | Path, path: str | Path, note: dict[str, Any] | None = None) -> Path:
+def export_policy(
+    source: str | Path,
+    path: str | Path,
+    note: dict[str, Any] | None = None,
+    *,
+    allow_unverified: bool = False,
+) -> Path:
     """Write the policy alone (class, arguments, weights; no optimizer or RNG state) of a run's
-    newest checkpoint to ``path``: a small file that ``--init-policy`` and ``load_policy`` read."""
-    src, data = latest_checkpoint(source)
+    newest checkpoint to ``path``: a small file that ``--init-policy`` and ``load_policy`` read.
+    ``allow_unverified`` reads a version-1 source (no SHA-256) that you trust; what is written
+    carries the SHA-256 of what was read."""
+    src, data = latest_checkpoint(source, allow_unverified=allow_unverified)
     payload = {
         "algo": data["algo"],
         "policy": data["policy"],
@@ -306,8 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Export the policy of a run's newest checkpoint.")
     parser.add_argument("source", help="a run directory or a checkpoint file")
     parser.add_argument("out", help="the policy-only checkpoint to write")
+    parser.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="read a version-1 checkpoint (no SHA-256) that you trust; the export carries one",
+    )
     args = parser.parse_args(argv)
-    print(f"wrote {export_policy(args.source, args.out)}")
+    print(f"wrote {export_policy(args.source, args.out, allow_unverified=args.allow_unverified)}")
 
 
 if __name__ == "__main__":

@@ -121,12 +121,14 @@ def parse(
     argv: list[str] | None = None,
     description: str | None = None,
     ignore: Collection[str] = (),
+    run_config: Path | None = None,
 ) -> dict[str, Any]:
     """Parse ``argv`` into one instance per dataclass in ``classes`` (key -> class).
 
     Values come, by priority, from the flags, the ``--config`` JSON file (keys: the same as in
     ``classes``, each an object of field values; sections named in ``ignore`` are skipped), and
-    the dataclass defaults.
+    the dataclass defaults. Without ``--config``, ``run_config`` (a resumed run's ``config.json``)
+    is the file: a file being loaded, not the user's own settings (``untrusted_settings``).
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
@@ -135,9 +137,11 @@ def parse(
     args = vars(parser.parse_args(argv))
     base: dict[str, dict[str, Any]] = {key: {} for key in classes}
     config_file = args.pop("config")
+    given = args  # only the flags on the command line (absent ones are suppressed)
     if config_file is not None:
         base.update(load_config(config_file, classes, ignore))
-    given = args  # only the flags on the command line (absent ones are suppressed)
+    elif run_config is not None:
+        base.update(untrusted_settings(load_config(run_config, classes, ignore), given, run_config))
     out = {}
     for key, cls in classes.items():
         names = {f.name for f in dataclasses.fields(cls)}
@@ -184,6 +188,38 @@ def load_config(
     return data
 
 
+MODULE_FIELDS = ("env", "eval_env", "policy")  # "module:Name" values import that module
+
+
+def untrusted_settings(
+    sections: dict[str, dict[str, Any]], given: Collection[str], source: Any
+) -> dict[str, dict[str, Any]]:
+    """Settings read from a file the user did not hand over as settings (a resumed run's
+    ``config.json``), for the fields not ``given`` on the command line: opt-ins that widen what is
+    loaded or fetched (``trust_pickle``, ``download``, ``revision``, ...) are dropped with a
+    warning, and a module to import (``env``, ``eval_env``, ``policy`` as ``"module:Name"``) must
+    be one of this project's, else a ``ValueError`` asks for it on the command line."""
+    from nets.safe_load import is_project_module, strip_opt_ins
+
+    out: dict[str, dict[str, Any]] = {}
+    for key, values in sections.items():
+        out[key] = {}
+        for name, value in values.items():
+            if name in given:
+                continue  # the command line's value is used
+            where = f"{source}: {key}.{name}"
+            if name in MODULE_FIELDS and isinstance(value, str) and ":" in value:
+                if not is_project_module(value):
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(
+                        f"{where} is {value!r}, which imports a module that is not vla-gym's; a module "
+                        f"to import comes only from your own command line: pass {flag} {value} "
+                        "again if you trust it"
+                    )
+            out[key][name] = strip_opt_ins(value, where)
+    return out
+
+
 def parse_cli(
     classes: dict[str, type],
     argv: list[str] | None = None,
@@ -192,7 +228,8 @@ def parse_cli(
 ) -> dict[str, Any]:
     """``parse`` for a trainer's command line: with ``--resume RUN`` (a run directory or a
     checkpoint in ``RUN/checkpoints``) and no ``--config``, the run's saved ``config.json`` is
-    the base, so only the flags given again change anything."""
+    the base, so only the flags given again change anything. That file is treated as a file being
+    loaded (``untrusted_settings``): its opt-ins are dropped and the modules it names checked."""
     argv = list(sys.argv[1:] if argv is None else argv)
     resume = None
     for i, arg in enumerate(argv):
@@ -200,8 +237,9 @@ def parse_cli(
             resume = Path(argv[i + 1])
         elif arg.startswith("--resume="):
             resume = Path(arg.split("=", 1)[1])
+    run_config = None
     if resume is not None and not any(a == "--config" or a.startswith("--config=") for a in argv):
         run_dir = resume.parent.parent if resume.is_file() else resume
         if (run_dir / "config.json").is_file():
-            argv = ["--config", str(run_dir / "config.json"), *argv]
-    return parse(classes, argv, description, ignore)
+            run_config = run_dir / "config.json"
+    return parse(classes, argv, description, ignore, run_config)
