@@ -11,7 +11,7 @@ initialisation the actor's noise is about N(0, I) near 0, so DSRL starts close t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from gymnasium import spaces
 
 from .base import ActionChunk, ActionChunkPolicy, PolicyEval
-from .gaussian import GaussianPolicy
+from .gaussian import SAC_ACTOR, GaussianPolicy
 from .registry import make_policy
 from .torso_policy import box_chunk_shape
 
@@ -33,9 +33,9 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
             ``denoise(obs, noise)`` and ``noise_shape`` (``flow``, ``pi05``); the trainers fill it
             from ``--init-policy`` (or name it directly, e.g. a pi0.5 ``model_path``).
         max_noise: the noise actor's bound.
-        hidden_sizes, activation, log_std_bounds: the noise actor's (SB3's SAC actor by default).
         use_critic: must be False (the trainers pass it).
-        **actor_options: more ``GaussianPolicy`` options for the noise actor.
+        **actor_options: ``GaussianPolicy`` options of the noise actor over ``SAC_ACTOR``'s
+            (SB3's SAC actor), e.g. ``hidden_sizes``.
 
     Replay: the noise actor's (``obs/<key>``, ``raw_action``) plus ``sac_action``, the noise
     ``[B, *base.noise_shape]``; log-probs are the noise actor's ``[B, *noise_shape]``.
@@ -50,9 +50,6 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         *,
         base: Mapping[str, Any],
         max_noise: float = 2.0,
-        hidden_sizes: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        log_std_bounds: tuple[float, float] = (-20.0, 2.0),
         use_critic: bool = False,
         **actor_options: Any,
     ) -> None:
@@ -76,18 +73,8 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         shape = tuple(base_policy.noise_shape)  # flow: the chunk; pi0.5: horizon x model action dims
         self.sac_action_space = spaces.Box(-float(max_noise), float(max_noise), shape, np.float32)
-        self.actor = GaussianPolicy(
-            observation_space,
-            self.sac_action_space,
-            squash=True,
-            state_dependent_std=True,
-            log_std_bounds=log_std_bounds,
-            hidden_sizes=hidden_sizes,
-            activation=activation,
-            use_critic=False,
-            ortho_init=False,
-            **actor_options,
-        )
+        options = {**SAC_ACTOR, **actor_options, "use_critic": False}
+        self.actor = GaussianPolicy(observation_space, self.sac_action_space, **options)
         self.log_prob_dim = self.actor.log_prob_dim
 
     def seed(self, seed: int) -> None:

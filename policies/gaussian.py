@@ -28,6 +28,16 @@ from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 BC_EDGE = 1e-3  # squashed BC: demonstrated actions are pulled this far inside the bounds (finite atanh)
+# Stable-Baselines3's SAC actor: 256-256 ReLU, no orthogonal init, a state-dependent log-std head
+# clamped to [-20, 2], tanh squashing (what SAC's trainer and DSRL's noise actor build by default)
+SAC_ACTOR: dict[str, Any] = {
+    "squash": True,
+    "state_dependent_std": True,
+    "log_std_bounds": (-20.0, 2.0),
+    "hidden_sizes": (256, 256),
+    "activation": "relu",
+    "ortho_init": False,
+}
 
 
 def tanh_log_abs_det(u: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunk, ActionChunkPolicy
+from policies.gaussian import SAC_ACTOR
 from policies.torso_policy import box_bounds, box_chunk_shape
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
@@ -35,15 +36,6 @@ from trainers.sac.prior import load_prior
 from trainers.sac.replay import Batch, ChunkStep, NStepWriter, ReplayBuffer, obs_row
 
 RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
-# a new actor is SB3's SAC actor: 256-256 ReLU, a state-dependent log-std head, tanh squashing
-ACTOR_DEFAULTS = {
-    "squash": True,
-    "state_dependent_std": True,
-    "log_std_bounds": (-20.0, 2.0),
-    "hidden_sizes": (256, 256),
-    "activation": "relu",
-    "ortho_init": False,
-}
 
 
 class UniformPolicy(ActionChunkPolicy):
@@ -86,7 +78,7 @@ def train(
         shape = box_chunk_shape(space)
         new = run_config.init_policy is None and run_config.resume is None
         gaussian = run_config.policy in ("auto", "gaussian")
-        policy = run.make_policy(env, **(ACTOR_DEFAULTS if new and gaussian else {}), use_critic=False)
+        policy = run.make_policy(env, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
         if not callable(getattr(policy, "rsample", None)) or not getattr(policy, "squash", False):
             raise ValueError(
                 f"SAC trains a squashed Gaussian actor (a policy with rsample and squash=True); "
