@@ -41,17 +41,11 @@ from trainers.metrics import mcnemar_p, wilson_interval
 _EXPLORE = {"log_std_bounds": [-20.0, -1.5], "noise_dims": [0, 1, 2, 5, 6]}  # rotations held still
 _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coef": 0.0}
 WEAK_CLONE = "checkpoints/bc_libero_spatial_state_weak.pt"  # see checkpoints/README.md
-# SAC's prior data: 400 expert episodes from the training starts (init states 0-39) only, made by
-#   python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert --num-envs 2 \
-#     --env-kwargs '{"chunk_size": null, "task_state": true, "cameras": [], "init_states": [0, ..., 39]}' \
-#     --episodes 400 --seed 1 --out runs/demos/spatial_train.h5
-SAC_PRIOR = "runs/demos/spatial_train.h5"
-SAC_RLPD = {
-    "prior_data": SAC_PRIOR, "prior_ratio": 0.5, "offline_steps": 1000, "bc_coef": 0.1, "warmup": "policy",
-    "learning_starts": 2048, "batch_size": 256, "gradient_steps": 8, "steps_per_iteration": 20,
-    "n_critics": 2, "critic_layer_norm": True, "n_step": 4, "learning_rate": 1e-4,
-    "init_alpha": 1e-5, "learn_alpha": False,
-}  # fmt: skip
+# SAC from prior data: configs/libero_spatial_sac.json (its prior data, 400 expert episodes from the
+# training starts only, is made by python -m trainers.demos --config configs/libero_spatial_demos.json)
+SAC_RECIPE = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sac.json").read_text()
+)
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -102,16 +96,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {"init_policy": WEAK_CLONE, "total_steps": 40_000},
     },
     "sac-rlpd-weak": {
-        "about": "SAC from the weak clone with prior demos (RLPD: half of each batch, offline steps, BC 0.1) "
-        "chunk critic, 4-chunk returns, fixed alpha 1e-5, std <= e^-1.5, 60k steps",
+        "about": "configs/libero_spatial_sac.json: SAC from the weak clone with prior demos (RLPD: half of "
+        "each batch, 1000 offline steps, BC 0.1), chunk critic, 4-chunk returns, alpha 1e-5, std <= e^-1.5",
         "algo": "sac",
         "run": {
-            "init_policy": WEAK_CLONE,
-            "total_steps": 60_000,
-            "torch_threads": 1,
-            "policy_kwargs": {"log_std_bounds": [-20.0, -1.5], "noise_dims": None},
+            **{k: SAC_RECIPE["run"][k] for k in ("init_policy", "total_steps", "torch_threads")},
+            "policy_kwargs": {"noise_dims": None, **SAC_RECIPE["run"]["policy_kwargs"]},  # every dim explores
         },
-        "sac": SAC_RLPD,
+        "sac": SAC_RECIPE["sac"],
     },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",

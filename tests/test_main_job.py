@@ -17,6 +17,8 @@ from trainers.run import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "configs" / "libero_spatial_grpo.json"
+SAC_RECIPE = ROOT / "configs" / "libero_spatial_sac.json"  # with its prior data's demos config
+DEMOS = ROOT / "configs" / "libero_spatial_demos.json"
 
 
 def test_recipe_names_a_checkpoint_that_exists_and_holds_out_init_states():
@@ -26,6 +28,20 @@ def test_recipe_names_a_checkpoint_that_exists_and_holds_out_init_states():
     train, held_out = set(run.env_kwargs["init_states"]), set(run.eval_env_kwargs["init_states"])
     assert train and held_out and not train & held_out
     assert config_algo(["--config", str(RECIPE)]) == "grpo"
+
+
+def test_sac_recipe_and_its_prior_data_use_training_starts_only():
+    from trainers.demos import DemoConfig
+    from trainers.sac import SACConfig
+
+    sac = load_config(SAC_RECIPE, {"run": RunConfig, "sac": SACConfig})
+    run, config = RunConfig(**sac["run"]), SACConfig(**sac["sac"])
+    demos = DemoConfig(**load_config(DEMOS, {"demos": DemoConfig})["demos"])
+    assert (ROOT / run.init_policy).is_file() and config.prior_data == demos.out
+    train, held_out = set(run.env_kwargs["init_states"]), set(run.eval_env_kwargs["init_states"])
+    assert set(demos.env_kwargs["init_states"]) == train and not train & held_out
+    assert demos.env_kwargs["chunk_size"] is None and demos.env_kwargs["cameras"] == run.env_kwargs["cameras"]
+    assert config_algo(["--config", str(SAC_RECIPE)]) == "sac"
 
 
 def test_algo_flag_ignores_the_other_algorithms_section(tmp_path):
