@@ -452,3 +452,20 @@ def test_trainer_runs_any_gymnasium_id_on_ray_actors(tmp_path):
     ]  # fmt: skip
     final = ppo_train.main(args)
     assert final["iteration"] == 2 and np.isfinite(final["eval/return"])
+
+
+def test_sac_runs_on_ray_actors(tmp_path):
+    """SAC reaches Ray actors as PPO does, through the env id (the trainers never import envs)."""
+    import json
+
+    from trainers.sac import train as sac_train
+
+    args = [
+        "--env", "envs:Ray-v0", "--env-kwargs", json.dumps({"env": "Pendulum-v1", "ray_actors": 2}),
+        "--num-envs", "2", "--total-steps", "64", "--steps-per-iteration", "16", "--learning-starts", "16",
+        "--batch-size", "16", "--eval-episodes", "2", "--autoreset-mode", "same_step", "--no-video",
+        "--policy-kwargs", '{"hidden_sizes": [16]}', "--critic-hidden-sizes", "[16]",
+        "--run-dir", str(tmp_path), "--no-progress", "--torch-threads", "1",
+    ]  # fmt: skip
+    final = sac_train.main(args)
+    assert final["iteration"] == 2 and np.isfinite(final["eval/return"]) and final["train/buffer_size"] == 64
