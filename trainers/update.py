@@ -107,7 +107,7 @@ class Minibatch:
 
 
 # the loss to minimize and the metrics to report (0-dim tensors, this rank's shares), or None to stop
-LossFn = Callable[[Minibatch], "tuple[torch.Tensor, dict[str, torch.Tensor]] | None"]
+LossFn = Callable[[Minibatch], tuple[torch.Tensor, dict[str, torch.Tensor]] | None]
 
 
 def optimize(
