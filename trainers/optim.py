@@ -1,11 +1,10 @@
-"""Optimisation plumbing PPO, GRPO and BC share: minibatches, fused Adam, one guarded optimizer
-step, and the guard that skips non-finite updates."""
+"""Optimisation plumbing the trainers share: fused Adam, one guarded optimizer step, and the guard
+that skips non-finite updates. PPO's and GRPO's epochs over minibatches are in ``trainers/update.py``."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
 
 import torch
 
@@ -13,26 +12,6 @@ import torch
 def flatten_time(x: torch.Tensor) -> torch.Tensor:
     """``[T, N, ...] -> [T * N, ...]`` (sample m = t * N + n)."""
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def minibatches(
-    num_samples: int,
-    batch_size: int | None,
-    generator: torch.Generator | None,
-    num_batches: int | None = None,
-) -> Iterator[torch.Tensor]:
-    """Shuffled index batches covering ``range(num_samples)`` once; the last one may be smaller.
-
-    ``num_batches``: split into exactly this many near-equal batches instead (some may be empty):
-    in a data-parallel update every rank splits its own rows into the same number of minibatches.
-    """
-    perm = torch.randperm(num_samples, generator=generator)
-    if num_batches is not None:
-        yield from perm.tensor_split(num_batches)
-        return
-    size = num_samples if batch_size is None else batch_size
-    for start in range(0, num_samples, size):
-        yield perm[start : start + size]
 
 
 def fused_ok(params: list[torch.Tensor]) -> bool | None:
@@ -119,25 +98,3 @@ def step_optimizer(
         return False, norm.detach()
     optimizer.step()
     return True, norm.detach()
-
-
-def select_rows(
-    data: dict[str, torch.Tensor],
-    replay: dict[str, torch.Tensor],
-    rows: torch.Tensor,
-    blank_masks: tuple[str, ...] = (),
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The ``rows`` of per-sample ``data`` and ``replay`` records.
-
-    With ``blank_masks`` (data parallel), one more row is appended last: a copy of row 0 with
-    those masks all False. A rank whose share of a minibatch is empty evaluates that row instead,
-    so its forward and backward still run with the other ranks' (DDP needs every rank in every
-    step) while it adds nothing to any loss or statistic.
-    """
-    if blank_masks:
-        rows = torch.cat([rows, rows.new_zeros(1)])
-    data = {k: v[rows] for k, v in data.items()}
-    replay = {k: v[rows] for k, v in replay.items()}
-    for key in blank_masks:
-        data[key][-1] = False
-    return data, replay

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import distributed, update
 from trainers.distributed import Evaluate
 from trainers.grpo.groups import keep_groups, num_groups
 from trainers.losses import (
@@ -37,7 +37,7 @@ from trainers.losses import (
     policy_loss_weights,
     to_level,
 )
-from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, select_rows, step_optimizer
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok
 from trainers.rollout import Rollout
 from trainers.self_imitation import SuccessBuffer, imitation_nll
 
@@ -182,22 +182,21 @@ def grpo_update(
     (default: ``generator``).
 
     Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
-    rank holds whole groups, so advantages need no communication; the loss denominators (token
-    count, or trajectory count for ``traj_mean``), the minibatch count and the early-stop and
-    bad-update decisions are taken over all ranks, as in ``ppo_update``. Self-imitation: ``sil``
-    must hold the same rows on every rank (``SuccessBuffer.add`` gathers them); each minibatch's
-    rows are drawn whole, as many as the minibatch has over all ranks, from ``sil_generator``, which
-    must then be in the same state on every rank (default: one seeded here from rank 0's
-    ``generator``), and each rank evaluates its contiguous share of them.
+    rank holds whole groups, so advantages need no communication; the update engine
+    (``trainers/update.py``) takes the loss denominators (token count, or trajectory count for
+    ``traj_mean``) and the decisions over all ranks. Self-imitation: ``sil`` must hold the same rows
+    on every rank (``SuccessBuffer.add`` gathers them); each minibatch's rows are drawn whole, as
+    many as the minibatch has over all ranks, from ``sil_generator``, which must then be in the
+    same state on every rank (default: one seeded here from rank 0's ``generator``), and each rank
+    evaluates its contiguous share of them in the minibatch's forward.
     """
     if config.kl_beta > 0 and ref_policy is None:
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
-    evaluator = evaluator or Evaluate(policy)
     world = distributed.world_size()
     T, N, K = rollout.rewards.shape
-    G = config.group_size
+    G, level = config.group_size, config.log_prob_level
 
     # 1. scores, group-normalized advantages, dynamic sampling (within this rank's groups)
     scores = episode_scores(rollout.rewards, rollout.first_episode)
@@ -219,8 +218,7 @@ def grpo_update(
 
     # 2. one row per chunk-step that still has something to learn from
     E = rollout.log_probs.shape[-1]
-    per_step = loss_grid_mask(flatten_time(valid), config.log_prob_level, 1).sum((1, 2))
-    per_step = per_step * (E if config.log_prob_level == "element" else 1)
+    per_step = loss_grid_mask(flatten_time(valid), level, 1).sum((1, 2)) * (E if level == "element" else 1)
     traj_size = per_step.reshape(T, N).sum(0)  # loss entries of each env's trajectory
     data = {
         "log_probs": flatten_time(rollout.log_probs).detach(),
@@ -231,119 +229,103 @@ def grpo_update(
         "weights": (1.0 / traj_size.clamp_min(1)).repeat(T),
     }
     replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
-    rows = torch.nonzero(data["valid"].any(-1)).squeeze(-1)
-    num_rows = rows.numel()
-    total_rows = float(distributed.all_reduce_sum(torch.tensor(float(num_rows))))
-    if total_rows == 0:
+    rows = update.select(data, replay, data["valid"].any(-1), blank_masks=("valid",))
+    if rows.total == 0:
         return {**metrics, "updates": 0.0, "skipped_updates": 0.0, "samples": 0.0}
-    blank = ("valid",) if world > 1 else ()  # a row for a rank with no share in a minibatch
-    data, replay = select_rows(data, replay, rows, blank)
-    num_batches = distributed.minibatch_count(total_rows, config.batch_size) if world > 1 else None
-
     if config.kl_beta > 0:  # reference log-probs, once
-        with torch.no_grad():
-            data["ref_log_probs"] = torch.cat(
-                [
-                    ref_policy.evaluate({k: v[i].to(device) for k, v in replay.items()}).log_probs.cpu()
-                    for i in torch.arange(len(data["valid"])).split(config.batch_size or len(data["valid"]))
-                ]
-            )
-
-    # 3. clipped surrogate (+ KL), token-level or per-trajectory averaging
+        rows.data["ref_log_probs"] = _reference_log_probs(
+            ref_policy, rows.replay, len(rows.data["valid"]), config.batch_size, device
+        )
     use_sil = sil is not None and config.sil_coef > 0 and len(sil) > 0
     if use_sil and world > 1 and sil_generator is None:  # a stream common to all ranks: rank 0's seed
         seed = int(torch.randint(2**62, (), generator=generator))
         sil_generator = torch.Generator().manual_seed(distributed.broadcast(seed))
     if sil_generator is None:
         sil_generator = generator
-    sums: dict[str, torch.Tensor] = {}
-    updates = skipped = 0
-    stop = False
-    for _ in range(config.n_epochs):
-        for idx in minibatches(num_rows, config.batch_size, generator, num_batches):
-            count = idx.numel()
-            if world > 1 and count == 0:
-                idx = torch.tensor([num_rows])  # the blank row
-            mb = {k: v[idx].to(device) for k, v in data.items()}
-            weights = mb["weights"] if config.loss_agg == "traj_mean" else None
-            replays = [{k: v[idx].to(device) for k, v in replay.items()}]
-            sil_rows = None
-            # the counts every mean divides by, over all ranks (at world size 1: computed locally)
-            counts: dict[str, torch.Tensor] = {}
-            if world > 1:
-                level = config.log_prob_level
-                counts = distributed.sum_over_ranks(
-                    {**policy_loss_weights(mb["log_probs"], mb["valid"], level, 1, weights), "rows": count}
-                )
-                if int(counts["rows"]) == 0:  # this minibatch is empty on every rank
-                    continue
-            if use_sil and world > 1:  # DDP wants one forward per backward: the same one as the minibatch
-                sil_rows, counts["sil"] = _sil_share(sil, int(counts["rows"]), sil_generator, E)
-                replays.append({k: v.to(device) for k, v in sil_rows[0].items()})
-            outs = distributed.evaluate(evaluator, *replays)
-            out = outs[0]
-            pg_loss, stats = policy_loss(
-                out.log_probs,
-                mb["log_probs"],
-                mb["advantages"],
-                mb["valid"],
-                config.log_prob_level,
-                config.clip_low,
-                config.clip_high,
-                config.dual_clip,
-                weights,
-                weight_sums=counts or None,
-            )
-            if config.target_kl is not None:  # decided on the approx KL over all ranks
-                approx_kl = distributed.all_reduce_sum(stats["approx_kl"])
-                if float(approx_kl) > 1.5 * config.target_kl:
-                    stop = True
-                    break
-            loss = config.pg_coef * pg_loss
-            kl = torch.zeros(())
-            if config.kl_beta > 0:
-                new, mask = to_level(out.log_probs, mb["valid"], config.log_prob_level)
-                ref, _ = to_level(mb["ref_log_probs"], mb["valid"], config.log_prob_level)
-                d = ref - new
-                kl = masked_mean(torch.exp(d) - d - 1.0, mask, counts.get("level"))  # k3 of KL(pi || pi_ref)
-                loss = loss + config.kl_beta * kl
-            sil_loss = torch.zeros(())
-            if use_sil:
-                if sil_rows is None:  # single process: drawn after the early-stop check
-                    sil_rows = sil.sample(idx.numel(), sil_generator)
-                    outs += distributed.evaluate(evaluator, {k: v.to(device) for k, v in sil_rows[0].items()})
-                sil_loss = imitation_nll(outs[1].log_probs, sil_rows[1].to(device), counts.get("sil"))
-                loss = loss + config.sil_coef * sil_loss
-            with torch.no_grad():  # logged only: GRPO has no entropy bonus
-                elem = out.entropy if out.entropy is not None else -out.log_probs
-                ent, ent_mask = to_level(elem.detach(), mb["valid"], config.log_prob_level)
-                entropy = masked_mean(ent, ent_mask, counts.get("level"))
-            # this rank's shares summed over ranks: the minibatch's values, the same on every rank
-            terms = {"policy_loss": pg_loss, "kl_ref": kl, "sil_loss": sil_loss, "entropy": entropy}
-            reported = distributed.sum_over_ranks({**stats, **terms, "loss": loss})
-            # DDP averages the gradients over ranks: scaling by the world size makes that their sum
-            stepped, grad_norm = step_optimizer(
-                loss * world, optimizer, config.max_grad_norm, guard, guard_loss=reported["loss"]
-            )
-            updates += stepped
-            skipped += not stepped
-            if not stepped:
-                continue
-            for key, value in {**reported, "grad_norm": grad_norm}.items():
-                sums[key] = sums.get(key, 0.0) + value.detach()
-        if stop:
-            break
 
-    metrics.update({key: float(value) / max(updates, 1) for key, value in sums.items()})
-    metrics.update(
-        {
-            "updates": float(updates),
-            "skipped_updates": float(skipped),
-            "early_stop": float(stop),
-            "samples": total_rows,
-        }
+    # 3. clipped surrogate (+ KL to the reference, + self-imitation), token-level or per-trajectory
+    def weights_of(mb: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return mb["weights"] if config.loss_agg == "traj_mean" else None
+
+    def weight_sums(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return policy_loss_weights(mb["log_probs"], mb["valid"], level, 1, weights_of(mb))
+
+    def loss_fn(batch: update.Minibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        mb, counts = batch.data, batch.counts
+        replays, sil_rows, sil_count = [batch.replay], None, None
+        if use_sil and world > 1:  # DDP wants one forward per backward: the same one as the minibatch
+            sil_rows, sil_count = _sil_share(sil, batch.rows, sil_generator, E)
+            replays.append({k: v.to(device) for k, v in sil_rows[0].items()})
+        outs = batch.evaluate(*replays)
+        out = outs[0]
+        pg_loss, stats = policy_loss(
+            out.log_probs,
+            mb["log_probs"],
+            mb["advantages"],
+            mb["valid"],
+            level,
+            config.clip_low,
+            config.clip_high,
+            config.dual_clip,
+            weights_of(mb),
+            weight_sums=counts or None,
+        )
+        if batch.kl_exceeded(stats["approx_kl"]):
+            return None
+        loss = config.pg_coef * pg_loss
+        kl = torch.zeros(())
+        if config.kl_beta > 0:
+            new, mask = to_level(out.log_probs, mb["valid"], level)
+            ref, _ = to_level(mb["ref_log_probs"], mb["valid"], level)
+            d = ref - new
+            kl = masked_mean(torch.exp(d) - d - 1.0, mask, counts.get("level"))  # k3 of KL(pi || pi_ref)
+            loss = loss + config.kl_beta * kl
+        sil_loss = torch.zeros(())
+        if use_sil:
+            if sil_rows is None:  # single process: drawn after the early-stop check
+                sil_rows = sil.sample(batch.rows, sil_generator)
+                outs += batch.evaluate({k: v.to(device) for k, v in sil_rows[0].items()})
+            sil_loss = imitation_nll(outs[1].log_probs, sil_rows[1].to(device), sil_count)
+            loss = loss + config.sil_coef * sil_loss
+        with torch.no_grad():  # logged only: GRPO has no entropy bonus
+            elem = out.entropy if out.entropy is not None else -out.log_probs
+            ent, ent_mask = to_level(elem.detach(), mb["valid"], level)
+            entropy = masked_mean(ent, ent_mask, counts.get("level"))
+        return loss, {**stats, "policy_loss": pg_loss, "kl_ref": kl, "sil_loss": sil_loss, "entropy": entropy}
+
+    metrics |= update.optimize(
+        rows,
+        optimizer,
+        loss_fn,
+        evaluator=evaluator or Evaluate(policy),
+        device=device,
+        n_epochs=config.n_epochs,
+        batch_size=config.batch_size,
+        target_kl=config.target_kl,
+        max_grad_norm=config.max_grad_norm,
+        guard=guard,
+        generator=generator,
+        weight_sums=weight_sums,
     )
-    return metrics
+    return {**metrics, "samples": rows.total}
+
+
+def _reference_log_probs(
+    ref_policy: ActionChunkPolicy,
+    replay: dict[str, torch.Tensor],
+    num_rows: int,
+    batch_size: int | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """The reference policy's log-probs of the ``num_rows`` rows of ``replay``, on the CPU,
+    evaluated ``batch_size`` rows at a time (None: all at once)."""
+    with torch.no_grad():
+        return torch.cat(
+            [
+                ref_policy.evaluate({k: v[i].to(device) for k, v in replay.items()}).log_probs.cpu()
+                for i in torch.arange(num_rows).split(batch_size or num_rows)
+            ]
+        )
 
 
 def _sil_share(

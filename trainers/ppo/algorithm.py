@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import distributed, update
 from trainers.distributed import Evaluate
 from trainers.losses import (
     LOG_PROB_LEVELS,
@@ -32,7 +32,7 @@ from trainers.losses import (
     policy_loss_weights,
     to_level,
 )
-from trainers.optim import BadUpdateGuard, flatten_time, fused_ok, minibatches, select_rows, step_optimizer
+from trainers.optim import BadUpdateGuard, flatten_time, fused_ok
 from trainers.rollout import Bootstrap, Rollout
 
 
@@ -234,136 +234,94 @@ def ppo_update(
     ones (explained variance, advantage and return statistics, updates done and skipped).
 
     Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
-    rank holds its own envs' rollout. Every mean (losses, advantage normalization, statistics)
-    divides by its count over all ranks, so each rank's loss is its share of the loss over the
-    whole minibatch and DDP's gradient sum is the gradient of that loss. Every rank splits its rows
-    into the same number of minibatches (set by the total row count), and the early stop and
-    the skipping of bad updates are decided on values summed over ranks, so all ranks step
-    together. At world size 1 all of this reduces to the single-process update.
+    rank holds its own envs' rollout, and the update engine (``trainers/update.py``) keeps the
+    ranks in step. Every mean (losses, advantage normalization, statistics) divides by its count
+    over all ranks, so each rank's loss is its share of the loss over the whole minibatch.
     """
     guard = guard or BadUpdateGuard(config.max_bad_updates)
-    device = next(policy.parameters()).device
-    evaluator = evaluator or Evaluate(policy)
-    world = distributed.world_size()
+    level = config.log_prob_level
 
     # advantages on the whole rollout, then one row per chunk-step with at least one valid entry
     adv, ret, mask = compute_advantages(rollout, config.gamma, config.gae_lambda, config.time_unit)
     if config.adv_norm == "global":
         adv = normalize(adv, mask, config.adv_norm_eps, reduce=distributed.all_reduce_sum)
     width = adv.shape[-1]
+    values = rollout.values[..., :width]
     data = {
         "log_probs": flatten_time(rollout.log_probs).detach(),
         "valid": flatten_time(rollout.valid),
-        "values": flatten_time(rollout.values[..., :width]),
+        "values": flatten_time(values),
         "advantages": flatten_time(adv),
         "returns": flatten_time(ret),
         "mask": flatten_time(mask),
     }
     replay = {k: flatten_time(v) for k, v in rollout.replay.items()}
-    keep = torch.nonzero(data["mask"].any(-1)).squeeze(-1)
-    num_samples = keep.numel()
-    blank = ("valid", "mask") if world > 1 else ()  # a row for a rank with no share in a minibatch
-    data, replay = select_rows(data, replay, keep, blank)
-    total_samples = float(distributed.all_reduce_sum(torch.tensor(float(num_samples))))
-    num_batches = distributed.minibatch_count(total_samples, config.batch_size) if world > 1 else None
+    rows = update.select(data, replay, data["mask"].any(-1), blank_masks=("valid", "mask"))
 
-    sums: dict[str, torch.Tensor] = {}
-    updates = skipped = 0
-    stop = False
-    for _ in range(config.n_epochs):
-        for idx in minibatches(num_samples, config.batch_size, generator, num_batches):
-            rows = idx.numel()
-            if world > 1 and rows == 0:
-                idx = torch.tensor([num_samples])  # the blank row
-            mb = {k: v[idx].to(device) for k, v in data.items()}
-            # the counts every mean divides by, over all ranks (at world size 1: computed locally)
-            counts: dict[str, torch.Tensor] = {}
-            if world > 1:
-                counts = distributed.sum_over_ranks(
-                    {
-                        **policy_loss_weights(mb["log_probs"], mb["valid"], config.log_prob_level, width),
-                        "value": mb["mask"].sum(),
-                        "rows": rows,
-                    }
-                )
-                rows = int(counts["rows"])
-                if rows == 0:  # this minibatch is empty on every rank
-                    continue
-            (out,) = distributed.evaluate(evaluator, {k: v[idx].to(device) for k, v in replay.items()})
+    def weight_sums(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**policy_loss_weights(mb["log_probs"], mb["valid"], level, width), "value": mb["mask"].sum()}
 
-            a = mb["advantages"]
-            if config.adv_norm == "minibatch" and rows > 1:
-                a = normalize(a, mb["mask"], config.adv_norm_eps, reduce=distributed.all_reduce_sum)
-            pg_loss, stats = policy_loss(
-                out.log_probs,
-                mb["log_probs"],
-                a,
-                mb["valid"],
-                config.log_prob_level,
-                config.clip_low,
-                config.clip_high,
-                config.dual_clip,
-                weight_sums=counts or None,
-            )
-
-            if out.value is None:
-                raise ValueError("PPO needs policy.evaluate to return a value")
-            v_loss = value_loss(
-                out.value[..., :width],
-                mb["values"],
-                mb["returns"],
-                mb["mask"],
-                config.value_loss,
-                config.clip_value,
-                config.huber_delta,
-                counts.get("value"),
-            )
-
-            # entropy of the distribution at the ratio's level (or -log_prob when not available)
-            elem = out.entropy if out.entropy is not None else -out.log_probs
-            ent, ent_mask = to_level(elem, mb["valid"], config.log_prob_level)
-            entropy = masked_mean(ent, ent_mask, counts.get("level"))
-
-            loss = config.vf_coef * v_loss
-            if train_actor:
-                loss = loss + pg_loss - config.ent_coef * entropy
-
-            # this rank's shares summed over ranks: the minibatch's values, the same on every rank
-            metrics = distributed.sum_over_ranks(
-                {**stats, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "loss": loss}
-            )
-            if config.target_kl is not None and float(metrics["approx_kl"]) > 1.5 * config.target_kl:
-                stop = True
-                break
-            # DDP averages the gradients over ranks: scaling by the world size makes that their sum
-            stepped, grad_norm = step_optimizer(
-                loss * world, optimizer, config.max_grad_norm, guard, guard_loss=metrics["loss"]
-            )
-            updates += stepped
-            skipped += not stepped
-            if not stepped:
-                continue
-            for key, value in {**metrics, "grad_norm": grad_norm}.items():  # summed as tensors: one host
-                sums[key] = sums.get(key, 0.0) + value.detach()  # sync per metric at the end
-        if stop:
-            break
-
-    if world > 1:  # rollout-level statistics over every rank's envs
-        values, ret, mask, adv = (
-            distributed.all_gather_cat(x, dim=1) for x in (rollout.values[..., :width], ret, mask, adv)
+    def loss_fn(batch: update.Minibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        mb, counts = batch.data, batch.counts
+        (out,) = batch.evaluate(batch.replay)
+        a = mb["advantages"]
+        if config.adv_norm == "minibatch" and batch.rows > 1:
+            a = normalize(a, mb["mask"], config.adv_norm_eps, reduce=distributed.all_reduce_sum)
+        pg_loss, stats = policy_loss(
+            out.log_probs,
+            mb["log_probs"],
+            a,
+            mb["valid"],
+            level,
+            config.clip_low,
+            config.clip_high,
+            config.dual_clip,
+            weight_sums=counts or None,
         )
-    else:
-        values = rollout.values[..., :width]
-    out_metrics = {key: float(value) / max(updates, 1) for key, value in sums.items()}
-    out_metrics.update(
-        {
-            "updates": float(updates),
-            "skipped_updates": float(skipped),
-            "early_stop": float(stop),
-            "explained_variance": explained_variance(values, ret, mask),
-            "advantages_mean": masked_mean(adv, mask).item(),
-            "returns_mean": masked_mean(ret, mask).item(),
-            "samples": total_samples,
-        }
+        if out.value is None:
+            raise ValueError("PPO needs policy.evaluate to return a value")
+        if batch.kl_exceeded(stats["approx_kl"]):
+            return None
+        v_loss = value_loss(
+            out.value[..., :width],
+            mb["values"],
+            mb["returns"],
+            mb["mask"],
+            config.value_loss,
+            config.clip_value,
+            config.huber_delta,
+            counts.get("value"),
+        )
+        # entropy of the distribution at the ratio's level (or -log_prob when not available)
+        elem = out.entropy if out.entropy is not None else -out.log_probs
+        ent, ent_mask = to_level(elem, mb["valid"], level)
+        entropy = masked_mean(ent, ent_mask, counts.get("level"))
+
+        loss = config.vf_coef * v_loss
+        if train_actor:
+            loss = loss + pg_loss - config.ent_coef * entropy
+        return loss, {**stats, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy}
+
+    metrics = update.optimize(
+        rows,
+        optimizer,
+        loss_fn,
+        evaluator=evaluator or Evaluate(policy),
+        device=next(policy.parameters()).device,
+        n_epochs=config.n_epochs,
+        batch_size=config.batch_size,
+        target_kl=config.target_kl,
+        max_grad_norm=config.max_grad_norm,
+        guard=guard,
+        generator=generator,
+        weight_sums=weight_sums,
     )
-    return out_metrics
+    # rollout-level statistics over every rank's envs
+    values, ret, mask, adv = (distributed.all_gather_cat(x, dim=1) for x in (values, ret, mask, adv))
+    return {
+        **metrics,
+        "explained_variance": explained_variance(values, ret, mask),
+        "advantages_mean": masked_mean(adv, mask).item(),
+        "returns_mean": masked_mean(ret, mask).item(),
+        "samples": rows.total,
+    }
