@@ -1,5 +1,5 @@
-"""The README's main job: the recipe in configs/ through ``python -m trainers``, on real LIBERO
-with the repository's BC checkpoint, cut to a tiny budget (the full run is ~18 minutes)."""
+"""The README's main job (the SAC recipe in configs/ and its prior data) and the GRPO recipe, through
+``python -m trainers``, on real LIBERO with the repository's BC checkpoints, cut to a tiny budget."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from conftest import requires_libero
 from trainers.__main__ import config_algo, main
 from trainers.config import load_config
 from trainers.grpo.algorithm import GRPOConfig
+from trainers.metrics import read_metrics
 from trainers.ppo.algorithm import PPOConfig
 from trainers.run import RunConfig
 
@@ -55,22 +56,31 @@ def test_algo_flag_ignores_the_other_algorithms_section(tmp_path):
 
 @pytest.mark.slow
 @requires_libero
-def test_main_job_recipe_end_to_end(tmp_path):
+def test_main_job_end_to_end(tmp_path):
+    """README's main job: the demos config, then the SAC recipe, cut to a tiny budget."""
+    from trainers import demos
+
+    prior = tmp_path / "demos.h5"
+    demos.main(["--config", str(DEMOS), "--episodes", "2", "--out", str(prior)])
     short = {"chunk_size": 8, "task_state": True, "max_episode_steps": 24}
     train_env = {**short, "cameras": [], "init_states": [0, 1]}
     eval_env = {**short, "cameras": ["agentview"], "image_size": 32, "init_states": [40]}
     run_dir = tmp_path / "main"
     final = main(
         [
-            "--config", str(RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
-            "--num-envs", "2", "--group-size", "2", "--eval-episodes", "2", "--eval-num-envs", "2",
+            "--config", str(SAC_RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
+            "--num-envs", "2", "--steps-per-iteration", "2", "--learning-starts", "2", "--batch-size", "8",
+            "--offline-steps", "2", "--prior-data", str(prior),
+            "--eval-episodes", "2", "--eval-num-envs", "2",
             "--env-kwargs", json.dumps(train_env), "--eval-env-kwargs", json.dumps(eval_env),
             "--no-progress", "--video",  # the recipe evaluates state-only; a camera and --video add the mp4s
         ]
     )  # fmt: skip
     assert "eval/success_once" in final
+    offline = [r for r in read_metrics(run_dir) if "offline/bc_loss" in r]  # pretrained on the demos
+    assert len(offline) == 1 and offline[0]["offline/bc_loss"] > 0
     summary = (run_dir / "summary.md").read_text()
-    assert "checkpoints/bc_libero_spatial_state.pt" in summary
+    assert "checkpoints/bc_libero_spatial_state_weak.pt" in summary
     assert "## Evaluation before training (2 episodes" in summary and "## Evaluation after" in summary
     videos = sorted((run_dir / "videos").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
