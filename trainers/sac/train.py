@@ -16,7 +16,7 @@ with several ranks is refused.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -113,10 +113,12 @@ def train(
             target_entropy = -float(np.prod(sampled))
         guard = BadUpdateGuard(config.max_bad_updates)
 
-        def update() -> dict[str, torch.Tensor]:
-            online = (
-                config.batch_size if prior is None else round(config.batch_size * (1 - config.prior_ratio))
-            )
+        online_rows = (
+            config.batch_size if prior is None else round(config.batch_size * (1 - config.prior_ratio))
+        )
+
+        def update(online: int = online_rows) -> dict[str, torch.Tensor]:
+            """One gradient step on ``online`` replay rows and the rest of the batch from the prior data."""
             batch = buffer.sample(online, sampler, run.device) if online > 0 else None
             if prior is not None and online < config.batch_size:
                 extra_rows = prior.sample(config.batch_size - online, sampler, run.device)
@@ -125,8 +127,13 @@ def train(
                 batch = shuffle_outcomes(batch, sampler)
             return sac_update(policy, learner, optimizer, batch, config, sampler, guard, target_entropy)
 
-        if prior is not None and updates == 0 and config.offline_steps > 0:
-            offline = _offline(config, prior, policy, learner, optimizer, sampler, guard, target_entropy, run)
+        if prior is not None and updates == 0 and config.offline_steps > 0:  # prior data alone first
+            from tqdm import tqdm
+
+            steps = tqdm(
+                range(config.offline_steps), desc="offline pretraining", disable=not run_config.progress
+            )
+            offline = _mean(update(0) for _ in steps)
             run.log({f"offline/{k}": v for k, v in offline.items()})
             updates = config.offline_steps
 
@@ -136,7 +143,7 @@ def train(
         collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
         writer = NStepWriter(env.num_envs, config.n_step, config.gamma)
         while not run.finished:
-            env_steps, episodes, sums, count = 0, [], {}, 0
+            env_steps, episodes, steps_metrics = 0, [], []
             for _ in range(config.steps_per_iteration):
                 collector.policy = policy if len(buffer) >= config.learning_starts else acting
                 rollout = collector.collect(1, record_obs=True)
@@ -144,13 +151,9 @@ def train(
                 env_steps += int(rollout.valid.sum())
                 episodes += rollout.episodes
                 if len(buffer) >= config.learning_starts:
-                    for _ in range(config.gradient_steps):
-                        for key, value in update().items():
-                            sums[key] = sums.get(key, 0.0) + value
-                        count += 1
-            updates += count
-            metrics = {k: float(v) / count for k, v in sums.items()}
-            metrics.update({"updates": updates, "buffer_size": len(buffer)})
+                    steps_metrics += [update() for _ in range(config.gradient_steps)]
+            updates += len(steps_metrics)
+            metrics = {**_mean(steps_metrics), "updates": updates, "buffer_size": len(buffer)}
             run.extra = {"learner": learner.state_dict(), "buffer": buffer.state_dict(), "updates": updates}
             run.end_iteration(env_steps, episodes, {f"train/{k}": v for k, v in metrics.items()})
         env.close()  # frees the simulators before the final evaluation starts its own
@@ -177,30 +180,15 @@ def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
     return out
 
 
-def _offline(
-    config: SACConfig,
-    prior: ReplayBuffer,
-    policy: Any,
-    learner: Learner,
-    optimizer: torch.optim.Optimizer,
-    sampler: torch.Generator,
-    guard: BadUpdateGuard,
-    target_entropy: float,
-    run: Run,
-) -> dict[str, float]:
-    """``offline_steps`` SAC updates on the prior data alone; their mean metrics."""
-    from tqdm import tqdm
-
-    sums: dict[str, Any] = {}
-    for _ in tqdm(range(config.offline_steps), desc="offline pretraining", disable=not run.config.progress):
-        batch = prior.sample(config.batch_size, sampler, run.device)
-        if config.placebo:
-            batch = shuffle_outcomes(batch, sampler)
-        for key, value in sac_update(
-            policy, learner, optimizer, batch, config, sampler, guard, target_entropy
-        ).items():
-            sums[key] = sums.get(key, 0.0) + value
-    return {k: float(v) / config.offline_steps for k, v in sums.items()}
+def _mean(steps: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """The mean of each metric over update steps (one host sync per metric)."""
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    for metrics in steps:
+        for key, value in metrics.items():
+            sums[key] = sums[key] + value if key in sums else value
+        count += 1
+    return {k: float(v) / count for k, v in sums.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
