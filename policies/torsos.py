@@ -134,11 +134,13 @@ class InstructionEmbedding(nn.Module):
         ``[B, max_tokens]`` padded with 0."""
         if isinstance(texts, str):
             texts = [texts]
-        out = torch.zeros(len(texts), self.max_tokens, dtype=torch.long)
-        for i, text in enumerate(texts):
-            ids = instruction_tokens(str(text), self.num_buckets, self.max_tokens)
-            out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return out.to(device)
+        unique: dict[str, int] = {}  # a batch repeats a few instructions: tokenize each once
+        rows = [unique.setdefault(str(text), len(unique)) for text in texts]
+        table = torch.zeros(len(unique), self.max_tokens, dtype=torch.long)
+        for text, j in unique.items():
+            ids = instruction_tokens(text, self.num_buckets, self.max_tokens)
+            table[j, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return table[torch.tensor(rows, dtype=torch.long)].to(device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.bag(ids)

@@ -258,6 +258,20 @@ def test_torso_vector_and_image_sizes():
     assert instruction_tokens("a b c d", 16, 2) == instruction_tokens("A b", 16, 32)
 
 
+def test_instruction_batch_tokenizes_each_row():
+    """A batch that repeats instructions (tokenized once each) gives every row its own ids."""
+    from policies.torsos import InstructionEmbedding
+
+    bag = InstructionEmbedding(num_buckets=64, max_tokens=4)
+    texts = np.array(["put the bowl", "open it", "put the bowl", "", "open it now please, ok"])
+    ids = bag.tokenize(texts)
+    assert ids.shape == (5, 4) and ids.dtype == torch.long
+    for row, text in zip(ids.tolist(), texts):
+        expected = instruction_tokens(text, 64, 4)
+        assert row == expected + [0] * (4 - len(expected))
+    assert bag.tokenize("open it").tolist() == ids[1:2].tolist()
+
+
 def test_replay_round_trips_the_prepared_observation():
     policy = GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs=TORSO)
     out = policy.act(_obs(DICT_SPACE))
