@@ -84,7 +84,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },  # fmt: skip
     },
     "grpo-sil-50k": {
-        "about": "the recipe's settings (target_kl 0.02, 4 epochs, self-imitation 1.0) for 50k steps",
+        "about": "the recipe settings (target_kl 0.8 per chunk-step, 4 epochs, self-imitation 1), 50k steps",
         "run": {"total_steps": 50_000},
     },
     "weak-clone": {
@@ -106,9 +106,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "sac": SAC_RECIPE["sac"],
     },
     "sil-only": {
-        "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 0.05, 50k steps",
+        "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
         "run": {"total_steps": 50_000},
-        "grpo": {"learning_rate": 1e-4, "target_kl": 0.05, "pg_coef": 0.0},
+        "grpo": {"learning_rate": 1e-4, "target_kl": 2.0, "pg_coef": 0.0},
     },
 }
 

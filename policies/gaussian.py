@@ -40,6 +40,36 @@ SAC_ACTOR: dict[str, Any] = {
 }
 
 
+# squashed: a sampled element whose tanh slope is below this (|u| > 2.64, the action within 1% of a
+# bound) is not charged to the on-policy gradient (``act``/``evaluate`` give it log-prob 0): its
+# noise barely moves the action, yet its log-prob term would pull the mean at full size
+SATURATED_SLOPE = 0.02
+
+
+class _InwardClamp(torch.autograd.Function):
+    """``x.clamp(low, high)`` whose gradient also passes outside the range when a descent step
+    moves ``x`` back toward it (plain ``clamp`` passes none there, so a value past a bound could
+    never return)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.low, ctx.high = low, high
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (x,) = ctx.saved_tensors
+        inside = (x >= ctx.low) & (x <= ctx.high)
+        inward = ((x > ctx.high) & (grad > 0)) | ((x < ctx.low) & (grad < 0))
+        return grad * (inside | inward), None, None
+
+
+def clamp_inward(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``x`` clamped to ``[low, high]``; the gradient passes inside, and outside toward the range."""
+    return _InwardClamp.apply(x, low, high)
+
+
 def tanh_log_abs_det(u: torch.Tensor) -> torch.Tensor:
     """``log(1 - tanh(u)^2)`` computed stably as ``2 (log 2 - u - softplus(-2u))``."""
     return 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))
@@ -56,7 +86,8 @@ class GaussianPolicy(TorsoPolicy):
             clamped). RL from a behaviour-cloned policy needs it: BC fits a tiny std to dimensions
             the demonstrations hold still, so every small step of the mean makes the probability
             ratio explode there, while dimensions BC fits badly get a std so wide that sampled
-            rollouts fail.
+            rollouts fail. The clamp passes the gradient that moves a clamped value back inside
+            (``clamp_inward``), so a clone's std above the bound can still shrink.
         squash: ``a = center + scale * tanh(u)`` maps the Gaussian sample ``u`` into the Box
             (finite bounds needed); log-probs include the Jacobian. Without it actions are the
             raw samples, not clipped.
@@ -68,6 +99,9 @@ class GaussianPolicy(TorsoPolicy):
             need no exploration, and their tiny stds would dominate the policy gradient (~1/std).
         state_dependent_std: ``log_std`` is a linear head on the torso's features (SB3's SAC
             actor) instead of one parameter; ``log_std_init`` is then the head's initial bias.
+        saturated_slope: squashed only: sampled elements where ``1 - tanh(u)^2`` is below this get
+            log-prob 0 from ``act`` and ``evaluate`` (``SATURATED_SLOPE``; 0 charges every element).
+            ``rsample`` and ``imitation_loss`` always use the full density.
         **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
@@ -86,6 +120,7 @@ class GaussianPolicy(TorsoPolicy):
         noise_correlation: float = 0.0,
         noise_dims: Sequence[int] | None = None,
         state_dependent_std: bool = False,
+        saturated_slope: float = SATURATED_SLOPE,
         **torso_options: Any,
     ):
         super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
@@ -118,6 +153,9 @@ class GaussianPolicy(TorsoPolicy):
         if not 0.0 <= float(noise_correlation) < 1.0:
             raise ValueError(f"noise_correlation must be in [0, 1), got {noise_correlation}")
         self.noise_correlation = float(noise_correlation)
+        if not 0.0 <= float(saturated_slope) < 1.0:
+            raise ValueError(f"saturated_slope must be in [0, 1), got {saturated_slope}")
+        self.saturated_slope = float(saturated_slope)
         self.squash = squash
         low, high = box_bounds(action_space)
         if squash and not (torch.isfinite(low).all() and torch.isfinite(high).all()):
@@ -134,7 +172,7 @@ class GaussianPolicy(TorsoPolicy):
         else:
             log_std = self.log_std.reshape(shape[1:]).expand(shape)
         if self.log_std_bounds is not None:
-            log_std = log_std.clamp(*self.log_std_bounds)
+            log_std = clamp_inward(log_std, *self.log_std_bounds)
         return mean, log_std
 
     def _log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -190,6 +228,13 @@ class GaussianPolicy(TorsoPolicy):
             return x
         return x[..., self.noise_dims]
 
+    def _charged(self, log_probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """On-policy log-probs ``[B, K, E]`` with the saturated squashed elements set to 0."""
+        if not self.squash or self.saturated_slope <= 0:
+            return log_probs
+        slope = 1.0 - torch.tanh(u) ** 2
+        return log_probs * self._explored(slope >= self.saturated_slope)
+
     def _to_action(self, u: torch.Tensor) -> torch.Tensor:
         return self.action_center + self.action_scale * torch.tanh(u) if self.squash else u
 
@@ -199,6 +244,8 @@ class GaussianPolicy(TorsoPolicy):
         features = self.torso(prepared)
         mean, log_std = self._mean_log_std(features)
         u, log_probs = (mean, None) if deterministic else self._sample(mean, log_std)
+        if log_probs is not None:
+            log_probs = self._charged(log_probs, u)
         replay = {**self._obs_replay(prepared), "raw_action": u}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 
@@ -220,7 +267,7 @@ class GaussianPolicy(TorsoPolicy):
         features = self.torso(prepared)
         mean, log_std = self._replayed_mean_log_std(replay, features)
         u = replay["raw_action"].to(features.device)
-        log_probs = self._explored(self._log_prob(u, mean, log_std))
+        log_probs = self._charged(self._explored(self._log_prob(u, mean, log_std)), u)
         return PolicyEval(log_probs, self._explored(self._entropy(log_std)), self._value(prepared, features))
 
     def _replayed_mean_log_std(

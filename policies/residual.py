@@ -20,7 +20,7 @@ from gymnasium import spaces
 from torch import nn
 
 from .base import ActionChunk
-from .gaussian import GaussianPolicy
+from .gaussian import GaussianPolicy, clamp_inward
 from .registry import make_policy
 
 
@@ -34,7 +34,8 @@ class ResidualPolicy(GaussianPolicy):
         hidden_sizes, activation: the correction's MLP (its own torso).
         log_std_init: None (default): the std starts as the base's fitted one, and the policy
             learns an offset to it; a float: a constant initial ``log_std`` of its own.
-        log_std_bounds, noise_correlation, noise_dims: as ``GaussianPolicy``; dimensions outside
+        log_std_bounds, noise_correlation, noise_dims, saturated_slope: as ``GaussianPolicy``
+            (``saturated_slope`` through ``torso_options``); dimensions outside
             ``noise_dims`` get no correction either (they follow the base exactly).
         **torso_options: ``use_critic``, ``share_torso``, ``torso_kwargs`` (see ``TorsoPolicy``).
 
@@ -99,7 +100,7 @@ class ResidualPolicy(GaussianPolicy):
             correction = correction * self._noise_mask
         log_std = self.log_std + self.base.log_std.detach() if self.log_std_from_base else self.log_std
         if self.log_std_bounds is not None:
-            log_std = log_std.clamp(*self.log_std_bounds)
+            log_std = clamp_inward(log_std, *self.log_std_bounds)
         return correction, log_std.reshape(shape[1:]).expand(shape)
 
     @torch.no_grad()
@@ -117,6 +118,8 @@ class ResidualPolicy(GaussianPolicy):
         base_mean = self.base_mean(obs)
         mean = base_mean + correction
         u, log_probs = (mean, None) if deterministic else self._sample(mean, log_std)
+        if log_probs is not None:
+            log_probs = self._charged(log_probs, u)
         replay = {**self._obs_replay(prepared), "raw_action": u, "base_mean": base_mean}
         return ActionChunk(self._to_action(u), log_probs, self._value(prepared, features), replay)
 

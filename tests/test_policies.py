@@ -304,7 +304,8 @@ def test_gaussian_unsquashed_actions_are_not_clipped():
 def test_gaussian_tanh_jacobian_against_transformed_distribution():
     low, high = np.array([-1.0, 0.0], np.float32), np.array([1.0, 4.0], np.float32)
     policy = GaussianPolicy(
-        VEC_SPACE, spaces.Box(low, high, (2,), np.float32), squash=True, log_std_init=-0.3
+        VEC_SPACE, spaces.Box(low, high, (2,), np.float32), squash=True, log_std_init=-0.3,
+        saturated_slope=0.0,
     )
     out = policy.act(_obs(VEC_SPACE))
     assert (out.actions >= torch.as_tensor(low)).all() and (out.actions <= torch.as_tensor(high)).all()
@@ -338,6 +339,54 @@ def test_gaussian_log_std_bounds_clamp_what_is_used():
     assert policy.log_std.tolist() == [-5.0, -2.0, 0.0]
     with pytest.raises(ValueError, match="low <= high"):
         GaussianPolicy(VEC_SPACE, box, log_std_bounds=(-1.0, -2.0))
+
+
+
+def test_gaussian_log_std_bounds_pass_the_gradient_back_inside():
+    """A clamped log-std still learns toward its range (a clone's std above the bound can shrink);
+    the gradient that would push it further out is blocked, as plain clamp blocks every one."""
+    box = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = GaussianPolicy(VEC_SPACE, box, log_std_bounds=(-3.0, -1.5))
+    with torch.no_grad():
+        policy.log_std.copy_(torch.tensor([-5.0, -2.0, 0.0]))
+    features = policy.torso(_obs(VEC_SPACE))
+    for sign, passed in ((1.0, [0.0, 1.0, 1.0]), (-1.0, [1.0, 1.0, 0.0])):
+        policy.zero_grad()
+        (sign * policy._mean_log_std(features)[1][0, 0]).sum().backward()
+        assert policy.log_std.grad.tolist() == [sign * p for p in passed]
+    # a descent step on the std brings the value above the bound back into the range
+    optimizer = torch.optim.SGD([policy.log_std], lr=1.0)
+    for _ in range(3):
+        optimizer.zero_grad()
+        policy._mean_log_std(features)[1].sum().backward()
+        optimizer.step()
+    assert policy.log_std[2] < -1.5 and policy._mean_log_std(features)[1][0, 0, 2] < -1.5
+
+
+def test_gaussian_saturated_squashed_elements_are_not_charged():
+    """Squashed: a sample whose tanh slope is below ``saturated_slope`` gets log-prob 0 in ``act`` and
+    ``evaluate`` (so no policy gradient), the others their full density; ``rsample`` keeps all."""
+    box = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    policy = GaussianPolicy(VEC_SPACE, box, squash=True, log_std_init=-1.0)
+    full = GaussianPolicy(VEC_SPACE, box, squash=True, log_std_init=-1.0, saturated_slope=0.0)
+    with torch.no_grad():
+        policy.mean_head.bias.copy_(torch.tensor([6.0, 0.0]))  # dimension 0 saturated
+    full.load_state_dict(policy.state_dict())
+    obs = _obs(VEC_SPACE, n=32)
+    out = policy.act(obs)
+    u = out.replay["raw_action"]
+    saturated = (1 - torch.tanh(u) ** 2) < policy.saturated_slope
+    assert saturated[..., 0].all() and not saturated[..., 1].any()
+    full_log_probs = full.evaluate(out.replay).log_probs
+    assert out.log_probs[..., 0].eq(0).all()
+    torch.testing.assert_close(out.log_probs[..., 1], full_log_probs[..., 1])
+    evaluated = policy.evaluate(out.replay).log_probs
+    torch.testing.assert_close(evaluated, out.log_probs)
+    evaluated.sum().backward()
+    assert policy.mean_head.bias.grad[0] == 0 and policy.mean_head.bias.grad[1] != 0
+    assert policy.rsample(obs)[1][..., 0].ne(0).all()
+    with pytest.raises(ValueError, match="saturated_slope"):
+        GaussianPolicy(VEC_SPACE, box, squash=True, saturated_slope=1.0)
 
 
 # ---------------------------------------------------------------------------------- categorical

@@ -30,7 +30,7 @@ from trainers.grpo import (
     shuffle_scores,
 )
 from trainers.grpo import make_optimizer as grpo_optimizer
-from trainers.losses import clipped_surrogate, to_level
+from trainers.losses import chunk_kl, clipped_surrogate, policy_loss_weights, to_level
 from trainers.optim import BadUpdateGuard
 from trainers.ppo import (
     PPOConfig,
@@ -266,6 +266,27 @@ def test_policy_loss_levels_and_masks():
     assert loss.item() == pytest.approx(-2.0 * 1.2)
     e, m = to_level(torch.ones(3, 2, 4), torch.tensor([[True, True], [True, False], [False, False]]), "chunk")
     assert e.flatten().tolist() == [8.0, 4.0, 0.0] and m.flatten().tolist() == [True, True, False]
+
+
+def test_target_kl_is_compared_per_chunk_step_at_every_level():
+    """``approx_kl_chunk`` (what the early stop reads) is k3 of each chunk's joint log-ratio over its
+    executed sub-steps, averaged over chunk-steps, whatever level the loss works at."""
+    old = torch.zeros(2, 2, 2)
+    new = torch.tensor([[[0.1, 0.2], [0.3, 9.0]], [[-0.1, 0.0], [0.0, 0.0]]])
+    valid = torch.tensor([[True, False], [True, True]])
+    k3 = [math.exp(x) - 1 - x for x in (0.3, -0.1)]  # chunk 0: 0.1 + 0.2 (sub-step 1 not run)
+    for level in ("element", "step", "chunk"):
+        _, stats = policy_loss(new, old, torch.ones(2, 1), valid, level, 0.2, 0.2)
+        assert stats["approx_kl_chunk"].item() == pytest.approx(sum(k3) / 2, rel=1e-5)
+    assert chunk_kl(new, old, valid, torch.tensor(4.0)).item() == pytest.approx(sum(k3) / 4, rel=1e-5)
+    weights = policy_loss_weights(old, valid, "element", 1)
+    assert weights["chunk"].item() == 2.0 and weights["level"].item() == 6.0
+    # K = 1: SB3's approx_kl over the sum of the action dimensions' log-ratios
+    lr = torch.tensor([[[0.2, -0.05]]])
+    _, stats = policy_loss(
+        lr, torch.zeros(1, 1, 2), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool), "chunk", 0.2, 0.2
+    )
+    assert stats["approx_kl_chunk"].item() == pytest.approx(stats["approx_kl"].item())
 
 
 def test_value_loss_mse_huber_and_clip():

@@ -137,7 +137,28 @@ def policy_loss_weights(
     share of the loss over every rank's minibatch."""
     old, mask, grid = _policy_masks(old_log_probs, valid, level, adv_width, weights)
     loss_shape = torch.broadcast_shapes(old.shape, (old.shape[0], adv_width, 1))
-    return {"grid": grid.expand(loss_shape).sum(), "level": mask.to(old.dtype).expand_as(old).sum()}
+    return {
+        "grid": grid.expand(loss_shape).sum(),
+        "level": mask.to(old.dtype).expand_as(old).sum(),
+        "chunk": valid.any(-1).to(old.dtype).sum(),
+    }
+
+
+def chunk_kl(
+    new_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    valid: torch.Tensor,
+    weight_sum: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The approximate KL (k3) to the collecting policy per chunk-step: of each chunk's joint
+    log-ratio (summed over its executed sub-steps and elements), averaged over the chunk-steps.
+    What ``target_kl`` is compared with, whatever the loss's level: per element, a 40-element
+    chunk's KL would be 40 times what the threshold says. For K = 1 it is SB3's ``approx_kl``."""
+    with torch.no_grad():
+        new, mask = to_level(new_log_probs, valid, "chunk")
+        old, _ = to_level(old_log_probs, valid, "chunk")
+        lr = (new - old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        return masked_mean(torch.exp(lr) - 1.0 - lr, mask, weight_sum)
 
 
 def policy_loss(
@@ -166,6 +187,7 @@ def policy_loss(
     loss, active = clipped_surrogate(log_ratio, advantages[..., None], clip_low, clip_high, dual_clip)
     grid = grid.to(loss.dtype)
     stats = ratio_stats(log_ratio, mask, clip_low, clip_high, sums.get("level"))
+    stats["approx_kl_chunk"] = chunk_kl(new_log_probs, old_log_probs, valid, sums.get("chunk"))
     stats["clip_active"] = masked_mean(active.to(loss.dtype).detach(), grid, sums.get("grid"))
     return masked_mean(loss, grid, sums.get("grid")), stats
 

@@ -98,8 +98,9 @@ class Minibatch:
         return distributed.evaluate(self.evaluator, *replays)
 
     def kl_exceeded(self, approx_kl: torch.Tensor) -> bool:
-        """The early stop (SB3's rule): whether the approximate KL to the collecting policy, this
-        rank's share summed over ranks, passes 1.5x ``target_kl``. The loss function then returns
+        """The early stop (SB3's rule): whether the approximate KL to the collecting policy per
+        chunk-step (``trainers.losses.chunk_kl``), this rank's share summed over ranks, passes 1.5x
+        ``target_kl``. The loss function then returns
         None and the update ends before this minibatch's step."""
         if self.target_kl is None:
             return False

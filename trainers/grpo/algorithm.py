@@ -11,9 +11,10 @@ caller can run them again), token-level loss averaging, no KL (``kl_beta`` 0; wi
 reference policy adds the k3 estimate of KL(pi || pi_ref)).
 
 Beyond DAPO: ``target_kl`` ends an update early once a minibatch's approximate KL to the
-collecting policy passes 1.5x it (SB3's rule), and self-imitation (``sil_coef``) adds the NLL of
-buffered chunk-steps of episodes that beat their group's mean (``trainers/self_imitation.py``);
-``pg_coef`` weighs the clipped policy-gradient loss (0: self-imitation alone).
+collecting policy, per chunk-step, passes 1.5x it (SB3's rule), and self-imitation (``sil_coef``)
+adds the NLL of buffered chunk-steps of episodes that beat their group's mean
+(``trainers/self_imitation.py``); ``pg_coef`` weighs the clipped policy-gradient loss (0:
+self-imitation alone).
 """
 
 from __future__ import annotations
@@ -44,9 +45,13 @@ from trainers.self_imitation import SuccessBuffer, imitation_nll
 
 @dataclass
 class GRPOConfig:
-    """GRPO/DAPO hyperparameters (defaults: RLinf / SimpleVLA-RL OpenVLA-OFT LIBERO settings)."""
+    """GRPO/DAPO hyperparameters (defaults: RLinf / SimpleVLA-RL OpenVLA-OFT LIBERO settings, except
+    ``group_size``)."""
 
-    group_size: int = 8
+    # rollouts per start; a rollout of N envs updates on N / group_size starts. 4 (RLinf and
+    # SimpleVLA-RL use 8, over 64+ envs): with 16 envs an update sees 4 starts, not 2, and moves
+    # the actions of starts outside the batch less blindly
+    group_size: int = 4
     std: Literal["unbiased", "population", "none"] = "unbiased"  # "none": mean only (Dr. GRPO)
     adv_eps: float = 1e-6
     clip_low: float = 0.2
@@ -74,7 +79,9 @@ class GRPOConfig:
     start_weighting: Literal["uniform", "informative"] = "uniform"
     n_epochs: int = 1
     batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
-    target_kl: float | None = None  # stop the update once a minibatch's approx_kl > 1.5 * target_kl (SB3)
+    # stop the update once a minibatch's approx KL per chunk-step (trainers.losses.chunk_kl, whatever
+    # log_prob_level is) passes 1.5 * target_kl (SB3's rule)
+    target_kl: float | None = None
     learning_rate: float = 2e-5
     weight_decay: float = 0.01
     max_grad_norm: float | None = 1.0
@@ -270,7 +277,7 @@ def grpo_update(
             weights_of(mb),
             weight_sums=counts or None,
         )
-        if batch.kl_exceeded(stats["approx_kl"]):
+        if batch.kl_exceeded(stats["approx_kl_chunk"]):
             return None
         loss = config.pg_coef * pg_loss
         kl = torch.zeros(())

@@ -47,7 +47,9 @@ class PPOConfig:
     learning_rate: float = 3e-4
     adam_eps: float = 1e-5
     max_grad_norm: float | None = 0.5
-    target_kl: float | None = None  # stop the epochs once approx_kl > 1.5 * target_kl (SB3)
+    # stop the epochs once the approx KL per chunk-step (trainers.losses.chunk_kl) > 1.5 * target_kl
+    # (SB3's rule and, for K = 1, SB3's approx_kl)
+    target_kl: float | None = None
     # linear: value * (fraction of the step budget left after this rollout), as SB3's "lin_" schedules
     lr_schedule: Literal["constant", "linear"] = "constant"
     clip_schedule: Literal["constant", "linear"] = "constant"
@@ -280,7 +282,7 @@ def ppo_update(
         )
         if out.value is None:
             raise ValueError("PPO needs policy.evaluate to return a value")
-        if batch.kl_exceeded(stats["approx_kl"]):
+        if batch.kl_exceeded(stats["approx_kl_chunk"]):
             return None
         v_loss = value_loss(
             out.value[..., :width],
