@@ -25,7 +25,8 @@ class TorsoPolicy(ActionChunkPolicy):
         ortho_init: SB3 init: orthogonal torso layers with gain sqrt(2), value output gain 1
             (subclasses init their action heads, 0.01 in SB3).
         torso_kwargs: extra ``make_torso`` arguments (image_channels, image_features,
-            instruction_dim, num_buckets, max_tokens).
+            instruction_dim, num_buckets, max_tokens, obs_norm: ``"off"``, ``"fixed"`` or
+            ``"running"`` standardisation of the vector observations, see ``make_torso``).
     """
 
     def __init__(
@@ -58,6 +59,20 @@ class TorsoPolicy(ActionChunkPolicy):
     @property
     def device(self) -> torch.device:
         return self.torso.device
+
+    @property
+    def obs_norm(self) -> str:
+        """How the vector observations are standardised: ``"off"``, ``"fixed"`` or ``"running"``."""
+        return self.torso.obs_norm
+
+    def obs_stats_count(self) -> int:
+        return self.torso.obs_stats_count()
+
+    def update_obs_stats(self, obs: Any) -> None:
+        """Merge a batch of observations into the normalisation statistics of every torso."""
+        for torso in (self.torso, self.critic_torso):
+            if torso is not None:
+                torso.update_obs_stats(obs)
 
     def _init_head(self, head: nn.Module, gain: float) -> None:
         if self.ortho_init:

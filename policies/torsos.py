@@ -55,15 +55,48 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
 
 
 # ---------------------------------------------------------------------------------- encoders
-class VectorEncoder(nn.Module):
-    """Flattens a float Box observation (no parameters)."""
+OBS_NORM_MODES = ("off", "running", "fixed")
+OBS_NORM_CLIP = 10.0  # normalised features are clipped to +-this (SB3's VecNormalize clip_obs)
 
-    def __init__(self, shape: Sequence[int]):
+
+class VectorEncoder(nn.Module):
+    """Flattens a float Box observation; with ``obs_norm`` also standardises it per feature,
+    ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)``, with statistics kept as buffers (saved with
+    the policy). They start as mean 0, var 1 (identity) and change only through ``update_stats``.
+    """
+
+    def __init__(self, shape: Sequence[int], obs_norm: bool = False):
         super().__init__()
         self.out_dim = int(np.prod(shape))
+        self.obs_norm = obs_norm
+        if obs_norm:
+            self.register_buffer("norm_mean", torch.zeros(self.out_dim, dtype=torch.float64))
+            self.register_buffer("norm_var", torch.ones(self.out_dim, dtype=torch.float64))
+            self.register_buffer("norm_count", torch.zeros((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(x.shape[0], -1).float()
+        x = x.reshape(x.shape[0], -1).float()
+        if not self.obs_norm:
+            return x
+        std = torch.sqrt(self.norm_var.float() + 1e-8)
+        return ((x - self.norm_mean.float()) / std).clamp(-OBS_NORM_CLIP, OBS_NORM_CLIP)
+
+    @torch.no_grad()
+    def update_stats(self, x: torch.Tensor) -> None:
+        """Merge a batch ``[B, ...]`` into the running mean and (population) variance (Chan et al.'s
+        parallel update, in float64); every row counts once, the first batch replaces the identity."""
+        if not self.obs_norm or x.shape[0] == 0:
+            return
+        x = x.reshape(x.shape[0], -1).to(self.norm_mean)
+        if not torch.isfinite(x).all():
+            raise ValueError("observation statistics: the batch holds NaN or infinite values")
+        n, mean, var = float(x.shape[0]), x.mean(0), x.var(0, unbiased=False)
+        total = self.norm_count + n
+        delta = mean - self.norm_mean
+        m2 = self.norm_var * self.norm_count + var * n + delta**2 * self.norm_count * n / total
+        self.norm_mean += delta * n / total
+        self.norm_var.copy_(m2 / total)
+        self.norm_count.copy_(total)
 
 
 class OneHotEncoder(nn.Module):
@@ -189,10 +222,16 @@ class Torso(nn.Module):
         self.trunk = mlp([in_dim, *hidden_sizes], activation) if hidden_sizes else nn.Identity()
         self.out_dim = int(hidden_sizes[-1]) if hidden_sizes else in_dim
         self.register_buffer("_device_probe", torch.empty(0), persistent=False)
+        self.obs_norm = "off"  # make_torso's mode: "off", "running" or "fixed"
 
     @property
     def device(self) -> torch.device:
         return self._device_probe.device
+
+    def obs_stats_count(self) -> int:
+        """Observations merged into the normalisation statistics so far (0 without ``obs_norm``)."""
+        counts = [int(e.norm_count) for e in self.encoders.values() if getattr(e, "obs_norm", False)]
+        return max(counts, default=0)
 
     def prepare(self, obs: Any) -> dict[str, torch.Tensor]:
         """Raw batch (numpy / torch / dict of those, instructions as strings) -> dict of tensors on
@@ -222,6 +261,18 @@ class Torso(nn.Module):
         parts = [self.encoders[k](prepared[k]) for k in self.kinds]
         return self.trunk(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])
 
+    def update_obs_stats(self, obs: Any) -> None:
+        """Merge a batch of observations (raw or prepared; only the vector parts are read, keys
+        absent are skipped) into the normalisation statistics (a no-op without ``obs_norm``)."""
+        if not self.is_dict and not isinstance(obs, Mapping):
+            obs = {"obs": obs}
+        for key, kind in self.kinds.items():
+            if kind == "vector" and key in obs:
+                x = torch.as_tensor(
+                    np.asarray(obs[key]) if not isinstance(obs[key], torch.Tensor) else obs[key]
+                )
+                self.encoders[key].update_stats(x.to(self.device, torch.float32))
+
 
 def _encoder_for(
     space: spaces.Space,
@@ -230,6 +281,7 @@ def _encoder_for(
     instruction_dim: int,
     num_buckets: int,
     max_tokens: int,
+    obs_norm: bool,
 ) -> tuple[nn.Module, str]:
     if isinstance(space, spaces.Text):
         return InstructionEmbedding(num_buckets, instruction_dim, max_tokens), "text"
@@ -240,7 +292,7 @@ def _encoder_for(
     if isinstance(space, spaces.Discrete):
         return OneHotEncoder(int(space.n), int(space.start)), "discrete"
     if isinstance(space, (spaces.Box, spaces.MultiBinary)):
-        return VectorEncoder(space.shape), "vector"
+        return VectorEncoder(space.shape, obs_norm), "vector"
     raise TypeError(f"no torso for observation space {space}")
 
 
@@ -253,19 +305,30 @@ def make_torso(
     instruction_dim: int = 32,
     num_buckets: int = 4096,
     max_tokens: int = 32,
+    obs_norm: str = "off",
 ) -> Torso:
     """Build the torso for a single-env observation space: a Box vector (MLP), a uint8 Box image
     (CNN + MLP), a Discrete (one-hot + MLP), a Text (hashed embedding + MLP), or a Dict of those
     (each part encoded, concatenated, then the MLP). One CNN per image key (``image``,
-    ``wrist_image`` ...)."""
-    args = (image_channels, image_features, instruction_dim, num_buckets, max_tokens)
+    ``wrist_image`` ...).
+
+    ``obs_norm``: standardise the vector parts (``VectorEncoder``): ``"fixed"`` with statistics set
+    once (``trainers.bc`` and SAC's prior data compute them from the demonstrations), ``"running"``
+    also updated by the RL trainers after each update; ``"off"`` (default) feeds them raw."""
+    if obs_norm not in OBS_NORM_MODES:
+        raise ValueError(f"obs_norm must be one of {OBS_NORM_MODES}, got {obs_norm!r}")
+    args = (image_channels, image_features, instruction_dim, num_buckets, max_tokens, obs_norm != "off")
     if isinstance(observation_space, spaces.Dict):
         encoders, kinds = {}, {}
         for key, sub in observation_space.spaces.items():
             encoders[key], kinds[key] = _encoder_for(sub, *args)
-        return Torso(encoders, kinds, hidden_sizes, activation, is_dict=True)
+        torso = Torso(encoders, kinds, hidden_sizes, activation, is_dict=True)
+        torso.obs_norm = obs_norm
+        return torso
     encoder, kind = _encoder_for(observation_space, *args)
-    return Torso({"obs": encoder}, {"obs": kind}, hidden_sizes, activation, is_dict=False)
+    torso = Torso({"obs": encoder}, {"obs": kind}, hidden_sizes, activation, is_dict=False)
+    torso.obs_norm = obs_norm
+    return torso
 
 
 # ---------------------------------------------------------------------------------- replay helpers

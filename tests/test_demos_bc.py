@@ -123,6 +123,36 @@ def test_imitation_loss_falls_for_each_box_policy(cls, kwargs):
         assert (act - actions).abs().mean() < 0.25
 
 
+def test_bc_sets_fixed_obs_norm_statistics_from_the_demos(tmp_path):
+    """``obs_norm="fixed"``: behaviour cloning standardises the vector observations by the demos'
+    statistics (every chunk start of the training episodes), saved with the clone."""
+    if "SacCounting-v0" not in gym.registry:
+        gym.register("SacCounting-v0", vector_entry_point="counting_env:CountingVectorEnv")
+    eps = []
+    for goal in (3, 5):
+        pos = np.arange(goal, dtype=np.float32)
+        eps.append(Episode(
+            obs={"image": np.zeros((goal, 2, 2, 3), np.uint8),
+                 "proprio": np.stack([pos * 10, np.full(goal, goal)], 1).astype(np.float32)},
+            actions=np.ones((goal, 1, 2), np.float32), valid=np.ones((goal, 1), bool),
+            rewards=np.zeros((goal, 1), np.float32), instruction="walk", success=True,
+        ))  # fmt: skip
+    meta = {"env": "SacCounting-v0", "chunk_size": 1, "action_dim": 2}
+    path = write_demos(tmp_path / "demos.h5", eps, meta)
+    kwargs = {"hidden_sizes": [8], "torso_kwargs": {"obs_norm": "fixed"}}
+    bc.main(
+        ["--demos", str(path), "--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 1}',
+         "--num-envs", "1", "--policy", "gaussian", "--policy-kwargs", json.dumps(kwargs), "--epochs", "2",
+         "--val-fraction", "0", "--eval-every", "-1", "--run-dir", str(tmp_path / "bc"),
+         "--no-progress", "--no-tensorboard", "--no-video"]
+    )  # fmt: skip
+    state = latest_checkpoint(tmp_path / "bc")[1]["policy"]["state_dict"]
+    proprio = np.concatenate([ep.obs["proprio"] for ep in eps]).astype(np.float64)
+    assert int(state["torso.encoders.proprio.norm_count"]) == 8
+    np.testing.assert_allclose(state["torso.encoders.proprio.norm_mean"].numpy(), proprio.mean(0))
+    np.testing.assert_allclose(state["torso.encoders.proprio.norm_var"].numpy(), proprio.var(0))
+
+
 def test_categorical_imitation_loss_and_bad_actions():
     policy = CategoricalPolicy(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3, start=1))
     obs = torch.randn(4, 2)

@@ -272,6 +272,39 @@ def test_instruction_batch_tokenizes_each_row():
     assert bag.tokenize("open it").tolist() == ids[1:2].tolist()
 
 
+def test_obs_norm_merges_batches_and_standardises_every_torso():
+    policy = GaussianPolicy(VEC_SPACE, CHUNK_BOX, torso_kwargs={"obs_norm": "running"})
+    assert policy.obs_norm == "running" and policy.obs_stats_count() == 0
+    obs = _obs(VEC_SPACE, n=4)
+    before = policy.act(obs, deterministic=True).actions  # identity statistics: raw features
+    x1, x2 = torch.randn(7, 5) * 3 + 2, torch.randn(11, 5)
+    policy.update_obs_stats(x1)
+    policy.update_obs_stats(x2.numpy())
+    both = torch.cat([x1, x2]).double()
+    for torso in (policy.torso, policy.critic_torso):
+        encoder = torso.encoders["obs"]
+        torch.testing.assert_close(encoder.norm_mean, both.mean(0))
+        torch.testing.assert_close(encoder.norm_var, both.var(0, unbiased=False))
+        assert int(encoder.norm_count) == 18
+        x = torch.randn(3, 5) * 100
+        expected = ((x - both.mean(0)) / torch.sqrt(both.var(0, unbiased=False) + 1e-8)).clamp(-10, 10)
+        torch.testing.assert_close(encoder(x), expected.float())
+    after = policy.act(obs, deterministic=True).actions
+    assert not torch.allclose(before, after)
+    reloaded = GaussianPolicy(VEC_SPACE, CHUNK_BOX, torso_kwargs={"obs_norm": "fixed"})
+    reloaded.load_state_dict(policy.state_dict())  # statistics are saved with the policy
+    torch.testing.assert_close(reloaded.act(obs, deterministic=True).actions, after)
+    plain = GaussianPolicy(VEC_SPACE, CHUNK_BOX)
+    assert plain.obs_norm == "off" and not any("norm_" in k for k in plain.state_dict())
+    plain.update_obs_stats(x1)  # a no-op
+    assert plain.obs_stats_count() == 0
+    with pytest.raises(ValueError, match="obs_norm must be one of"):
+        GaussianPolicy(VEC_SPACE, CHUNK_BOX, torso_kwargs={"obs_norm": "yes"})
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        policy.update_obs_stats(torch.full((2, 5), float("nan")))
+    assert int(policy.torso.encoders["obs"].norm_count) == 18  # a refused batch changes nothing
+
+
 def test_replay_round_trips_the_prepared_observation():
     policy = GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs=TORSO)
     out = policy.act(_obs(DICT_SPACE))

@@ -166,6 +166,18 @@ def test_ppo_command_line_learns_logs_and_checkpoints(tmp_path):
     assert final["eval/return"] > max(100.0, 3 * first), (first, final["eval/return"])
 
 
+def test_ppo_running_obs_norm_counts_every_executed_step(tmp_path):
+    """``obs_norm="running"``: after each update the rollout's observations join the statistics of
+    the actor and the critic torso, and the run's checkpoint holds them."""
+    kwargs = '{"torso_kwargs": {"obs_norm": "running"}}'
+    args = _ppo_args(tmp_path, "--total-steps", "1024", "--eval-every", "-1", "--policy-kwargs", kwargs)
+    ppo_train.main(args)
+    state = ckpt.latest_checkpoint(tmp_path / "run")[1]["policy"]["state_dict"]
+    counts = {k: int(v) for k, v in state.items() if k.endswith("norm_count")}
+    assert counts == {"torso.encoders.obs.norm_count": 1024, "critic_torso.encoders.obs.norm_count": 1024}
+    assert state["torso.encoders.obs.norm_var"].gt(0).all()
+
+
 def test_ppo_resume_restores_weights_optimizer_rng_and_counters(tmp_path):
     args = _ppo_args(tmp_path, "--total-steps", "2048", "--checkpoint-every", "2", "--eval-every", "-1")
     ppo_train.main(args)

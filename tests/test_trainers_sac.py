@@ -3,6 +3,7 @@ prior data, exact resume, learning on Pendulum, and what it refuses."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import gymnasium as gym
@@ -208,17 +209,19 @@ if "SacReach-v0" not in gym.registry:
     gym.register("SacReach-v0", entry_point=Reach)
 
 
-def _reach_args(run_dir, *extra):
+def _reach_args(run_dir, *extra, obs_norm="off"):
+    policy = {"hidden_sizes": [32, 32], "torso_kwargs": {"obs_norm": obs_norm}}
     return [
         "--env", "SacReach-v0", "--num-envs", "2", "--total-steps", "120", "--steps-per-iteration", "10",
         "--learning-starts", "30", "--batch-size", "32", "--gradient-steps", "2", "--n-step", "2",
         "--checkpoint-every", "2", "--eval-every", "-1", "--run-dir", str(run_dir),
-        "--policy-kwargs", '{"hidden_sizes": [32, 32]}', "--critic-hidden-sizes", "[32, 32]", *FAST, *extra,
+        "--policy-kwargs", json.dumps(policy), "--critic-hidden-sizes", "[32, 32]", *FAST, *extra,
     ]  # fmt: skip
 
 
-def test_sac_killed_run_resumes_exactly(tmp_path, monkeypatch):
-    sac_train.main(_reach_args(tmp_path / "straight"))
+@pytest.mark.parametrize("obs_norm", ["off", "running"])
+def test_sac_killed_run_resumes_exactly(tmp_path, monkeypatch, obs_norm):
+    sac_train.main(_reach_args(tmp_path / "straight", obs_norm=obs_norm))
     straight = ckpt.latest_checkpoint(tmp_path / "straight")[1]
     assert straight["counters"]["iteration"] == 6 and straight["extra"]["updates"] == 90
     real, calls = sac_train.sac_update, []
@@ -231,7 +234,7 @@ def test_sac_killed_run_resumes_exactly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sac_train, "sac_update", dying)
     with pytest.raises(KeyboardInterrupt):
-        sac_train.main(_reach_args(tmp_path / "killed"))
+        sac_train.main(_reach_args(tmp_path / "killed", obs_norm=obs_norm))
     assert ckpt.latest_checkpoint(tmp_path / "killed")[0].name == "iter_000004.pt"
     monkeypatch.setattr(sac_train, "sac_update", real)
     sac_train.main(["--resume", str(tmp_path / "killed"), *FAST])
@@ -245,6 +248,8 @@ def test_sac_killed_run_resumes_exactly(tmp_path, monkeypatch):
             assert torch.equal(value, b[key]), key
     for key in ("actions", "rewards", "discounts"):
         assert torch.equal(straight["extra"]["buffer"][key], resumed["extra"]["buffer"][key])
+    counts = [v for k, v in resumed["policy"]["state_dict"].items() if k.endswith("norm_count")]
+    assert (counts == []) == (obs_norm == "off") and all(c > 50 for c in counts)  # compared above
     rows = read_metrics(tmp_path / "killed")
     assert [r["iteration"] for r in rows if "train/critic_loss" in r] == [2, 3, 4, 5, 6]
 
@@ -330,6 +335,21 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
          "--run-dir", str(tmp_path / "second"), *FAST]
     )  # fmt: skip
     assert math.isfinite(final["train/critic_loss"])
+    # obs_norm "fixed": actor and critics standardise by the prior data's statistics, set once
+    policy = {"hidden_sizes": [16], "torso_kwargs": {"obs_norm": "fixed"}}
+    sac_train.main(
+        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
+         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
+         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", json.dumps(policy),
+         "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "fixed"), *FAST]
+    )  # fmt: skip
+    data = ckpt.latest_checkpoint(tmp_path / "fixed")[1]
+    prior_proprio = data["policy"]["state_dict"]["torso.encoders.proprio.norm_mean"]
+    for state in (data["policy"]["state_dict"], data["extra"]["learner"]):
+        counts = [int(v) for k, v in state.items() if k.endswith("proprio.norm_count")]
+        assert counts and set(counts) == {7}  # the prior rows: a chunk starts at every demo step, 3 + 4
+        means = [v for k, v in state.items() if k.endswith("proprio.norm_mean")]
+        assert all(torch.equal(m, prior_proprio) for m in means)
 
 
 # ---------------------------------------------------------------------- bad input

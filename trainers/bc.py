@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(run_cfg.seed)
     run.restore(policy, optimizer, {"bc": generator})
+    if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
+        policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
     images = [  # keys to augment
         key
         for key, v in train["obs"].items()

@@ -30,6 +30,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunk, ActionChunkPolicy
+from policies.torsos import OBS_PREFIX
+from trainers import distributed
 from trainers.env_contract import chunk_detail, chunk_size, episode_stats
 
 Bootstrap = Literal["truncated", "done", "none"]
@@ -91,6 +93,23 @@ class Rollout:
     @property
     def dones(self) -> torch.Tensor:
         return self.terminated | self.truncated
+
+
+def update_running_obs_stats(policy: ActionChunkPolicy, rollout: Rollout) -> None:
+    """Observation normalisation of a policy built with ``obs_norm="running"``: merge the vector
+    observations of the rollout's executed chunk-steps (every rank's) into its statistics. Called
+    after the update that used the rollout, so acting and re-evaluating it saw the same ones."""
+    if getattr(policy, "obs_norm", "off") != "running":
+        return
+    rows = rollout.valid.any(-1).reshape(-1)
+    obs = {
+        key[len(OBS_PREFIX) :]: distributed.all_gather_cat(
+            value.reshape(-1, *value.shape[2:])[rows.to(value.device)]
+        )
+        for key, value in rollout.replay.items()
+        if key.startswith(OBS_PREFIX) and value.is_floating_point()
+    }
+    policy.update_obs_stats(obs)
 
 
 def env_name(env: gym.vector.VectorEnv) -> str:

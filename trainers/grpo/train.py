@@ -31,7 +31,7 @@ from trainers.config import parse_cli
 from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer, shuffle_scores
 from trainers.grpo.groups import GroupStarts, keep_groups, select_envs
 from trainers.optim import BadUpdateGuard
-from trainers.rollout import Collector, Rollout
+from trainers.rollout import Collector, Rollout, update_running_obs_stats
 from trainers.run import Run, RunConfig
 from trainers.self_imitation import SuccessBuffer
 
@@ -145,6 +145,7 @@ def train(
                 sil=sil,
                 evaluator=evaluator,
             )
+            update_running_obs_stats(policy, batch)
             run.extra = {"starts": starts.state_dict()}  # checkpointed with the run
             if ref_policy is not None:
                 run.extra["ref_policy"] = ref_policy.state_dict()

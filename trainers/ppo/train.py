@@ -27,7 +27,7 @@ from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.ppo.algorithm import PPOConfig, make_optimizer, ppo_update
-from trainers.rollout import Collector
+from trainers.rollout import Collector, update_running_obs_stats
 from trainers.run import Run, RunConfig
 
 RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
@@ -74,6 +74,7 @@ def train(
                 evaluator=evaluator,
             )
             metrics.update({"learning_rate": step_config.learning_rate, "clip_range": step_config.clip_high})
+            update_running_obs_stats(policy, rollout)
             run.end_iteration(env_steps, rollout.episodes, {f"train/{k}": v for k, v in metrics.items()})
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()

@@ -95,10 +95,17 @@ class SACConfig:
 class Learner(nn.Module):
     """What SAC trains besides the actor: the critics, their targets and the temperature.
 
-    Actions reach the critics in normalised units: ``(a - center) / scale`` on a bounded Box.
+    Actions reach the critics in normalised units: ``(a - center) / scale`` on a bounded Box;
+    observations standardised as the actor's are (``obs_norm``, ``policies.torsos.make_torso``).
     """
 
-    def __init__(self, observation_space: spaces.Space, action_space: spaces.Box, config: SACConfig) -> None:
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        config: SACConfig,
+        obs_norm: str = "off",
+    ) -> None:
         super().__init__()
         low, high = box_bounds(action_space)
         bounded = torch.isfinite(low).all() and torch.isfinite(high).all()
@@ -111,9 +118,15 @@ class Learner(nn.Module):
             config.critic_hidden_sizes,
             config.critic_activation,
             config.critic_layer_norm,
+            torso_kwargs={"obs_norm": obs_norm},
         )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.init_alpha)))
+
+    def update_obs_stats(self, obs: Any) -> None:
+        """Merge observations into the critics' (and their targets') normalisation statistics."""
+        self.critic.encoder.update_obs_stats(obs)
+        self.critic_target.encoder.update_obs_stats(obs)
 
     def q(self, obs: Any, actions: torch.Tensor, target: bool = False) -> torch.Tensor:
         """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]``."""

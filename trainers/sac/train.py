@@ -91,7 +91,8 @@ def train(
                 "DSRL's critics score the noise fed to the frozen policy; prior data holds env actions "
                 "(drop --prior-data, or clone the flow policy on the demos with trainers.bc)"
             )
-        learner = Learner(env.single_observation_space, sac_space, config).to(run.device)
+        obs_norm = getattr(policy, "obs_norm", "off")  # the critics standardise as the actor does
+        learner = Learner(env.single_observation_space, sac_space, config, obs_norm).to(run.device)
         optimizer = make_optimizer(policy, learner, config)
         prior = None
         if config.prior_data:  # read and checked before any env step
@@ -107,6 +108,10 @@ def train(
             learner.load_state_dict(extra["learner"])
             buffer.load_state_dict(extra["buffer"])
             updates = int(extra["updates"])
+        if obs_norm != "off" and prior is not None and updates == 0 and policy.obs_stats_count() == 0:
+            prior_obs = {k: v[: len(prior)] for k, v in prior.obs.items() if k not in prior.text}
+            policy.update_obs_stats(prior_obs)  # standardised by the demonstrations' statistics
+            learner.update_obs_stats(prior_obs)
         target_entropy = config.target_entropy
         if target_entropy is None:  # minus the number of sampled elements per chunk (SB3: -dim(A))
             sampled = policy.chunk_size * policy.log_prob_dim if sac_space is space else sac_space.shape
@@ -147,7 +152,13 @@ def train(
             for _ in range(config.steps_per_iteration):
                 collector.policy = policy if len(buffer) >= config.learning_starts else acting
                 rollout = collector.collect(1, record_obs=True)
-                buffer.add(_transitions(rollout, collector.obs, writer))
+                rows = _transitions(rollout, collector.obs, writer)
+                buffer.add(rows)
+                if obs_norm == "running" and rows:
+                    keys = [k for k in rows[0].obs if k not in buffer.text]
+                    new_obs = {k: np.stack([t.obs[k] for t in rows]) for k in keys}
+                    policy.update_obs_stats(new_obs)
+                    learner.update_obs_stats(new_obs)
                 env_steps += int(rollout.valid.sum())
                 episodes += rollout.episodes
                 if len(buffer) >= config.learning_starts:
