@@ -10,7 +10,9 @@
 
 Every trained policy is scored by the same evaluator: 10 deterministic episodes on a fresh env,
 reset seeds 10000..10009. Time is the wall-clock of building and training (no evaluation, no
-TensorBoard, one checkpoint at the end for ours). Both libraries run with one torch thread.
+TensorBoard, one checkpoint at the end for ours), and the process's CPU time over the same span:
+both libraries run with one torch thread, so CPU time is the cost without the wait for other
+processes on a shared machine (the ratio to trust there).
 
     python -m benchmarks.trainer_vs_sb3 [--tasks cartpole pendulum grpo sac sac-mujoco] [--seeds 0 1 2]
     python -m benchmarks.trainer_vs_sb3 --tasks sac --seeds 0 --no-sb3   # ours alone
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -91,11 +94,11 @@ def run_ours(task: Task, seed: int, out: Path) -> dict[str, Any]:
     run = RunConfig(env=task.env, num_envs=task.num_envs, total_steps=task.steps, seed=seed,
                     run_dir=str(out), eval_every=-1, checkpoint_every=0, keep_checkpoints=1,
                     tensorboard=False, video=False, progress=False)  # fmt: skip
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with contextlib.redirect_stdout(io.StringIO()):  # the run's own summary table
         config_cls, trainer = TRAINERS[task.algo]
         trainer.train(run, config_cls(**task.hparams))
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     env = gym.make(task.env)
     policy = load_policy(out, env.observation_space, env.action_space)
     space = env.action_space
@@ -113,7 +116,8 @@ def run_ours(task: Task, seed: int, out: Path) -> dict[str, Any]:
     rows = read_metrics(out)
     steps = int(rows[-1]["step"])
     curve = [(r["step"], r["env/return"]) for r in rows if "env/return" in r]
-    return {"seconds": seconds, "return": mean_return(act, task.env), "steps": steps, "curve": curve}
+    return {"seconds": seconds, "cpu_seconds": cpu, "return": mean_return(act, task.env), "steps": steps,
+            "curve": curve}  # fmt: skip
 
 
 def run_sb3(task: Task, seed: int) -> dict[str, Any]:
@@ -125,25 +129,26 @@ def run_sb3(task: Task, seed: int) -> dict[str, Any]:
         hp["learning_rate"] = lambda progress, lr=hp["learning_rate"]: progress * lr
     if task.hparams.get("clip_schedule") == "linear":
         hp["clip_range"] = lambda progress: progress * 0.2
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     env = make_vec_env(task.env, n_envs=task.num_envs, seed=seed)
     model = (SAC if task.algo == "sac" else PPO)("MlpPolicy", env, seed=seed, device="cpu", **hp)
     model.learn(task.steps)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     ret = mean_return(lambda obs: model.predict(obs, deterministic=True)[0], task.env)
-    return {"seconds": seconds, "return": ret, "steps": int(model.num_timesteps)}
+    return {"seconds": seconds, "cpu_seconds": cpu, "return": ret, "steps": int(model.num_timesteps)}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'task':<10} {'trainer':<8} {'seed':>4} {'env steps':>10} {'time (s)':>9} "
+        f"{'task':<10} {'trainer':<8} {'seed':>4} {'env steps':>10} {'time (s)':>9} {'CPU (s)':>8} "
         f"{'eval return':>12} {'target':>7}  ok"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         ok = "yes" if r["return"] >= r["target"] else "NO"
         lines.append(f"{r['task']:<10} {r['trainer']:<8} {r['seed']:>4} {r['steps']:>10} "
-                     f"{r['seconds']:>9.1f} {r['return']:>12.1f} {r['target']:>7.0f}  {ok}")  # fmt: skip
+                     f"{r['seconds']:>9.1f} {r.get('cpu_seconds', math.nan):>8.1f} {r['return']:>12.1f} "
+                     f"{r['target']:>7.0f}  {ok}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -151,7 +156,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
     lines = [
         "",
         f"{'task':<10} {'trainer':<8} {'mean return':>12} {'min':>7} {'mean time (s)':>14} "
-        f"{'time / SB3':>11}",
+        f"{'time / SB3':>11} {'CPU / SB3':>10}",
     ]
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
@@ -160,8 +165,15 @@ def summary(rows: list[dict[str, Any]]) -> str:
             sel = [r for r in mine if r["trainer"] == trainer]
             t = float(np.mean([r["seconds"] for r in sel]))
             ratio = t / float(np.mean([r["seconds"] for r in sb3])) if sb3 else float("nan")
+            cpu = [r.get("cpu_seconds", math.nan) for r in sel]
+            cpu_ratio = (
+                float(np.mean(cpu)) / float(np.mean([r.get("cpu_seconds", math.nan) for r in sb3]))
+                if sb3
+                else math.nan
+            )
             lines.append(f"{task:<10} {trainer:<8} {np.mean([r['return'] for r in sel]):>12.1f} "
-                         f"{min(r['return'] for r in sel):>7.1f} {t:>14.1f} {ratio:>11.2f}")  # fmt: skip
+                         f"{min(r['return'] for r in sel):>7.1f} {t:>14.1f} {ratio:>11.2f} "
+                         f"{cpu_ratio:>10.2f}")  # fmt: skip
     return "\n".join(lines)
 
 
