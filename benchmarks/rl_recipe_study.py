@@ -10,18 +10,30 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe sac-rlpd-weak --seeds 0 1 2 --placebo
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
-without in-run evaluation; then the final policy plays every held-out (task, init state) pair of the
-recipe's evaluation env once, deterministically, rendering off. Each starting policy (the recipe's
-``init_policy``, or a variant's own) is evaluated once on the same pairs and kept in
+without in-run held-out evaluation; then the final policy plays every held-out (task, init state)
+pair of the recipe's evaluation env once, deterministically, rendering off. Each starting policy (the
+recipe's ``init_policy``, or a variant's own) is evaluated once on the same pairs and kept in
 ``before-<name>.json`` (its deterministic actions are the starting point; a residual policy starts at
-exactly its base's). One table: training budget and wall clock, sampled success
-during training (mean over the first and the last quarter of the iterations), held-out success
-before and after with 95% Wilson intervals, and the exact McNemar test on the pairs whose outcome
-changed. Plus ``learning_curves.png`` (sampled success per iteration, a moving mean over 5) and
-``rl_recipe_study.json``. ``--curve-every N`` also has the run evaluate every held-out pair every N
-iterations (``held_out_curves.png``; the train minutes then include those evaluations). A finished
-(variant, seed) keeps its ``result.json`` under ``--out`` and is reused when the study runs again
-(``--fresh`` retrains); ``--report`` trains nothing and tabulates every finished run under ``--out``.
+exactly its base's).
+
+Sampled success on a fixed set of training starts: every task of the training env x the training
+init states ``--sampled-init-states`` (default 0 and 1: 20 pairs on LIBERO-Spatial), one episode
+each with sampled (not deterministic) actions, played by the run itself before training, every
+``--sampled-every`` iterations and at the end (a second ``trainers.callbacks.Evaluation``, in the
+run's ``sampled_episodes.jsonl``; its sampling has a stream of its own, so the run trains as it
+would without it, and every evaluation of a run draws the same noise). The same starts at every
+point, unlike the training episodes, whose starts change every iteration. The train minutes
+include these evaluations.
+
+One table: training budget and wall clock, the sampled success on the fixed training starts before
+-> after training, held-out success before and after with 95% Wilson intervals, and the exact
+McNemar test on the pairs whose outcome changed. Plus ``learning_curves.png`` (the sampled success on
+the fixed training starts against env steps) and ``rl_recipe_study.json`` (with each iteration's
+training-episode success too). ``--curve-every N`` also has the run evaluate every held-out pair
+every N iterations (``held_out_curves.png``; the train minutes then include those evaluations). A
+finished (variant, seed) keeps its ``result.json`` under ``--out`` and is reused when the study runs
+again (``--fresh`` retrains; so does a result without the sampled curve on the same fixed starts);
+``--report`` trains nothing and tabulates every finished run under ``--out``.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from trainers.metrics import mcnemar_p, wilson_interval
 _EXPLORE = {"log_std_bounds": [-20.0, -1.5], "noise_dims": [0, 1, 2, 5, 6]}  # rotations held still
 _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coef": 0.0}
 WEAK_CLONE = "checkpoints/bc_libero_spatial_state_weak.pt"  # see checkpoints/README.md
+SAMPLED = "sampled"  # the runs' evaluation of the fixed training starts: sampled_episodes.jsonl
 # SAC from prior data: configs/libero_spatial_sac.json (its prior data, 400 expert episodes from the
 # training starts only, is made by python -m trainers.demos --config configs/libero_spatial_demos.json)
 SAC_RECIPE = json.loads(
@@ -140,12 +153,17 @@ def train_variant(
     algo_settings: dict[str, Any],
     run_dir: Path,
     held_out: tuple[dict[str, Any], int, int] | None = None,
+    sampled: tuple[dict[str, Any], int, int] | None = None,
 ) -> float:
     """Train one variant into ``run_dir``; returns the wall-clock seconds (evaluations included).
 
     ``held_out = (env kwargs, pairs, every)``: the run itself evaluates every held-out pair every
     ``every`` iterations and at the end (a held-out learning curve, in ``eval_episodes.jsonl``);
-    otherwise it does not evaluate."""
+    otherwise it does not evaluate them. ``sampled = (training env kwargs, every, envs)``: the run
+    also plays every start of the training env made with those kwargs (the fixed training starts)
+    once, with sampled actions, before training, every ``every`` iterations and at the end, on
+    ``envs`` envs (``sampled_episodes.jsonl``)."""
+    from trainers.callbacks import Evaluation
     from trainers.grpo.algorithm import GRPOConfig
     from trainers.grpo.train import train as train_grpo
     from trainers.ppo.algorithm import PPOConfig
@@ -169,13 +187,28 @@ def train_variant(
             "resume": None,
         }
     )
+    callbacks = []
+    if sampled is not None:
+        kwargs, every, envs = sampled
+        callbacks.append(
+            Evaluation(
+                SAMPLED,
+                every=every,
+                at_start=True,
+                episodes="all",
+                num_envs=envs,
+                video=False,
+                train_env_kwargs=kwargs,
+                deterministic=False,
+            )
+        )
     t0 = time.perf_counter()
     if algo == "grpo":
-        train_grpo(config, GRPOConfig(**algo_settings))
+        train_grpo(config, GRPOConfig(**algo_settings), callbacks)
     elif algo == "ppo":
-        train_ppo(config, PPOConfig(**algo_settings))
+        train_ppo(config, PPOConfig(**algo_settings), callbacks)
     elif algo == "sac":
-        train_sac(config, SACConfig(**algo_settings))
+        train_sac(config, SACConfig(**algo_settings), callbacks)
     else:
         raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo' or 'sac'")
     return time.perf_counter() - t0
@@ -230,15 +263,25 @@ def held_out_before(out: Path, start: str, env_id: str, env_kwargs: dict, num_en
     return before
 
 
-def held_out_curve(run_dir: Path) -> dict[int, list[dict]]:
-    """The run's own held-out evaluations: env step -> episodes (frame, task, success)."""
+def held_out_curve(run_dir: Path, name: str = "eval") -> dict[int, list[dict]]:
+    """The run's own evaluations (``name``: the held-out ones; ``SAMPLED``: the fixed training
+    starts with sampled actions): env step -> episodes (frame, task, success)."""
     by_step: dict[int, list[dict]] = {}
-    for line in (run_dir / "eval_episodes.jsonl").read_text().splitlines():
+    for line in (run_dir / f"{name}_episodes.jsonl").read_text().splitlines():
         ep = json.loads(line)
         by_step.setdefault(int(ep["env_step"]), []).append(
             {"frame": ep["frame"], "task": ep["task"], "success": bool(ep["success"])}
         )
     return by_step
+
+
+def success_curve(evals: dict[int, list[dict]]) -> dict[str, list]:
+    """Env steps and success rates of a run's evaluations (``held_out_curve``), in step order."""
+    steps = sorted(evals)
+    return {
+        "env_steps": steps,
+        "success": [sum(ep["success"] for ep in evals[s]) / len(evals[s]) for s in steps],
+    }
 
 
 def sampled_success(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -252,12 +295,13 @@ def sampled_success(run_dir: Path) -> tuple[list[float], list[float]]:
     return steps, success
 
 
-def quarter_means(values: list[float]) -> tuple[float, float]:
-    """Mean of the first and of the last quarter (at least one value each)."""
-    if not values:
-        return float("nan"), float("nan")
-    q = max(1, len(values) // 4)
-    return sum(values[:q]) / q, sum(values[-q:]) / q
+def fixed_starts_cell(r: dict[str, Any]) -> str:
+    """A result's sampled success on the fixed training starts, before -> after training ("n/a":
+    a result from before the study measured it)."""
+    curve = r.get("sampled_curve") or {}
+    if not curve.get("success"):
+        return "n/a"
+    return f"{curve['success'][0]:.2f} -> {curve['success'][-1]:.2f}"
 
 
 def rate(episodes: list[dict]) -> dict[str, Any]:
@@ -277,13 +321,6 @@ def cell(r: dict[str, Any]) -> str:
     return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
 
 
-def moving_mean(values: list[float], width: int = 5) -> list[float]:
-    return [
-        sum(values[max(0, i - width + 1) : i + 1]) / (i + 1 - max(0, i - width + 1))
-        for i in range(len(values))
-    ]
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="configs/libero_spatial_grpo.json")
@@ -295,6 +332,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--eval-envs", type=int, default=4)
     parser.add_argument(
         "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
+    )
+    parser.add_argument(
+        "--sampled-init-states",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="training init states whose (task, init state) pairs, every task, are the fixed training "
+        "starts played with sampled actions (default: 0 1)",
+    )
+    parser.add_argument(
+        "--sampled-every",
+        type=int,
+        default=5,
+        help="play the fixed training starts every N iterations, and before and after training "
+        "(0: before and after only; -1: never)",
     )
     parser.add_argument(
         "--placebo", action="store_true", help="also run each variant with its scores shuffled (a control)"
@@ -326,6 +378,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train_states = set(base_run["env_kwargs"].get("init_states", []))
     if not train_states or set(eval_kwargs.get("init_states", [])) & train_states:
         parser.error("the held-out init states must be set and disjoint from the training ones")
+    fixed_states = sorted(set(args.sampled_init_states))
+    if not set(fixed_states) <= train_states:
+        parser.error(f"--sampled-init-states {fixed_states} must be training init states")
     env_id = base_run["env"].split(":")[-1]
     out = Path(args.out)
 
@@ -351,26 +406,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             algo, run, algo_settings = recipe_variant(recipe, variants[name])
             run.update(seed=seed, total_steps=args.steps or run["total_steps"])
             if result_file.exists() and not args.fresh:
-                if ran_with(run_dir, algo, run, algo_settings):
-                    results.append(json.loads(result_file.read_text()))
+                found = json.loads(result_file.read_text())
+                same_starts = (found.get("sampled_curve") or {}).get("init_states") == fixed_states
+                if ran_with(run_dir, algo, run, algo_settings) and (same_starts or args.sampled_every < 0):
+                    results.append(found)
                     continue
-                print(f"{run_dir} was trained with other settings: training it again")
+                why = "other settings" if same_starts else "no sampled curve on these fixed starts"
+                print(f"{run_dir} was trained with {why}: training it again")
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
             before = before_of(run["init_policy"])
+            sampled = None
+            if args.sampled_every >= 0:  # the training env's tasks x the fixed init states
+                fixed_kwargs = {**run["env_kwargs"], "init_states": fixed_states}
+                sampled = (fixed_kwargs, args.sampled_every, args.eval_envs)
             curve: dict[str, list] = {"env_steps": [], "success": []}
             if args.curve_every > 0:
                 run["eval_num_envs"] = args.eval_envs
                 pairs = len(before["episodes"])
                 held_out = ({**eval_kwargs, "cameras": []}, pairs, args.curve_every)
-                wall = train_variant(algo, run, algo_settings, run_dir, held_out)
+                wall = train_variant(algo, run, algo_settings, run_dir, held_out, sampled)
                 evals = held_out_curve(run_dir)
-                for step, episodes in sorted(evals.items()):
-                    curve["env_steps"].append(step)
-                    curve["success"].append(sum(ep["success"] for ep in episodes) / len(episodes))
+                curve = success_curve(evals)
                 after = evals[max(evals)]
             else:
-                wall = train_variant(algo, run, algo_settings, run_dir)
+                wall = train_variant(algo, run, algo_settings, run_dir, sampled=sampled)
                 after = evaluate_held_out(run_dir, env_id, eval_kwargs, args.eval_envs)
+            sampled_curve = None
+            if sampled is not None:
+                evals = held_out_curve(run_dir, SAMPLED)
+                sampled_curve = {
+                    **success_curve(evals),
+                    "init_states": fixed_states,
+                    "pairs": len(evals[min(evals)]),
+                    "every": args.sampled_every,
+                }
             _, data = latest_checkpoint(run_dir)
             steps, success = sampled_success(run_dir)
             result = {
@@ -382,38 +451,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "changes": {k: v for k, v in variants[name].items() if k != "about"},
                 "env_steps": data["counters"]["env_steps"],
                 "train_wall_s": wall,
-                "curve": {"env_steps": steps, "sampled_success": success},
+                "curve": {"env_steps": steps, "sampled_success": success},  # training episodes
+                "sampled_curve": sampled_curve,  # the fixed training starts, sampled actions
                 "held_out_curve": curve,
                 "after": after,
             }
             write_json(result_file, result)
             results.append(result)
 
-    header = ["variant", "seed", "start", "env steps", "train min", "sampled first->last", "held-out before",
-              "held-out after", "change", "+/- pairs", "McNemar p"]  # fmt: skip
+    header = ["variant", "seed", "start", "env steps", "train min",
+              "sampled success, fixed train starts: before->after", "held-out before", "held-out after",
+              "change", "+/- pairs", "McNemar p"]  # fmt: skip
     rows, series = [], {}
     for r in results:
         start = r.setdefault("start", base_run["init_policy"])  # results written before "start" was kept
         before = before_of(start)
         before_rate, after_rate = rate(before["episodes"]), rate(r["after"])
         pairs = paired(before["episodes"], r["after"])
-        first, last = quarter_means(r["curve"]["sampled_success"])
         r.update(before=before_rate, after_rate=after_rate, pairs=pairs)
         rows.append(
             [
                 r["variant"], r["seed"], Path(start).stem, r["env_steps"], r["train_wall_s"] / 60,
-                f"{first:.2f} -> {last:.2f}", cell(before_rate), cell(after_rate),
+                fixed_starts_cell(r), cell(before_rate), cell(after_rate),
                 f"{after_rate['rate'] - before_rate['rate']:+.0%}", f"+{pairs['gained']} -{pairs['lost']}",
                 pairs["p"],
             ]
         )  # fmt: skip
-        series[f"{r['variant']} s{r['seed']}"] = (
-            r["curve"]["env_steps"],
-            moving_mean(r["curve"]["sampled_success"]),
-        )
+        fixed = r.get("sampled_curve") or {}
+        if fixed.get("success"):
+            series[f"{r['variant']} s{r['seed']}"] = (fixed["env_steps"], fixed["success"])
+    sets = sorted({(tuple(c["init_states"]), c["pairs"]) for r in results if (c := r.get("sampled_curve"))})
+    fixed_about = "; ".join(f"init states {list(states)} of every task ({n} pairs)" for states, n in sets)
     title = (
         f"RL on {env_id} (training init states {min(train_states)}-{max(train_states)}); "
-        f"held-out init states {eval_kwargs['init_states']}: one deterministic episode per (task, state)"
+        f"held-out init states {eval_kwargs['init_states']}: one deterministic episode per (task, state); "
+        f"sampled: one episode with sampled actions per fixed training start, {fixed_about or 'none'}, "
+        "before and after training"
     )
     text = table(header, rows, title)
     print(text)
@@ -440,8 +513,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out / "learning_curves.png",
             series,
             xlabel="env steps",
-            ylabel="sampled success (moving mean of 5 iterations)",
-            title="RL recipe study: training episodes",
+            ylabel="success, sampled actions",
+            title=f"RL recipe study: the fixed training starts\n{fixed_about}",
         )
     summary = {
         "table": text,

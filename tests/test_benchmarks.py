@@ -138,9 +138,12 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     weak = str(CHECKPOINT.with_name("bc_libero_spatial_state_weak.pt"))
     other = {"about": "another start", "run": {"init_policy": weak}, "grpo": {"learning_rate": 1e-6}}
     extra = json.dumps({"small-lr": other})
-    summary = main([*args, "--variants", "recipe", "small-lr", "--define", extra, "--curve-every", "1"])
+    curves = ["--curve-every", "1", "--sampled-every", "1"]
+    summary = main([*args, "--variants", "recipe", "small-lr", "--define", extra, *curves])
     table = capsys.readouterr().out
     assert "held-out before" in table and "McNemar p" in table and "small-lr" in table
+    assert "sampled success, fixed train starts: before->after" in table
+    assert "sampled: one episode with sampled actions per fixed training start, init states [0, 1]" in table
     rows = summary["results"]
     assert [r["variant"] for r in rows] == ["recipe", "small-lr"]
     assert [r["start"] for r in rows] == [str(CHECKPOINT), weak]
@@ -148,6 +151,14 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
         assert r["env_steps"] >= 60 and len(r["after"]) == 2 and r["before"]["trials"] == 2
         assert r["held_out_curve"]["env_steps"]  # the run's own held-out evaluations
         assert r["pairs"]["gained"] + r["pairs"]["lost"] <= 2
+        # the fixed training starts (task 0 x init states 0 and 1), sampled, before and after training
+        fixed = r["sampled_curve"]
+        assert fixed["init_states"] == [0, 1] and fixed["pairs"] == 2 and fixed["every"] == 1
+        assert fixed["env_steps"][0] == 0 and fixed["env_steps"][-1] == r["env_steps"]
+        assert len(fixed["success"]) == len(fixed["env_steps"]) >= 2
+        played = [json.loads(line) for line in (out / f"{r['variant']}-s0" / "sampled_episodes.jsonl").open()]
+        assert sorted(ep["frame"] for ep in played if ep["env_step"] == 0) == [0, 1]  # each start once
+        assert f"{fixed['success'][0]:.2f} -> {fixed['success'][-1]:.2f}" in table
     # each starting policy is evaluated once, and a row is paired with its own start's episodes
     assert set(summary["before"]) == {str(CHECKPOINT), weak}
     for r in rows:
@@ -167,9 +178,14 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     main([*args, "--variants", "recipe", "--define", changed])
     assert (out / "recipe-s0" / "result.json").stat().st_mtime > stamp
     assert json.loads((out / "recipe-s0" / "config.json").read_text())["grpo"]["learning_rate"] == 2e-6
-    # --report tabulates what is there and trains nothing
+    # --report tabulates what is there and trains nothing; a result from before the fixed starts: n/a
+    old = json.loads((out / "small-lr-s0" / "result.json").read_text())
+    del old["sampled_curve"]
+    (out / "small-lr-s0" / "result.json").write_text(json.dumps(old))
     report = main([*args, "--report", "--define", extra])
     assert [r["variant"] for r in report["results"]] == ["recipe", "small-lr"]
+    assert re.search(r"^small-lr +0 +\S+ +\d+ +\S+ +n/a ", report["table"], re.M), report["table"]
+    assert re.search(r"^recipe +0 +\S+ +\d+ +\S+ +\d\.\d\d -> \d\.\d\d ", report["table"], re.M)
 
 
 def test_robustness_probe_prints_its_table(tmp_path, capsys):

@@ -70,11 +70,12 @@ SIL_CAPACITY = 150
 
 def _sil_buffer(rollout: Rollout) -> SuccessBuffer:
     """Every rank adds its envs' long first episodes (``add`` gathers them over the ranks), then
-    the short ones: the second add overflows the capacity, so FIFO drops rows after a gather."""
+    the short ones: the second add overflows the capacity, so FIFO drops rows after a gather.
+    Each env's rows carry a weight of their own (its episode's length / 100), gathered with them."""
     buffer = SuccessBuffer(SIL_CAPACITY)
     lengths = rollout.first_episode.any(-1).sum(0)  # not the scores: rank 1's rewards are zeroed
-    buffer.add(rollout, lengths > 20)
-    buffer.add(rollout, lengths <= 20)
+    buffer.add(rollout, lengths > 20, lengths / 100.0)
+    buffer.add(rollout, lengths <= 20, lengths / 100.0)
     return buffer
 
 
@@ -197,7 +198,7 @@ def _assert_same_buffer(a: dict, b: dict) -> None:
     assert a["replay"].keys() == b["replay"].keys()
     for key in a["replay"]:
         assert torch.equal(a["replay"][key], b["replay"][key]), key
-    assert torch.equal(a["valid"], b["valid"])
+    assert torch.equal(a["valid"], b["valid"]) and torch.equal(a["weights"], b["weights"])
 
 
 @pytest.mark.slow

@@ -459,3 +459,48 @@ def test_user_callbacks_see_every_hook_in_order_and_add_metrics(tmp_path):
     assert calls[-1] == ("finish", 4, True) and final["custom/done"] == 1.0
     rows = read_metrics(tmp_path / "run")
     assert [r.get("custom/twice") for r in rows if "custom/twice" in r] == [2, 4, 6, 8]
+
+
+def test_a_sampled_evaluation_of_training_starts_leaves_training_unchanged_and_resumes(tmp_path):
+    """A second ``Evaluation`` (a user callback): sampled actions on the training env, its own
+    metrics and episodes file, its own sampling stream (the run trains exactly as without it), its
+    file trimmed to the checkpoint on resume."""
+    from trainers.callbacks import Evaluation
+    from trainers.ppo.train import train
+
+    def config(name, **kw):
+        return RunConfig(
+            env="CartPole-v1", num_envs=2, total_steps=512, run_dir=str(tmp_path / name), eval_every=0,
+            eval_at_start=True, eval_episodes=3, video=False, tensorboard=False, progress=False,
+            torch_threads=1, checkpoint_every=2, **kw,
+        )  # fmt: skip
+
+    def sampled():
+        return Evaluation(
+            "sampled", every=2, at_start=True, episodes=3, train_env_kwargs={}, deterministic=False
+        )
+
+    ppo = PPOConfig(n_steps=64, batch_size=64)
+    final = train(config("with"), ppo, callbacks=[sampled()])
+    train(config("without"), ppo)
+    weights = [ckpt.latest_checkpoint(tmp_path / n)[1]["policy"]["state_dict"] for n in ("with", "without")]
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), key
+    rows = read_metrics(tmp_path / "with")
+    assert [r["iteration"] for r in rows if "sampled/return" in r] == [0, 2, 4]  # start, every 2, end
+    assert "sampled/return" in final and "eval/return" in final
+    episodes = [
+        json.loads(line) for line in (tmp_path / "with" / "sampled_episodes.jsonl").read_text().splitlines()
+    ]
+    assert [ep["env_step"] for ep in episodes] == [0] * 3 + [256] * 3 + [512] * 3
+    # the same starts (env reset seeds) as the deterministic evaluation, but sampled actions
+    det = [json.loads(line) for line in (tmp_path / "with" / "eval_episodes.jsonl").read_text().splitlines()]
+    assert [ep["length"] for ep in episodes[:3]] != [ep["length"] for ep in det[:3]]
+
+    # resumed from iteration 2: the later rows are dropped, then the same evaluations come again
+    (tmp_path / "with" / "checkpoints" / "iter_000004.pt").unlink()
+    train(config("resumed", resume=str(tmp_path / "with")), ppo, callbacks=[sampled()])
+    again = [
+        json.loads(line) for line in (tmp_path / "with" / "sampled_episodes.jsonl").read_text().splitlines()
+    ]
+    assert again == episodes

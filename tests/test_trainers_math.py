@@ -26,6 +26,7 @@ from trainers.grpo import (
     group_seeds,
     groups_to_resample,
     grpo_update,
+    imitation_weights,
     keep_groups,
     shuffle_scores,
 )
@@ -652,12 +653,101 @@ def test_success_buffer_keeps_chosen_episodes_first_in_first_out():
     assert len(buf) == 4 and buf.valid.sum() == 13
     buf.add(ro, torch.tensor([False, True, False, True]))  # 1 + 3 more: the 3 oldest are dropped
     assert len(buf) == 5 and buf.valid[0].sum() == 2  # the last chunk of env 2 (10 = 4 + 4 + 2)
-    replay, valid = buf.sample(7, torch.Generator().manual_seed(0))
+    replay, valid, weights = buf.sample(7, torch.Generator().manual_seed(0))
     assert valid.shape == (7, 4) and all(v.shape[0] == 7 for v in replay.values())
+    assert torch.equal(weights, torch.ones(7))  # added without weights: weight 1
     nll = imitation_nll(policy.evaluate(replay).log_probs, valid)
     assert nll.ndim == 0 and torch.isfinite(nll)
     again = SuccessBuffer(5)
     again.load_state_dict(buf.state_dict())
-    assert torch.equal(again.valid, buf.valid)
+    assert torch.equal(again.valid, buf.valid) and torch.equal(again.weights, buf.weights)
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         SuccessBuffer(0)
+
+    # each row carries its env's weight, and the weights go FIFO with the rows
+    buf = SuccessBuffer(capacity=5)
+    env_weights = torch.tensor([0.5, 2.0, 0.25, 0.0])
+    assert buf.add(ro, torch.tensor([True, False, True, False]), env_weights) == 4  # 1 + 3 chunk-steps
+    assert buf.weights.tolist() == [0.5, 0.25, 0.25, 0.25]  # env 0's chunk-step at t = 0 comes first
+    buf.add(ro, torch.tensor([False, True, False, False]), env_weights)  # env 1: one chunk-step
+    assert buf.weights.tolist() == [0.5, 0.25, 0.25, 0.25, 2.0]
+    buf.add(ro, torch.tensor([False, True, False, False]), env_weights)  # again: env 0's row is dropped
+    assert buf.weights.tolist() == [0.25, 0.25, 0.25, 2.0, 2.0] and buf.valid[0].sum() == 4
+    assert (
+        buf.sample(3, torch.Generator().manual_seed(1))[2].tolist()
+        == buf.weights[buf.draw(3, torch.Generator().manual_seed(1))].tolist()
+    )
+    state = buf.state_dict()
+    again = SuccessBuffer(5)
+    again.load_state_dict(state)
+    assert torch.equal(again.weights, buf.weights)
+    # a buffer saved before rows had weights loads with weight 1 on every row, and says so
+    old = SuccessBuffer(5)
+    with pytest.warns(RuntimeWarning, match="without weights"):
+        old.load_state_dict({"replay": state["replay"], "valid": state["valid"]})
+    assert torch.equal(old.weights, torch.ones(5)) and torch.equal(old.valid, buf.valid)
+    with pytest.raises(ValueError, match="3 weights for 5 rows"):
+        old.load_state_dict({**state, "weights": torch.ones(3)})
+
+
+def test_imitation_weights_are_clipped_group_advantages():
+    # group 0: one success in 4 (mean 0.25, unbiased std 0.5); group 1: all equal; group 2: mean 0.5,
+    # unbiased std sqrt(1/6), one episode above it, two at it
+    scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1, 0.5, 0.5, 0, 1])
+    w = imitation_weights(scores, 4)
+    expected = [0.75 / (0.5 + 1e-6), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.5 / (math.sqrt(1 / 6) + 1e-6)]
+    assert w.tolist() == pytest.approx(expected, rel=1e-6)
+    assert imitation_weights(scores, 4, std="none").tolist() == [0.75, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.5]
+    population = imitation_weights(scores, 4, std="population")
+    assert population[0].item() == pytest.approx(0.75 / (math.sqrt(0.1875) + 1e-6), rel=1e-6)
+    # the old behaviour: weight 1 on every episode above its group's mean
+    assert imitation_weights(scores, 4, baseline=False).tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    # a group of one is its own baseline; scores equal up to float noise weigh nothing
+    assert imitation_weights(torch.tensor([1.0, 0.0, 3.0]), 1).tolist() == [0, 0, 0]
+    assert imitation_weights(torch.full((8,), 0.1), 8).tolist() == [0.0] * 8
+
+
+def test_imitation_nll_is_the_weighted_sum_over_the_element_count():
+    from trainers.self_imitation import imitation_nll
+
+    log_probs = torch.tensor([[[-1.0, -3.0], [-9.0, -9.0]], [[-2.0, -2.0], [-3.0, -1.0]]])  # [B=2, K=2, E=2]
+    valid = torch.tensor([[True, False], [True, True]])  # 6 executed elements
+    w = torch.tensor([0.5, 2.0])
+    # (0.5 * (1 + 3) + 2 * (2 + 2 + 3 + 1)) / 6: divided by the element count, not by the weights
+    assert imitation_nll(log_probs, valid, weights=w).item() == pytest.approx(18.0 / 6)
+    assert imitation_nll(log_probs, valid, torch.tensor(12.0), w).item() == pytest.approx(18.0 / 12)
+    assert imitation_nll(log_probs, valid).item() == pytest.approx(12.0 / 6)  # no weights: the mean
+    ones = imitation_nll(log_probs, valid, weights=torch.ones(2))
+    assert ones.item() == imitation_nll(log_probs, valid).item()
+    # the scale does not depend on the batch size: the same rows twice give the same loss
+    twice = imitation_nll(log_probs.repeat(2, 1, 1), valid.repeat(2, 1), weights=w.repeat(2))
+    assert twice.item() == pytest.approx(18.0 / 6)
+    lp = log_probs.clone().requires_grad_(True)
+    imitation_nll(lp, valid, weights=torch.zeros(2)).backward()
+    assert imitation_nll(log_probs, valid, weights=torch.zeros(2)).item() == 0.0 and not lp.grad.any()
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_grpo_self_imitation_weighs_by_the_stored_advantage(baseline):
+    from trainers.self_imitation import SuccessBuffer
+
+    torch.manual_seed(0)
+    policy = TableBandit(8)
+    ro = _bandit_rollout(policy, 8, seed=1)
+    ro.rewards[0, :, 0] = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])  # group 1: all equal
+    scores = episode_scores(ro.rewards, ro.first_episode)
+    weights = imitation_weights(scores, 4, baseline=baseline)
+    buf = SuccessBuffer(10)
+    assert buf.add(ro, weights > 0, weights) == 1  # env 0 only: the all-equal group adds nothing
+    stored = 0.75 / (0.5 + 1e-6) if baseline else 1.0
+    assert buf.weights.tolist() == pytest.approx([stored])
+    config = GRPOConfig(group_size=4, learning_rate=0.1, weight_decay=0.0, pg_coef=0.0, sil_coef=1.0)
+    before = policy.logits.detach().clone()
+    m = grpo_update(policy, grpo_optimizer(policy, config), ro, config, sil=buf)
+    # one minibatch, every drawn row env 0's step, at logits 0: -log p = log 2
+    assert m["sil_loss"] == pytest.approx(stored * math.log(2), rel=1e-6)
+    assert not torch.equal(policy.logits[0], before[0]) and torch.equal(policy.logits[1:], before[1:])
+    # nothing but all-equal groups: nothing stored, nothing imitated
+    ro.rewards[0, :, 0] = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0])
+    weights = imitation_weights(episode_scores(ro.rewards, ro.first_episode), 4, baseline=baseline)
+    assert not weights.any() and SuccessBuffer(10).add(ro, weights > 0, weights) == 0

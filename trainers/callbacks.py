@@ -24,11 +24,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
 
 from trainers import distributed
+from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
-from trainers.metrics import named_metrics
+from trainers.metrics import named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE
 from trainers.rollout import episode_summary
 
@@ -53,33 +60,80 @@ class Callback:
 
 
 class Evaluation(Callback):
-    """Deterministic episodes on a separate eval env (``RunConfig.eval_*``): before training
+    """Episodes on a separate eval env (``RunConfig.eval_*``), deterministic: before training
     (``eval_at_start``), every ``eval_every`` iterations and at the end (``eval_every`` -1: never).
     Each episode goes to ``eval_episodes.jsonl``; with ``video`` an mp4 under ``videos/``.
+
+    That is the run's own ``Evaluation()``. More of them can be added as user callbacks, each with
+    settings of its own (None: the ``RunConfig``'s): ``name`` prefixes its metrics
+    (``<name>/success_once``...) and names its episodes file (``<name>_episodes.jsonl``) and videos;
+    ``every``, ``at_start``, ``episodes``, ``num_envs``, ``video`` as the ``eval_*`` fields
+    (``episodes="all"``: every initial frame of the env once, for envs that have them);
+    ``train_env_kwargs`` plays the *training* env made with these kwargs (e.g. a fixed set of
+    training starts) instead of the eval env; ``deterministic=False`` samples the actions. Sampling
+    draws from a generator of the evaluation's own, seeded the same at every evaluation (``seed`` +
+    10**6 + rank; the env's resets use ``seed`` + 10**6): the policy's training stream is left where
+    it was, so a run trains the same with or without the evaluation, and successive evaluations
+    share their noise.
 
     With several ranks each plays its share of the episodes (``evaluate_episodes(shard=...)``: the
     same starts the single process plays) on its share of the eval envs, and the episodes are
     gathered on every rank; the video shows rank 0's.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        name: str = "eval",
+        *,
+        every: int | None = None,
+        at_start: bool | None = None,
+        episodes: int | Literal["all"] | None = None,
+        num_envs: int | None = None,
+        video: bool | None = None,
+        train_env_kwargs: dict[str, Any] | None = None,
+        deterministic: bool = True,
+    ) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"an evaluation's name must be non-empty without '/', got {name!r}")
+        if episodes is not None and episodes != "all" and (not isinstance(episodes, int) or episodes < 1):
+            raise ValueError(f"episodes must be >= 1 or 'all', got {episodes!r}")
+        self.name, self.deterministic, self.train_env_kwargs = name, deterministic, train_env_kwargs
+        self._every, self._at_start, self._episodes = every, at_start, episodes
+        self._num_envs, self._video = num_envs, video
+        self.file = EVAL_EPISODES_FILE if name == "eval" else f"{name}_episodes.jsonl"
         self.env: Any = None
         self.last: dict[str, float] = {}
 
-    def on_training_start(self, run: Run) -> None:
+    def settings(self, run: Run) -> dict[str, Any]:
+        """Every, at_start, episodes, num_envs and video: this evaluation's, else the run's."""
         cfg = run.config
-        if cfg.eval_at_start and run.counters["iteration"] == 0 and cfg.eval_every >= 0:
+        episodes = self._episodes or cfg.eval_episodes
+        most = cfg.num_envs if episodes == "all" else min(episodes, cfg.num_envs)
+        return {
+            "every": cfg.eval_every if self._every is None else self._every,
+            "at_start": cfg.eval_at_start if self._at_start is None else self._at_start,
+            "episodes": episodes,
+            "num_envs": self._num_envs or cfg.eval_num_envs or most,
+            "video": cfg.video if self._video is None else self._video,
+        }
+
+    def on_training_start(self, run: Run) -> None:
+        if self.file != EVAL_EPISODES_FILE and run.is_main:  # the run's own file is the run's to keep
+            resumed = run.config.resume is not None
+            _keep_until(run.dir / self.file, run.counters["env_steps"] if resumed else None)
+        s = self.settings(run)
+        if s["at_start"] and run.counters["iteration"] == 0 and s["every"] >= 0:
             run.log({"iteration": 0, **self.evaluate(run)})
-            if cfg.eval_every == 0:  # not needed again until the end
+            if s["every"] == 0:  # not needed again until the end
                 self.close()
 
     def on_iteration_end(self, run: Run, row: dict[str, Any]) -> None:
-        every = run.config.eval_every
+        every = self.settings(run)["every"]
         if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
             row.update(self.evaluate(run))
 
     def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
-        if run.config.eval_every >= 0:
+        if self.settings(run)["every"] >= 0:
             final.update(self.evaluate(run))
             run.log({"iteration": run.counters["iteration"], **self.last})
         self.close()
@@ -87,43 +141,98 @@ class Evaluation(Callback):
     def evaluate(self, run: Run) -> dict[str, float]:
         step = run.counters["env_steps"]
         with run.gathered():  # fsdp: whole parameters (every rank, also one without a share)
-            episodes = self._episodes(run, step)
+            episodes = self._episodes_of(run, step)
         episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
         if run.is_main:
-            with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
+            with open(run.dir / self.file, "a") as f:
                 for ep in episodes:
                     f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
-        self.last = named_metrics("eval", episode_summary(episodes))
+        self.last = named_metrics(self.name, episode_summary(episodes))
         return self.last
 
-    def _episodes(self, run: Run, step: int) -> list[dict[str, float]]:
+    def _episodes_of(self, run: Run, step: int) -> list[dict[str, float]]:
         """This rank's share of the evaluation episodes."""
-        cfg = run.config
+        cfg, s = run.config, self.settings(run)
         episodes: list[dict[str, float]] = []
-        if len(distributed.shard(cfg.eval_episodes, run.rank, run.world_size)):  # this rank's share
-            if self.env is None:
-                n = math.ceil((cfg.eval_num_envs or min(cfg.eval_episodes, cfg.num_envs)) / run.world_size)
-                render_mode = "rgb_array" if cfg.video else None
-                self.env = run.make_env(
-                    n, autoreset="disabled_native", render_mode=render_mode, evaluation=True
+        count = s["episodes"]
+        if count == "all":
+            frames = initial_frames(self._env(run, s))
+            if frames is None:
+                raise ValueError(f"evaluation {self.name!r}: episodes='all' needs an env with initial_frames")
+            count = len(frames)
+        if len(distributed.shard(count, run.rank, run.world_size)):  # this rank's share
+            self._env(run, s)
+            video = None
+            if s["video"] and run.is_main:
+                video = run.dir / "videos" / f"{self.name}_{step:09d}.mp4"
+            sampling_seed = cfg.seed + 10**6 + run.rank
+            with _own_sampling(run.policy, sampling_seed, enabled=not self.deterministic):
+                episodes = evaluate_episodes(
+                    run.policy,
+                    self.env,
+                    count,
+                    seed=cfg.seed + 10**6,
+                    deterministic=self.deterministic,
+                    video_path=video,
+                    video_fps=cfg.video_fps,
+                    progress=cfg.progress and run.is_main,
+                    shard=(run.rank, run.world_size),
                 )
-            video = run.dir / "videos" / f"eval_{step:09d}.mp4" if cfg.video and run.is_main else None
-            episodes = evaluate_episodes(
-                run.policy,
-                self.env,
-                cfg.eval_episodes,
-                seed=cfg.seed + 10**6,
-                video_path=video,
-                video_fps=cfg.video_fps,
-                progress=cfg.progress and run.is_main,
-                shard=(run.rank, run.world_size),
-            )
         return episodes
+
+    def _env(self, run: Run, s: dict[str, Any]) -> Any:
+        """This rank's eval envs, made at the first evaluation and kept until ``close``."""
+        if self.env is None:
+            self.env = run.make_env(
+                math.ceil(s["num_envs"] / run.world_size),
+                autoreset="disabled_native",
+                render_mode="rgb_array" if s["video"] else None,
+                evaluation=True,
+                train_env_kwargs=self.train_env_kwargs,
+            )
+        return self.env
 
     def close(self) -> None:
         if self.env is not None:
             self.env.close()
             self.env = None
+
+
+@contextmanager
+def _own_sampling(policy: nn.Module, seed: int, enabled: bool = True) -> Iterator[None]:
+    """Inside, ``policy`` samples from a generator seeded with ``seed``; afterwards its generators
+    (its own and those of policies inside it) are the same objects in the same states as before,
+    and so is torch's global RNG (which a policy without a generator samples from)."""
+    if not enabled:
+        yield
+        return
+    saved = [
+        (m, m.generator, m.generator.get_state())
+        for m in policy.modules()
+        if isinstance(getattr(m, "generator", None), torch.Generator)
+    ]
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    policy.seed(seed)
+    try:
+        yield
+    finally:
+        for m, g, state in saved:
+            g.set_state(state)
+            m.generator = g
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _keep_until(path: Path, env_step: int | None) -> None:
+    """An episodes file of a resumed run keeps the rows up to ``env_step`` (the checkpoint's);
+    a fresh run (None) starts without one."""
+    if env_step is None or not path.exists():
+        path.unlink(missing_ok=True)
+        return
+    kept = [r for r in read_jsonl(path, missing_ok=True) if r["env_step"] <= env_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 class Checkpointing(Callback):

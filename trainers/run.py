@@ -205,15 +205,20 @@ class Run:
         autoreset: str = "same_step",
         render_mode: str | None = None,
         evaluation: bool = False,
+        train_env_kwargs: dict[str, Any] | None = None,
     ) -> gym.vector.VectorEnv:
         """``make_vec_env`` of the configured env (``evaluation``: of the eval env); ``autoreset`` is
-        the mode used when the config says ``auto``. ``num_envs`` defaults to this rank's share."""
+        the mode used when the config says ``auto``. ``num_envs`` defaults to this rank's share.
+        ``train_env_kwargs``: the training env made with these kwargs instead (e.g. a fixed subset
+        of its starts to evaluate on)."""
         cfg = self.config
         env_id, env_kwargs = cfg.env, cfg.env_kwargs
         if evaluation and cfg.eval_env is not None:
             env_id, env_kwargs = cfg.eval_env, cfg.eval_env_kwargs or {}
         elif evaluation and cfg.eval_env_kwargs is not None:
             env_kwargs = cfg.eval_env_kwargs
+        if train_env_kwargs is not None:
+            env_id, env_kwargs = cfg.env, train_env_kwargs
         mode = cfg.autoreset_mode if cfg.autoreset_mode != "auto" else autoreset
         return make_vec_env(
             env_id,

@@ -7,6 +7,7 @@ from trainers.grpo.algorithm import (
     episode_scores,
     group_advantages,
     grpo_update,
+    imitation_weights,
     make_optimizer,
     shuffle_scores,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "group_reset",
     "groups_to_resample",
     "grpo_update",
+    "imitation_weights",
     "keep_groups",
     "make_optimizer",
     "select_envs",

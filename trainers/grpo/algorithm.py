@@ -12,9 +12,9 @@ reference policy adds the k3 estimate of KL(pi || pi_ref)).
 
 Beyond DAPO: ``target_kl`` ends an update early once a minibatch's approximate KL to the
 collecting policy, per chunk-step, passes 1.5x it (SB3's rule), and self-imitation (``sil_coef``)
-adds the NLL of buffered chunk-steps of episodes that beat their group's mean
-(``trainers/self_imitation.py``); ``pg_coef`` weighs the clipped policy-gradient loss (0:
-self-imitation alone).
+adds the NLL of buffered chunk-steps of episodes that beat their group's mean, each weighted by its
+episode's clipped advantage (``imitation_weights``, ``trainers/self_imitation.py``); ``pg_coef``
+weighs the clipped policy-gradient loss (0: self-imitation alone).
 """
 
 from __future__ import annotations
@@ -67,6 +67,10 @@ class GRPOConfig:
         1.0  # weight of the clipped policy-gradient loss (0 with sil_coef > 0: self-imitation alone)
     )
     sil_capacity: int = 20_000  # chunk-steps kept (oldest dropped first)
+    # each stored chunk-step weighs its episode's clipped group advantage when stored, (R - group
+    # mean)+ / (group std + adv_eps) with `std` as the policy gradient's (imitation_weights);
+    # False: weight 1 on every episode above its group's mean (baseline-free, as before issue 31)
+    sil_baseline: bool = True
     dynamic_sampling: bool = True  # mask groups whose scores are all equal
     score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
     score_high: float | None = None
@@ -165,6 +169,29 @@ def group_advantages(
     if std != "none":
         centred = centred / (groups.std(1, unbiased=std == "unbiased", keepdim=True) + eps)
     return centred.reshape(-1).to(scores.dtype)
+
+
+def imitation_weights(
+    scores: torch.Tensor,
+    group_size: int,
+    std: Literal["unbiased", "population", "none"] = "unbiased",
+    eps: float = 1e-6,
+    baseline: bool = True,
+) -> torch.Tensor:
+    """Self-imitation weight of each env's first episode ``[N]`` (0: not stored).
+
+    ``baseline``: the clipped group advantage ``max(0, group_advantages(...))`` (Oh et al. 2018's
+    ``(R - b)+`` with b the group's mean score, normalised by the group's std as the policy gradient
+    is; ``std="none"``: the raw ``R - mean``). A group whose scores are all equal, and a group of
+    one (its own baseline), weigh 0. Otherwise weight 1 on every episode above its group's mean.
+    """
+    means = scores.reshape(num_groups(scores.numel(), group_size), group_size).mean(1)
+    above = scores > means.repeat_interleave(group_size) + 1e-8  # also no float noise of equal scores
+    if not baseline:
+        return above.to(scores.dtype)
+    if group_size == 1:
+        return torch.zeros_like(scores)
+    return group_advantages(scores, group_size, std, eps).clamp_min(0.0) * above
 
 
 # ---------------------------------------------------------------------- update
@@ -292,7 +319,9 @@ def grpo_update(
             if sil_rows is None:  # single process: drawn after the early-stop check
                 sil_rows = sil.sample(batch.rows, sil_generator)
                 outs += batch.evaluate({k: v.to(device) for k, v in sil_rows[0].items()})
-            sil_loss = imitation_nll(outs[1].log_probs, sil_rows[1].to(device), sil_count)
+            sil_loss = imitation_nll(
+                outs[1].log_probs, sil_rows[1].to(device), sil_count, sil_rows[2].to(device)
+            )
             loss = loss + config.sil_coef * sil_loss
         with torch.no_grad():  # logged only: GRPO has no entropy bonus
             elem = out.entropy if out.entropy is not None else -out.log_probs
@@ -337,7 +366,7 @@ def _reference_log_probs(
 
 def _sil_share(
     sil: SuccessBuffer, batch_size: int, generator: torch.Generator | None, num_elements: int
-) -> tuple[tuple[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]:
+) -> tuple[tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]:
     """Data parallel: this rank's share of a minibatch's self-imitation rows, and the loss
     entries of all of them (the NLL's denominator over all ranks).
 
@@ -350,6 +379,6 @@ def _sil_share(
     weight_sum = torch.tensor(float(sil.valid[drawn].sum()) * num_elements)
     mine = distributed.shard(batch_size, distributed.rank(), distributed.world_size())
     if len(mine) == 0:
-        replay, valid = sil.rows(drawn[:1])
-        return (replay, torch.zeros_like(valid)), weight_sum
+        replay, valid, weights = sil.rows(drawn[:1])
+        return (replay, torch.zeros_like(valid), weights), weight_sum
     return sil.rows(drawn[mine.start : mine.stop]), weight_sum

@@ -28,7 +28,14 @@ import torch
 from trainers import distributed
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
-from trainers.grpo.algorithm import GRPOConfig, episode_scores, grpo_update, make_optimizer, shuffle_scores
+from trainers.grpo.algorithm import (
+    GRPOConfig,
+    episode_scores,
+    grpo_update,
+    imitation_weights,
+    make_optimizer,
+    shuffle_scores,
+)
 from trainers.grpo.groups import GroupStarts, keep_groups, select_envs
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector, Rollout, update_running_obs_stats
@@ -131,8 +138,10 @@ def train(
                 batch = shuffle_scores(batch, shuffle)
             if sil is not None:  # episodes that beat their group's mean score (all ranks' rows)
                 scores = episode_scores(batch.rewards, batch.first_episode)
-                means = scores.reshape(-1, config.group_size).mean(1).repeat_interleave(config.group_size)
-                sampling["rollout/sil_added"] = float(sil.add(batch, scores > means + 1e-8))
+                weights = imitation_weights(
+                    scores, config.group_size, config.std, config.adv_eps, config.sil_baseline
+                )
+                sampling["rollout/sil_added"] = float(sil.add(batch, weights > 0, weights))
                 sampling["rollout/sil_buffer"] = float(len(sil))
             metrics = grpo_update(
                 policy,
