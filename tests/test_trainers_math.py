@@ -19,15 +19,18 @@ from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from policies.categorical import CategoricalPolicy
 from policies.gaussian import GaussianPolicy
 from tests.counting_env import CountingVectorEnv
+from trainers.config import parse_cli
 from trainers.grpo import (
     GRPOConfig,
     episode_scores,
+    first_episode_truncated,
     group_advantages,
     group_seeds,
     groups_to_resample,
     grpo_update,
     imitation_weights,
     keep_groups,
+    overlong_penalty,
     shuffle_scores,
 )
 from trainers.grpo import make_optimizer as grpo_optimizer
@@ -390,6 +393,48 @@ def test_grpo_update_learns_masks_filtered_groups_and_kl():
     assert ((p > 0.5) == (ro.rewards[0, :4, 0] > 0)).all() or ro.rewards[0, :4, 0].std() == 0
     with pytest.raises(ValueError, match="reference policy"):
         grpo_update(policy, opt, ro, GRPOConfig(group_size=4, kl_beta=0.1))
+
+
+def test_grpo_variants_name_their_settings_and_given_values_win():
+    dapo, plain = GRPOConfig(), GRPOConfig(variant="grpo")
+    assert (dapo.clip_high, dapo.dynamic_sampling, dapo.loss_agg) == (0.28, True, "token_mean")
+    assert (plain.clip_high, plain.dynamic_sampling, plain.loss_agg) == (0.2, False, "traj_mean")
+    mixed = GRPOConfig(variant="grpo", clip_high=0.3, dynamic_sampling=True)
+    assert (mixed.clip_high, mixed.dynamic_sampling, mixed.loss_agg) == (0.3, True, "traj_mean")
+    cli = parse_cli({"grpo": GRPOConfig}, ["--variant", "grpo", "--dynamic-sampling"])["grpo"]
+    assert (cli.clip_high, cli.dynamic_sampling, cli.loss_agg) == (0.2, True, "traj_mean")
+    cli = parse_cli({"grpo": GRPOConfig}, ["--no-dynamic-sampling"])["grpo"]
+    assert (cli.clip_high, cli.dynamic_sampling) == (0.28, False)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        GRPOConfig(variant="ppo")
+    with pytest.raises(ValueError, match="overlong must be"):
+        GRPOConfig(overlong="cut")
+
+
+def test_dapo_overlong_filter_and_soft_punishment():
+    lengths = torch.tensor([50, 80, 90, 100, 120])
+    assert overlong_penalty(lengths, 100, 20).tolist() == pytest.approx([0.0, 0.0, -0.5, -1.0, -1.0])
+    assert overlong_penalty(lengths, 100, 0).tolist() == [0.0, 0.0, 0.0, 0.0, -1.0]
+    torch.manual_seed(0)
+    policy = TableBandit(8)
+    ro = _bandit_rollout(policy, 8, seed=1)
+    ro.terminated[0, [1, 5]] = False
+    ro.truncated[0, [1, 5]] = True  # cut by the time limit
+    ro.rewards[0, :, 0] = torch.tensor([1.0, 0, 0, 0, 0, 0, 1, 0])
+    assert first_episode_truncated(ro).tolist() == [False, True, False, False, False, True, False, False]
+    config = GRPOConfig(group_size=4, learning_rate=0.1, weight_decay=0.0, overlong="filter")
+    before = policy.logits.detach().clone()
+    m = grpo_update(policy, grpo_optimizer(policy, config), ro, config)
+    assert m["truncated"] == 0.25 and m["samples"] == 6
+    assert torch.equal(policy.logits[[1, 5]], before[[1, 5]])  # filtered out of the loss
+    assert not torch.equal(policy.logits[0], before[0])
+    # punish: every one-step episode is at a limit of 1 with a buffer of 1 -> -1 on every score
+    config = GRPOConfig(group_size=4, overlong="punish", overlong_max_steps=1, overlong_buffer=1)
+    m = grpo_update(policy, grpo_optimizer(policy, config), ro, config)
+    assert m["score_mean"] == pytest.approx(0.25 - 1.0)
+    with pytest.raises(ValueError, match="needs overlong_max_steps"):
+        free = GRPOConfig(group_size=4, overlong="punish")
+        grpo_update(policy, grpo_optimizer(policy, free), ro, free)
 
 
 def test_grpo_target_kl_stops_the_update_early():

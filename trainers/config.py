@@ -1,8 +1,8 @@
 """Typed config dataclasses <-> command-line flags and JSON.
 
 Every field of the given dataclasses becomes a flag (``n_steps`` -> ``--n-steps``) typed from its
-annotation: ``int``, ``float``, ``str``, ``bool`` (``--flag`` / ``--no-flag``), ``X | None`` (the
-word ``none`` gives None), ``Literal[...]`` (choices), ``dict`` (a JSON object) and
+annotation: ``int``, ``float``, ``str``, ``bool`` and ``bool | None`` (``--flag`` / ``--no-flag``),
+``X | None`` (the word ``none`` gives None), ``Literal[...]`` (choices), ``dict`` (a JSON object) and
 ``tuple[...]``/``list[...]`` (a JSON list). A field's comment in its dataclass (at the end of its
 line, else the comment lines right above it; ``# -- title`` lines are section titles) is its flag's
 ``--help`` text. ``--config FILE.json`` sets defaults from
@@ -91,6 +91,11 @@ def field_comments(cls: type) -> dict[str, str]:
     return out
 
 
+def _is_optional_bool(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    return origin in (Union, types.UnionType) and set(typing.get_args(annotation)) == {bool, type(None)}
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
     """Add one flag per field of the dataclass ``cls`` (flag names must be unique in the parser)."""
     group = parser.add_argument_group(title or cls.__name__)
@@ -101,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         text = f"{about[f.name]} " if f.name in about else ""
         text = f"{text}(default: {default})".replace("%", "%%")  # argparse formats help with %
-        if hints[f.name] is bool:
+        if hints[f.name] is bool or _is_optional_bool(hints[f.name]):  # unset flags keep the default
             group.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
             )

@@ -3,12 +3,15 @@ logic (where each group starts, which groups carry signal, the batch of kept gro
 the training loop with dynamic sampling, and the command line (``python -m trainers.grpo --help``)."""
 
 from trainers.grpo.algorithm import (
+    VARIANTS,
     GRPOConfig,
     episode_scores,
+    first_episode_truncated,
     group_advantages,
     grpo_update,
     imitation_weights,
     make_optimizer,
+    overlong_penalty,
     shuffle_scores,
 )
 from trainers.grpo.groups import (
@@ -21,9 +24,11 @@ from trainers.grpo.groups import (
 )
 
 __all__ = [
+    "VARIANTS",
     "GRPOConfig",
     "GroupStarts",
     "episode_scores",
+    "first_episode_truncated",
     "group_advantages",
     "group_seeds",
     "group_reset",
@@ -32,6 +37,7 @@ __all__ = [
     "imitation_weights",
     "keep_groups",
     "make_optimizer",
+    "overlong_penalty",
     "select_envs",
     "shuffle_scores",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -42,6 +42,14 @@ from trainers.optim import BadUpdateGuard, flatten_time, fused_ok
 from trainers.rollout import Rollout
 from trainers.self_imitation import SuccessBuffer, imitation_nll
 
+# the settings a ``variant`` names (fields left None take them): plain GRPO (Shao et al. 2024:
+# symmetric clip, every group trained, each trajectory's loss averaged over its own steps) and DAPO
+# (Yu et al. 2025: clip-higher, dynamic sampling, token-level averaging)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "grpo": {"clip_high": 0.2, "dynamic_sampling": False, "loss_agg": "traj_mean"},
+    "dapo": {"clip_high": 0.28, "dynamic_sampling": True, "loss_agg": "token_mean"},
+}
+
 
 @dataclass
 class GRPOConfig:
@@ -54,11 +62,16 @@ class GRPOConfig:
     group_size: int = 4
     std: Literal["unbiased", "population", "none"] = "unbiased"  # "none": mean only (Dr. GRPO)
     adv_eps: float = 1e-6
+    # "dapo" or "grpo": the settings of VARIANTS for clip_high, dynamic_sampling and loss_agg where
+    # those are left unset (None); a value given for one of them wins
+    variant: Literal["dapo", "grpo"] = "dapo"
     clip_low: float = 0.2
-    clip_high: float = 0.28
+    clip_high: float | None = None  # upper clip of the ratio (None: the variant's, DAPO 0.28)
     dual_clip: float | None = None
     log_prob_level: LogProbLevel = "element"
-    loss_agg: Literal["token_mean", "traj_mean"] = "token_mean"
+    # "token_mean": every loss entry of the batch weighs the same; "traj_mean": each trajectory
+    # counts once (None: the variant's)
+    loss_agg: Literal["token_mean", "traj_mean"] | None = None
     kl_beta: float = 0.0
     # self-imitation (trainers/self_imitation.py): sil_coef x the NLL of buffered chunk-steps of
     # episodes that beat their group's mean score, added to every minibatch's loss
@@ -71,7 +84,15 @@ class GRPOConfig:
     # mean)+ / (group std + adv_eps) with `std` as the policy gradient's (imitation_weights);
     # False: weight 1 on every episode above its group's mean (baseline-free, as before issue 31)
     sil_baseline: bool = True
-    dynamic_sampling: bool = True  # mask groups whose scores are all equal
+    dynamic_sampling: bool | None = None  # mask groups whose scores are all equal (None: the variant's)
+    # DAPO's overlong shaping of episodes cut by the time limit: "filter" masks a truncated first
+    # episode out of the loss (its score still counts in its group's baseline); "punish" adds the
+    # soft penalty 0 up to overlong_max_steps - overlong_buffer executed sub-steps, falling linearly
+    # to -1 at overlong_max_steps (and -1 beyond) to the episode's score. Off by default: in LIBERO
+    # a truncation is how a failure ends
+    overlong: Literal["off", "filter", "punish"] = "off"
+    overlong_max_steps: int | None = None  # the episode limit in sub-steps (None: the env's)
+    overlong_buffer: int = 0  # sub-steps before the limit over which the penalty grows
     score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
     score_high: float | None = None
     resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
@@ -96,6 +117,18 @@ class GRPOConfig:
     placebo: bool = False
 
     def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {self.variant!r}")
+        for name, value in VARIANTS[self.variant].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.overlong not in ("off", "filter", "punish"):
+            raise ValueError(f"overlong must be 'off', 'filter' or 'punish', got {self.overlong!r}")
+        if self.overlong_buffer < 0 or (self.overlong_max_steps is not None and self.overlong_max_steps < 1):
+            raise ValueError(
+                f"need overlong_buffer >= 0 and overlong_max_steps >= 1 (or None), got "
+                f"{self.overlong_buffer} and {self.overlong_max_steps}"
+            )
         if self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
         if self.std not in ("unbiased", "population", "none"):
@@ -137,6 +170,21 @@ def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.O
 def episode_scores(rewards: torch.Tensor, first_episode: torch.Tensor) -> torch.Tensor:
     """Score of each env's first episode: the sum of its rewards ``[T, N, K] -> [N]``."""
     return (rewards * first_episode).sum((0, 2))
+
+
+def first_episode_truncated(rollout: Rollout) -> torch.Tensor:
+    """``[N]``: whether each env's first episode was cut by the time limit (truncated, not terminated)."""
+    ended_here = rollout.first_episode.any(-1)  # [T, N]: the first episode's steps, its last included
+    return (rollout.truncated & ~rollout.terminated & ended_here).any(0)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_steps: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment of episodes of ``lengths`` executed sub-steps: 0 up to
+    ``max_steps - buffer``, then linear down to -1 at ``max_steps``, -1 beyond (a step at the
+    limit when ``buffer`` is 0)."""
+    start = max_steps - buffer
+    ramp = (start - lengths.double()) / max(buffer, 1)
+    return torch.where(lengths <= start, 0.0, torch.where(lengths <= max_steps, ramp, -1.0)).to(torch.float32)
 
 
 def shuffle_scores(rollout: Rollout, generator: torch.Generator) -> Rollout:
@@ -232,13 +280,24 @@ def grpo_update(
     T, N, K = rollout.rewards.shape
     G, level = config.group_size, config.log_prob_level
 
-    # 1. scores, group-normalized advantages, dynamic sampling (within this rank's groups)
+    # 1. scores (DAPO's overlong shaping), group-normalized advantages, dynamic sampling (within
+    # this rank's groups)
     scores = episode_scores(rollout.rewards, rollout.first_episode)
+    truncated = first_episode_truncated(rollout)
+    if config.overlong == "punish":
+        if config.overlong_max_steps is None:
+            raise ValueError("overlong 'punish' needs overlong_max_steps (the episode limit in sub-steps)")
+        penalty = overlong_penalty(
+            rollout.first_episode.sum((0, 2)), config.overlong_max_steps, config.overlong_buffer
+        )
+        scores = scores + penalty.to(scores)
     advantages = group_advantages(scores, G, config.std, config.adv_eps)
     keep = torch.ones(N // G, dtype=torch.bool)
     if config.dynamic_sampling:
         keep = keep_groups(scores, G, config.score_low, config.score_high)
     env_keep = keep.repeat_interleave(G)
+    if config.overlong == "filter":  # truncated episodes leave the loss, not their group's baseline
+        env_keep = env_keep & ~truncated.to(env_keep.device)
     valid = rollout.first_episode & env_keep[None, :, None]  # [T, N, K]
 
     all_scores, all_keep, all_adv = (distributed.all_gather_cat(x) for x in (scores, keep, advantages))
@@ -248,6 +307,7 @@ def grpo_update(
         "groups_kept": all_keep.float().mean().item(),
         "advantages_mean": all_adv[all_env_keep].mean().item() if all_env_keep.any() else 0.0,
         "advantages_abs_max": all_adv.abs().max().item(),
+        "truncated": distributed.all_gather_cat(truncated.float()).mean().item(),
     }
 
     # 2. one row per chunk-step that still has something to learn from

@@ -22,6 +22,8 @@ checkpoint the whole of it: ``trainers/self_imitation.py``).
 from __future__ import annotations
 
 import copy
+import dataclasses
+from typing import Any
 
 import torch
 
@@ -87,6 +89,19 @@ def collect_groups(
     return batch, env_steps, episodes, metrics
 
 
+def episode_limit(env: Any) -> int:
+    """The env's episode limit in sub-steps: its ``max_episode_steps`` or its spec's."""
+    limit = getattr(env, "max_episode_steps", None)
+    if not isinstance(limit, int):
+        limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(
+            "overlong 'punish' needs the episode limit: the env states none (max_episode_steps); "
+            "give --overlong-max-steps"
+        )
+    return limit
+
+
 def train(
     run_config: RunConfig, config: GRPOConfig, callbacks: list[Callback] | None = None
 ) -> dict[str, float]:
@@ -99,6 +114,8 @@ def train(
     run = Run("grpo", run_config, config, callbacks, group_size=config.group_size)
     env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
     try:
+        if config.overlong == "punish" and config.overlong_max_steps is None:
+            config = dataclasses.replace(config, overlong_max_steps=episode_limit(env))
         policy = run.make_policy(env, use_critic=False)
         shuffle = torch.Generator().manual_seed(run_config.seed)
         generators = {"shuffle": shuffle}
