@@ -167,6 +167,7 @@ def train_variant(
             "video": False,
             "checkpoint_every": 0,
             "resume": None,
+            "overwrite": True,  # a variant is trained again from scratch (its folder's old run removed)
         }
     )
     t0 = time.perf_counter()
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 print(f"{run_dir} was trained with other settings: training it again")
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
+            result_file.unlink(missing_ok=True)  # the old run's result goes with it (--overwrite)
             before = before_of(run["init_policy"])
             curve: dict[str, list] = {"env_steps": [], "success": []}
             if args.curve_every > 0:

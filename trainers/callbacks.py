@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainers import distributed
 from trainers.evaluation import evaluate_episodes
+from trainers.files import open_append
 from trainers.metrics import named_metrics
 from trainers.report import EVAL_EPISODES_FILE
 from trainers.rollout import episode_summary
@@ -90,7 +91,7 @@ class Evaluation(Callback):
             episodes = self._episodes(run, step)
         episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
         if run.is_main:
-            with open(run.dir / EVAL_EPISODES_FILE, "a") as f:
+            with open_append(run.dir / EVAL_EPISODES_FILE) as f:  # a symbolic link is refused
                 for ep in episodes:
                     f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
         self.last = named_metrics("eval", episode_summary(episodes))

@@ -90,8 +90,9 @@ def train(
             f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}"
         )
     run = Run("grpo", run_config, config, callbacks, group_size=config.group_size)
-    env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
+    env = None
     try:
+        env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
         policy = run.make_policy(env, use_critic=False)
         shuffle = torch.Generator().manual_seed(run_config.seed)
         generators = {"shuffle": shuffle}
@@ -156,7 +157,9 @@ def train(
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
-        env.close()
+        if env is not None:
+            env.close()
+        run.close()  # after an error too: the folder's lock is released
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
