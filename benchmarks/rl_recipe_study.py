@@ -185,6 +185,7 @@ def train_variant(
             "video": False,
             "checkpoint_every": 0,
             "resume": None,
+            "overwrite": True,  # a variant is trained again from scratch (its folder's old run removed)
         }
     )
     callbacks = []
@@ -414,6 +415,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 why = "other settings" if same_starts else "no sampled curve on these fixed starts"
                 print(f"{run_dir} was trained with {why}: training it again")
             print(f"variant {name}, seed {seed}: {algo} for {run['total_steps']} env steps")
+            result_file.unlink(missing_ok=True)  # the old run's result goes with it (--overwrite)
             before = before_of(run["init_policy"])
             sampled = None
             if args.sampled_every >= 0:  # the training env's tasks x the fixed init states

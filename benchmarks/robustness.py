@@ -1,5 +1,5 @@
-"""How vla-gym takes bad input, faults, untrusted files and damaged checkpoints: cases tried and
-handled as README promises, per category, as one table.
+"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints and run folders: cases
+tried and handled as README promises, per category, as one table.
 
     python -m benchmarks.robustness                         # every category (~3 min on 2 cores)
     python -m benchmarks.robustness --categories checkpoints "untrusted files"
@@ -8,7 +8,9 @@ A case is handled when the promise holds: bad input raises a ``ValueError`` that
 parameter; a file that asks to run code raises ``UnsafeFileError`` and the code never runs; a closed
 env raises ``ClosedEnvError``; a failed worker is detected (a stopped one within its timeout), its
 envs truncated with ``worker_restarted`` and reset later; a damaged checkpoint is refused or skipped
-for the one before it, never loaded wrong. Each failing case is printed with what happened instead.
+for the one before it, never loaded wrong; a run folder is left as it was by a refused start, holds
+whole files only, one run at a time, and is never written through a link. Each failing case is
+printed with what happened instead.
 (Every case is also a test under ``tests/``; this script keeps the figures re-measurable.)
 """
 
@@ -485,6 +487,166 @@ def checkpoints(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def run_folders(probe: Probe) -> dict[str, Callable[[], None]]:
+    """A run folder is written only after its checks pass, each whole file atomically, by one run at
+    a time, never mixed with another run's files and never through a symbolic link (issue 32)."""
+    import contextlib
+    import errno
+    import json
+    import shutil
+
+    from trainers.__main__ import main
+    from trainers.files import write_atomic
+    from trainers.metrics import read_metrics
+    from trainers.ppo import PPOConfig
+    from trainers.ppo import train as ppo_train
+    from trainers.run import Run, RunConfig
+
+    fast = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
+
+    def train(argv: list[str]) -> None:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the torn lines dropped, on purpose
+            ppo_train.main([*argv, *fast])
+
+    def run(name: str, *extra: str) -> Path:
+        """A 2-iteration PPO run on CartPole (with ``extra`` flags)."""
+        folder = probe.root / "runs" / name
+        sizes = ["--num-envs", "2", "--n-steps", "32", "--batch-size", "64", "--total-steps", "128"]
+        train(["--env", "CartPole-v1", *sizes, "--checkpoint-every", "1", "--eval-every", "-1",
+               "--run-dir", str(folder), *extra])  # fmt: skip
+        return folder
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def untouched(folder: Path, call: Callable[[], Any], exc: type[BaseException], *words: str) -> None:
+        before = files(folder)
+        raises(exc, *words)(call)
+        if files(folder) != before:
+            raise AssertionError(f"{folder} changed")
+
+    def resumed(folder: Path, iterations: int) -> None:
+        train(["--resume", str(folder), "--total-steps", str(64 * iterations)])
+        got = [int(r["iteration"]) for r in read_metrics(folder) if "train/loss" in r]
+        if got != list(range(1, iterations + 1)):
+            raise AssertionError(f"iterations {got} after the resume")
+
+    def other_env() -> None:
+        folder = run("env")
+        untouched(
+            folder,
+            lambda: main(["--resume", str(folder), "--env", "Pendulum-v1"]),
+            ValueError,
+            "not 'Pendulum-v1'",
+        )
+        resumed(folder, 4)
+
+    def other_algo() -> None:
+        folder = run("algo")
+        call = lambda: main(["--resume", str(folder), "--algo", "grpo", "--group-size", "2"])  # noqa: E731
+        untouched(folder, call, ValueError, "is a ppo checkpoint, not grpo")
+        resumed(folder, 4)
+
+    def loose_checkpoint() -> None:
+        loose = probe.root / "loose" / "deep"
+        loose.mkdir(parents=True)
+        shutil.copy(run("loose") / "checkpoints" / "iter_000002.pt", loose)
+        call = lambda: main(["--algo", "ppo", "--resume", str(loose / "iter_000002.pt")])  # noqa: E731
+        untouched(loose.parent, call, ValueError, "resumes the run folder it belongs to")
+
+    def missing() -> None:
+        path = probe.root / "missing"
+        raises(FileNotFoundError, "no such run folder")(
+            lambda: main(["--algo", "ppo", "--resume", str(path)])
+        )
+        if path.exists():
+            raise AssertionError("created")
+
+    def torn(name: str, text: str, *extra: str) -> Callable[[], None]:
+        def case() -> None:
+            folder = run(f"torn-{name}", *extra)
+            with open(folder / name, "a") as f:
+                f.write(text)
+            resumed(folder, 4)
+            [json.loads(line) for line in (folder / name).read_text().splitlines()]  # every line whole
+
+        return case
+
+    def damaged_middle() -> None:
+        folder = run("middle")
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        (folder / "metrics.jsonl").write_text("\n".join([lines[0], "{garbage", *lines[1:]]) + "\n")
+        call = lambda: main(["--resume", str(folder), "--total-steps", "256"])  # noqa: E731
+        untouched(folder, call, ValueError, "metrics.jsonl, line 2", "damaged before its last line")
+
+    def full_disk() -> None:
+        path = probe.root / "config.json"
+        path.write_text("old")
+
+        def half(f: Any) -> None:
+            f.write(b"half of the new")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        raises(OSError, "No space left")(lambda: write_atomic(path, half))
+        left = sorted(p.name for p in probe.root.glob(".config.json*"))
+        if path.read_text() != "old" or left:
+            raise AssertionError(f"{path.read_text()!r}, temporary files {left}")
+
+    def second_writer() -> None:
+        folder = probe.root / "runs" / "locked"
+        config = RunConfig(env="CartPole-v1", num_envs=2, run_dir=str(folder), progress=False)
+        first = Run("ppo", config, PPOConfig())
+        try:
+            raises(RuntimeError, "is in use", "another run")(lambda: Run("ppo", config, PPOConfig()))
+        finally:
+            first.close()
+
+    def new_run_in_old_folder() -> None:
+        folder = run("old")
+        untouched(folder, lambda: run("old", "--seed", "1"), ValueError, "already holds a run", "--overwrite")
+
+    def overwrite() -> None:
+        folder = run("overwrite")
+        run("overwrite", "--seed", "1", "--total-steps", "64", "--overwrite")
+        names = sorted(p.name for p in (folder / "checkpoints").iterdir())
+        if names != ["iter_000001.pt"] or len(read_metrics(folder)) != 1:
+            raise AssertionError(f"old files kept: {names}")
+
+    def link(name: str) -> Callable[[], None]:
+        def case() -> None:
+            folder = run(f"link-{name}")
+            outside = probe.root / f"outside-{name}"
+            (folder / name).rename(outside)
+            (folder / name).symlink_to(outside)
+            before = outside.read_bytes()
+            raises(ValueError, "is a symbolic link")(
+                lambda: main(["--resume", str(folder), "--total-steps", "256"])
+            )
+            if outside.read_bytes() != before:
+                raise AssertionError(f"{outside} written through the link")
+
+        return case
+
+    return {
+        "refused --resume (other --env) writes nothing": other_env,
+        "refused --resume (--algo grpo on ppo) writes nothing": other_algo,
+        "--resume of a checkpoint outside a run folder": loose_checkpoint,
+        "--resume of a missing path": missing,
+        "torn last line of metrics.jsonl": torn("metrics.jsonl", '{"step": 192, "itera'),
+        "garbage last line of eval_episodes.jsonl": torn(
+            "eval_episodes.jsonl", "garbage", "--eval-every", "0", "--eval-episodes", "2"
+        ),
+        "damaged line inside metrics.jsonl": damaged_middle,
+        "full disk while writing config.json": full_disk,
+        "second run on a folder in use": second_writer,
+        "new run in an old run's folder": new_run_in_old_folder,
+        "--overwrite clears the old run": overwrite,
+        "config.json is a symbolic link": link("config.json"),
+        "summary.md is a symbolic link": link("summary.md"),
+    }
+
+
 def process_traps(probe: Probe) -> dict[str, Callable[[], None]]:
     script = (
         "import gymnasium as gym, envs\n"
@@ -525,6 +687,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "closed envs": closed_envs,
     "faults": faults,
     "checkpoints": checkpoints,
+    "run folders": run_folders,
     "process traps": process_traps,
 }
 

@@ -67,6 +67,7 @@ def run_grpo(recipe: dict[str, Any], run_dir: Path, args) -> Path:
         eval_at_start=False,
         video=False,
         checkpoint_every=0,
+        overwrite=True,  # a rerun trains again from scratch
     )
     train(run, GRPOConfig(**recipe["grpo"]))
     return run_dir

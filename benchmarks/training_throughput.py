@@ -97,8 +97,8 @@ def loop_rate(recipe: dict[str, Any], iterations: int, out: Path, seed: int) -> 
         checkpoint_every=0,
         progress=True,
         tensorboard=False,
+        overwrite=True,  # each measurement starts a fresh run in the same folder
     )
-    (out / "run" / "metrics.jsonl").unlink(missing_ok=True)
     if algo == "grpo":
         train_grpo(run, GRPOConfig(**recipe["grpo"]))
     else:

@@ -387,8 +387,9 @@ def test_a_checkpoints_module_name_is_checked_before_import(tmp_path, evil_modul
 
 def test_resume_config_json_cannot_grant_trust(tmp_path, marker):
     """The issue's case: a run folder whose config.json says trust_pickle for a bundle with a
-    payload. --resume builds the env from it: the opt-in is dropped with a warning, the bundle's
-    resnet_rm.pth is read safely and refused."""
+    payload (and a checkpoint to resume: a resume is checked before any env is built). --resume
+    builds the env from it: the opt-in is dropped with a warning, the bundle's resnet_rm.pth is read
+    safely and refused."""
     import json
 
     from trainers.__main__ import main
@@ -403,6 +404,9 @@ def test_resume_config_json_cannot_grant_trust(tmp_path, marker):
         "ppo": {},
     }
     (run / "config.json").write_text(json.dumps(config))
+    ckpt.save_checkpoint(
+        run / "checkpoints" / "iter_000001.pt", {"algo": "ppo", "config": config, "optimizer": {}}
+    )
     with pytest.warns(RuntimeWarning, match=r"config.json: run.env_kwargs: ignored \{'trust_pickle': True\}"):
         with refused():
             main(["--resume", str(run), "--no-progress", "--no-tensorboard"])

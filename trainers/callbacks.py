@@ -35,6 +35,7 @@ from torch import nn
 from trainers import distributed
 from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
+from trainers.files import open_append, write_atomic
 from trainers.metrics import named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE
 from trainers.rollout import episode_summary
@@ -144,7 +145,7 @@ class Evaluation(Callback):
             episodes = self._episodes_of(run, step)
         episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
         if run.is_main:
-            with open(run.dir / self.file, "a") as f:
+            with open_append(run.dir / self.file) as f:  # a symbolic link is refused
                 for ep in episodes:
                     f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
         self.last = named_metrics(self.name, episode_summary(episodes))
@@ -231,8 +232,8 @@ def _keep_until(path: Path, env_step: int | None) -> None:
     if env_step is None or not path.exists():
         path.unlink(missing_ok=True)
         return
-    kept = [r for r in read_jsonl(path, missing_ok=True) if r["env_step"] <= env_step]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    kept = [r for r in read_jsonl(path, missing_ok=True, drop_torn_tail=True) if r["env_step"] <= env_step]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 class Checkpointing(Callback):

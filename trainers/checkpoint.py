@@ -20,7 +20,6 @@ arguments (``trust_pickle``, ``download``, ...) are dropped: they come from the 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import warnings
 from collections.abc import Collection
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
+from trainers.files import write_atomic
 
 FORMAT = "vla-gym-checkpoint"
 VERSION = 2  # 2: with "sha256" (version 1 files, without it, only with allow_unverified=True)
@@ -127,26 +127,16 @@ def payload_digest(payload: Any, budget: int | None = None) -> str:
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (plus format tags and its SHA-256) to ``path`` atomically: temp file,
-    fsync, rename, fsync of the directory. Temp files of earlier killed saves are removed."""
+    """Write ``payload`` (plus format tags and its SHA-256) to ``path`` atomically
+    (``trainers.files.write_atomic``: temp file, fsync, rename, fsync of the directory). Temp files
+    of earlier killed saves are removed (a run folder has one writer: ``trainers/run_folder.py``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(".*.partial"):
         stale.unlink(missing_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
     data = {"format": FORMAT, "version": VERSION, **payload}
     data["sha256"] = payload_digest(data)
-    with open(tmp, "wb") as f:
-        torch.save(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power loss
-    finally:
-        os.close(directory)
-    return path
+    return write_atomic(path, lambda f: torch.save(data, f), temp_suffix=".partial")
 
 
 def load_checkpoint(path: str | Path, *, allow_unverified: bool = False) -> dict[str, Any]:
@@ -325,6 +315,7 @@ def build_policy(
     *,
     init_policy: str | Path | None = None,
     resume: str | Path | None = None,
+    resumed: tuple[Path, dict[str, Any]] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The policy a run trains, and its spec (``name``, ``kwargs``, ``observation_keys``: what
     ``load_policy`` needs to rebuild it).
@@ -334,7 +325,8 @@ def build_policy(
     a critic stays the caller's choice) and weights, or, with ``name`` ``"residual"`` or ``"dsrl"``,
     a ``ResidualPolicy`` / ``NoiseSteeredPolicy`` whose frozen base is that policy. With ``resume``
     the policy is rebuilt as the resumed run built it (the caller loads its weights), with the
-    opt-ins of ``kwargs``. The checkpoint's spec is checked first (``checked_policy_spec``): its
+    opt-ins of ``kwargs`` (``resumed``: that checkpoint's ``(path, data)`` when the caller has read
+    it already). The checkpoint's spec is checked first (``checked_policy_spec``): its
     opt-ins are dropped and it may name no ``module:Class`` but vla-gym's policies and ``name``.
     """
     from gymnasium import spaces
@@ -344,7 +336,7 @@ def build_policy(
     state = None
     allow = [name] if ":" in name else []  # the caller's own module:Class
     if resume:
-        path, data = latest_checkpoint(resume)
+        path, data = resumed or latest_checkpoint(resume)
         spec = checked_policy_spec(data.get("policy"), path, allow)
         # the resumed run's class and arguments, with the caller's opt-ins (never the file's)
         opt_ins = {k: v for k, v in kwargs.items() if k in OPT_IN_KEYS}

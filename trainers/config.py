@@ -27,6 +27,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from trainers.files import write_atomic
+
 T = TypeVar("T")
 
 
@@ -161,8 +163,9 @@ def to_dict(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def save_config(path: str | Path, configs: dict[str, Any]) -> None:
-    """Write ``{key: dataclass}`` as JSON (readable back by ``load_config`` / ``--config``)."""
-    Path(path).write_text(json.dumps(to_dict(configs), indent=2, sort_keys=True) + "\n")
+    """Write ``{key: dataclass}`` as JSON (readable back by ``load_config`` / ``--config``),
+    atomically (``trainers.files.write_atomic``)."""
+    write_atomic(path, json.dumps(to_dict(configs), indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> Any:

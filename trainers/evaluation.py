@@ -276,12 +276,14 @@ def video_grid(images: list[np.ndarray], columns: int = VIDEO_COLUMNS) -> np.nda
 
 
 def write_video(path: str | Path, frames: list[np.ndarray], fps: int = 20) -> Path:
-    """Write HxWx3 uint8 frames as an H.264 mp4, atomically (temp name, then rename)."""
+    """Write HxWx3 uint8 frames as an H.264 mp4, atomically (``trainers.files.write_atomic``)."""
     import imageio.v3 as iio
+
+    from trainers.files import write_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.partial.mp4")
-    iio.imwrite(tmp, np.stack(frames), fps=fps, codec="libx264", macro_block_size=1, extension=".mp4")
-    tmp.replace(path)
-    return path
+    video = iio.imwrite(
+        "<bytes>", np.stack(frames), fps=fps, codec="libx264", macro_block_size=1, extension=".mp4"
+    )
+    return write_atomic(path, video)

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainers.files import open_append, write_atomic
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -28,7 +30,9 @@ class MetricsLogger:
         wandb_project: log to this Weights & Biases project (needs ``pip install wandb``).
         config: the run's settings (sent to W&B).
         resume_iteration: when resuming, rows of later iterations (logged after the checkpoint
-            the run resumes from) are dropped so that the file reads as one uninterrupted run.
+            the run resumes from) are dropped so that the file reads as one uninterrupted run (the
+            file is rewritten atomically; a torn last line, from a write cut short, is dropped with
+            a warning; a damaged line before it is a ``ValueError`` naming the line).
         resume_step: the env step of that checkpoint (TensorBoard purges later events).
     """
 
@@ -44,10 +48,10 @@ class MetricsLogger:
     ) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         if resume_iteration is not None and self.path.exists():
-            rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            rows = read_jsonl(self.path, drop_torn_tail=True)  # a torn last line: dropped, with a warning
             kept = [r for r in rows if r.get("iteration", 0) <= resume_iteration]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self._file = open(self.path, "a")  # noqa: SIM115 (closed in close())
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._file = open_append(self.path)  # closed in close(); a symbolic link is refused
         self._tb = None
         if tensorboard:
             try:
@@ -97,12 +101,46 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def read_jsonl(path: str | Path, missing_ok: bool = False) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file (``[]`` for a missing file when ``missing_ok``)."""
+def parse_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a JSON-lines file, and what is wrong with its last line if that one is not a
+    JSON object (a torn write: a run killed, or a disk full, in the middle of a line), else None.
+    A line before the last that is not a JSON object is a ``ValueError`` naming file and line."""
+    path = Path(path)
+    lines = [(n, line) for n, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for k, (n, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            problem = None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            problem = f"{type(e).__name__}: {e}"
+        if problem is None:
+            rows.append(row)
+        elif k == len(lines) - 1:
+            return rows, f"{path}, line {n}: {problem} ({line[:60]!r})"
+        else:
+            raise ValueError(
+                f"{path}, line {n} of {lines[-1][0]}: {problem}; the file is damaged before its last "
+                "line (not a write cut short): repair or remove that line"
+            )
+    return rows, None
+
+
+def read_jsonl(
+    path: str | Path, missing_ok: bool = False, drop_torn_tail: bool = False
+) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (``[]`` for a missing file when ``missing_ok``). A last line
+    that is not a JSON object (a torn write) is dropped with a warning when ``drop_torn_tail``, else
+    a ``ValueError``, as is any damaged line before it (``parse_jsonl``)."""
     path = Path(path)
     if missing_ok and not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, torn = parse_jsonl(path)
+    if torn is not None:
+        if not drop_torn_tail:
+            raise ValueError(torn)
+        warnings.warn(f"dropped a torn last line (a write cut short): {torn}", RuntimeWarning, stacklevel=2)
+    return rows
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,13 +1,16 @@
 """What a finished run leaves for a person: ``learning_curve.png`` and ``summary.md``.
 
-Both are drawn from the run directory's files (``metrics.jsonl``, ``eval_episodes.jsonl``).
+Both are drawn from the run directory's files (``metrics.jsonl``, ``eval_episodes.jsonl``) and
+written atomically (``trainers.files.write_atomic``).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from trainers.files import write_atomic
 from trainers.metrics import fmt, mcnemar_p, read_jsonl, read_metrics, wilson_interval
 
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"  # one row per evaluation episode, with the env step
@@ -53,10 +56,10 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = run_dir / "learning_curve.png"
-    fig.savefig(path)
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
     plt.close(fig)
-    return path
+    return write_atomic(run_dir / "learning_curve.png", image.getvalue())
 
 
 def _rate_cell(episodes: list[dict[str, Any]], key: str) -> str:
@@ -119,6 +122,4 @@ def write_summary(
         lines += ["", "## Files", ""]
         lines += [f"- {name}: [`{path}`]({path})" for name, path in files.items()]
     lines += ["", f"TensorBoard: `tensorboard --logdir {run_dir / 'tb'}`", ""]
-    path = run_dir / "summary.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_atomic(run_dir / "summary.md", "\n".join(lines))

@@ -28,7 +28,9 @@ would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import random
 import time
 import warnings
@@ -43,10 +45,11 @@ from torch import nn
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
-from trainers import distributed
+from trainers import distributed, run_folder
 from trainers.callbacks import Callback, Checkpointing, Evaluation, Report
 from trainers.config import save_config, to_dict
 from trainers.env_factory import AUTORESET, make_vec_env
+from trainers.files import write_atomic
 from trainers.metrics import MetricsLogger, Progress, format_table, named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE, plot_learning_curve, write_summary
 from trainers.rollout import episode_summary
@@ -74,7 +77,14 @@ class RunConfig:
     device: str = "cpu"  # cuda with several ranks: cuda:LOCAL_RANK
     torch_threads: int = 0  # 0: torch's default
     run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
-    resume: str | None = None  # a run directory (its newest checkpoint) or a checkpoint file
+    # a run directory (its newest checkpoint) or the newest checkpoint file in its checkpoints/: the
+    # same algorithm and env; run_dir is then that directory
+    resume: str | None = None
+    # a new run in a run_dir that holds another run's files: remove them first (only a run's own
+    # files, inside the folder: anything else there is refused). Without it such a folder is
+    # refused (a new run never mixes its files with another's); --resume continues the run instead.
+    # Never saved as true: an overwrite comes only from your own command line or call
+    overwrite: bool = False
     # start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its
     # policy class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic,
     # override them) and --policy is ignored, except --policy residual: a ResidualPolicy learns a
@@ -119,6 +129,8 @@ class RunConfig:
         distributed.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
         if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
             raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
+        if self.resume and self.overwrite:
+            raise ValueError("resume continues the run in its folder, overwrite clears the folder: give one")
 
 
 class Run:
@@ -134,6 +146,14 @@ class Run:
 
     Under torchrun this starts the process group (after checking that ``num_envs`` splits over
     the ranks: a ``ValueError`` before any work otherwise).
+
+    The run directory follows ``trainers/run_folder.py``: before anything is written, a resume is
+    checked (an existing run folder, a full checkpoint of the same algorithm and env, readable
+    logs) and a new run's folder must be empty (or ``overwrite``); rank 0 then holds the folder's
+    lock (``<run>/.lock``) until ``finish()`` or ``close()``, so a second run on the folder is a
+    ``RuntimeError``. Files are written from ``restore()`` on, each whole file atomically; a
+    resumed run rewrites ``config.json`` only once its first iteration has ended (a resume that
+    fails while loading its state leaves the folder resumable as it was).
     """
 
     def __init__(
@@ -146,21 +166,26 @@ class Run:
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
         cfg = run_config
+        self._lock: run_folder.FolderLock | None = None
+        self._config_saved = False  # config.json: written by restore (new run) or the first iteration
+        # on resume: (path, content) of the checkpoint, read and checked before anything is written
+        self._resumed: tuple[Path, dict[str, Any]] | None = None
+        folder: Path | None = None
+        if cfg.resume:
+            folder, path, data = run_folder.resumable(cfg.resume, algo, cfg.env)
+            self._resumed = (path, data)
         self.ranks, self._owns_group = distributed.init(cfg.num_envs, cfg.device, group_size)
         self.device = distributed.local_device(cfg.device, self.ranks)
         self.callbacks: list[Callback] = [Evaluation(), Checkpointing(), *(callbacks or []), Report()]
         self.final_checkpoint: Path | None = None  # written by Checkpointing at the end
-        if cfg.resume:
-            source = Path(cfg.resume)
-            self.dir = source.parent.parent if source.is_file() else source
+        if folder is not None:
+            self.dir = folder
         elif cfg.run_dir:
             self.dir = Path(cfg.run_dir)
         else:
             name = f"{algo}-{cfg.env.split(':')[-1]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.dir = Path(distributed.broadcast(str(Path("runs") / name)))  # rank 0's clock names it
-        if self.is_main:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.dir / "config.json", self.configs)
+        self._claim_dir()
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
@@ -174,6 +199,26 @@ class Run:
         self._logger: MetricsLogger | None = None
         self._progress: Progress | None = None
         self._clock = time.perf_counter()
+
+    def _claim_dir(self) -> None:
+        """Rank 0 locks the run directory (and, for a new run, checks that it is empty or clears it
+        with ``overwrite``); its refusal is raised on every rank."""
+        error: Exception | None = None
+        if self.is_main:
+            try:
+                self._lock = run_folder.claim(
+                    self.dir, resume=bool(self.config.resume), overwrite=self.config.overwrite
+                )
+            except (OSError, ValueError, RuntimeError) as e:
+                error = e
+        if self.world_size > 1:
+            shared = distributed.broadcast(
+                None if error is None else (isinstance(error, ValueError), str(error))
+            )
+            if error is None and shared is not None:
+                error = (ValueError if shared[0] else RuntimeError)(f"rank 0: {shared[1]}")
+        if error is not None:
+            raise error
 
     @property
     def rank(self) -> int:
@@ -190,7 +235,9 @@ class Run:
 
     @property
     def configs(self) -> dict[str, Any]:
-        return {"run": self.config, self.algo: self.algo_config}
+        """The settings as saved (``config.json``, checkpoints): ``overwrite`` is an act of this
+        command line, never a setting a file passes on."""
+        return {"run": dataclasses.replace(self.config, overwrite=False), self.algo: self.algo_config}
 
     @property
     def finished(self) -> bool:
@@ -243,6 +290,7 @@ class Run:
             env.single_action_space,
             init_policy=cfg.init_policy,
             resume=cfg.resume,
+            resumed=self._resumed,
         )
         policy = policy.to(self.device)
         policy.seed(cfg.seed)  # several ranks: reseeded per rank in restore
@@ -267,8 +315,8 @@ class Run:
                     stacklevel=2,
                 )
             return
-        if cfg.resume:
-            path, data = ckpt.latest_checkpoint(cfg.resume)
+        if self._resumed is not None:
+            path, data = self._resumed
             ckpt.load_policy_state(policy, data["policy"], path)
         dtype = distributed.param_dtype(cfg.fsdp_param_dtype)
         self.sharded = distributed.fully_shard_policy(policy, dtype, cfg.activation_checkpointing)
@@ -333,12 +381,9 @@ class Run:
         self.policy, self.optimizer, self.generators = policy, optimizer, generators
         extra: dict[str, Any] = {}
         resume_iteration = resume_step = None
-        if self.config.resume:
-            path, data = ckpt.latest_checkpoint(self.config.resume)
-            if "optimizer" not in data:
-                raise ValueError(f"{path} holds a policy only (exported): start from it with --init-policy")
-            if data["algo"] != self.algo:
-                raise ValueError(f"{path} is a {data['algo']} checkpoint, not {self.algo}")
+        if self._resumed is not None:  # checked in __init__ (run_folder.resumable)
+            path, data = self._resumed
+            self._resumed = None  # not kept in memory for the whole run
             if self.sharded is not None:  # the weights were loaded before sharding (shard)
                 distributed.load_optimizer_state(self.sharded, policy, optimizer, data["optimizer"])
             else:
@@ -360,10 +405,21 @@ class Run:
                     g.manual_seed(seed)
         self._clock = time.perf_counter()
         if self.is_main:
+            if resume_step is None:
+                self._save_config()
             self._open_logs(resume_iteration, resume_step)
         for callback in self.callbacks:
             callback.on_training_start(self)
         return extra
+
+    def _save_config(self) -> None:
+        """``config.json`` (atomically), once: a new run writes it in ``restore``, a resumed one
+        after its first iteration (or at ``finish``), so that a resume refused while loading its
+        state (a changed setting that does not fit the checkpoint) leaves the run's settings as
+        they were."""
+        if self.is_main and not self._config_saved:
+            save_config(self.dir / run_folder.CONFIG_FILE, self.configs)
+            self._config_saved = True
 
     def _open_logs(self, resume_iteration: int | None, resume_step: int | None) -> None:
         self._logger = MetricsLogger(
@@ -381,11 +437,10 @@ class Run:
             desc=f"{self.algo} {self.config.env}",
         )
         episodes_file = self.dir / EVAL_EPISODES_FILE
-        if resume_step is not None:  # drop evaluations logged after the checkpoint
-            kept = [r for r in read_jsonl(episodes_file, missing_ok=True) if r["env_step"] <= resume_step]
-            episodes_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        elif episodes_file.exists():
-            episodes_file.unlink()
+        if resume_step is not None and episodes_file.exists():  # drop evaluations logged after the checkpoint
+            rows = read_jsonl(episodes_file, drop_torn_tail=True)
+            kept = [r for r in rows if float(r.get("env_step", math.inf)) <= resume_step]
+            write_atomic(episodes_file, "".join(json.dumps(r) + "\n" for r in kept))
 
     # ------------------------------------------------------------------ per iteration
     def end_iteration(
@@ -419,6 +474,7 @@ class Run:
             }
         )
         assert not self.is_main or self._logger is not None, "call restore() before the loop"
+        self._save_config()  # a resumed run: its state is loaded and an iteration has run
         for callback in self.callbacks:
             callback.on_iteration_end(self, row)
         self.last_metrics = row
@@ -440,14 +496,25 @@ class Run:
         """The callbacks' ends (final evaluation, final checkpoint, summary and report), then close
         the logs; returns the last metrics (with ``eval/*``)."""
         final = dict(self.last_metrics)
+        self._save_config()
         for callback in self.callbacks:
             callback.on_training_end(self, final)
-        self.close_progress()
-        if self._logger is not None:
-            self._logger.close()
+        self.close()
         if self._owns_group:
             distributed.shutdown()
         return final
+
+    def close(self) -> None:
+        """Close the logs and release the run directory's lock: ``finish`` does it, and the PPO,
+        GRPO and SAC loops when they stop on an error (the folder can be resumed at once; without
+        it the lock goes with this object or the process). Idempotent."""
+        self.close_progress()
+        if self._logger is not None:
+            self._logger.close()
+            self._logger = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def close_progress(self) -> None:
         if self._progress is not None:

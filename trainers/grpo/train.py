@@ -112,8 +112,9 @@ def train(
             f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}"
         )
     run = Run("grpo", run_config, config, callbacks, group_size=config.group_size)
-    env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
+    env = None
     try:
+        env = run.make_env(autoreset="disabled_native")  # finished envs stay frozen where the env allows it
         if config.overlong == "punish" and config.overlong_max_steps is None:
             config = dataclasses.replace(config, overlong_max_steps=episode_limit(env))
         policy = run.make_policy(env, use_critic=False)
@@ -183,7 +184,9 @@ def train(
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
-        env.close()
+        if env is not None:
+            env.close()
+        run.close()  # after an error too: the folder's lock is released
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -39,8 +39,9 @@ def train(
     """Train with PPO until ``run_config.total_steps`` env steps; returns the final metrics.
     ``callbacks`` (``trainers/callbacks.py``) run after the run's evaluation and checkpointing."""
     run = Run("ppo", run_config, config, callbacks)
-    env = run.make_env(autoreset="same_step")  # SB3's DummyVecEnv behaviour: no lost steps
+    env = None
     try:
+        env = run.make_env(autoreset="same_step")  # SB3's DummyVecEnv behaviour: no lost steps
         policy = run.make_policy(env)
         run.shard(policy)  # fsdp: before the optimizer, which holds the sharded parameters
         optimizer = make_optimizer(policy, config)
@@ -79,7 +80,9 @@ def train(
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
-        env.close()
+        if env is not None:
+            env.close()
+        run.close()  # after an error too: the folder's lock is released
 
 
 def scheduled(config: PPOConfig, progress_left: float) -> PPOConfig:

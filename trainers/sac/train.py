@@ -68,8 +68,9 @@ def train(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--algo sac runs in one process; start it without torchrun (or --nproc-per-node 1)")
     run = Run("sac", run_config, config, callbacks)
-    env = run.make_env(autoreset="same_step")
+    env = None
     try:
+        env = run.make_env(autoreset="same_step")
         space = env.single_action_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 2)):
             raise ValueError(
@@ -170,7 +171,9 @@ def train(
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
-        env.close()
+        if env is not None:
+            env.close()
+        run.close()  # after an error too: the folder's lock is released
 
 
 def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
