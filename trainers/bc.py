@@ -121,45 +121,50 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     sub_steps = int(train["valid"].sum())
     run_cfg = dataclasses.replace(run_cfg, total_steps=max(1, cfg.epochs * sub_steps))
     run = Run("bc", run_cfg, cfg)
-    policy = run.make_policy(env, use_critic=False)
-    check_compatible(train, policy, obs_space, cfg.demos)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    generator = torch.Generator().manual_seed(run_cfg.seed)
-    run.restore(policy, optimizer, {"bc": generator})
-    if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
-        policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
-    images = [  # keys to augment
-        key
-        for key, v in train["obs"].items()
-        if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
-    ]
-    actions = torch.as_tensor(train["actions"])
-    valid = torch.as_tensor(train["valid"])
-    guard = BadUpdateGuard(cfg.max_bad_updates)
-    m = len(actions)
-    while not run.finished:
-        policy.train()
-        order = torch.randperm(m, generator=generator).numpy()
-        losses, norms = [], []
-        for start in range(0, m, cfg.batch_size):
-            idx = order[start : start + cfg.batch_size]
-            obs = batch_obs(train["obs"], idx)
-            for key in images:
-                obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
-            loss = policy.imitation_loss(obs, actions[idx], valid[idx])
-            stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
-            if stepped:
-                losses.append(loss.detach())
-                norms.append(norm)
-        metrics = {
-            "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
-            "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
-        }
-        if val is not None:
-            metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
-        run.end_iteration(sub_steps, [], metrics)
-    policy.eval()
-    return run.finish()
+    try:
+        policy = run.make_policy(env, use_critic=False)
+        check_compatible(train, policy, obs_space, cfg.demos)
+        optimizer = torch.optim.AdamW(
+            policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+        )
+        generator = torch.Generator().manual_seed(run_cfg.seed)
+        run.restore(policy, optimizer, {"bc": generator})
+        if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
+            policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
+        images = [  # keys to augment
+            key
+            for key, v in train["obs"].items()
+            if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
+        ]
+        actions = torch.as_tensor(train["actions"])
+        valid = torch.as_tensor(train["valid"])
+        guard = BadUpdateGuard(cfg.max_bad_updates)
+        m = len(actions)
+        while not run.finished:
+            policy.train()
+            order = torch.randperm(m, generator=generator).numpy()
+            losses, norms = [], []
+            for start in range(0, m, cfg.batch_size):
+                idx = order[start : start + cfg.batch_size]
+                obs = batch_obs(train["obs"], idx)
+                for key in images:
+                    obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
+                loss = policy.imitation_loss(obs, actions[idx], valid[idx])
+                stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
+                if stepped:
+                    losses.append(loss.detach())
+                    norms.append(norm)
+            metrics = {
+                "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
+                "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
+            }
+            if val is not None:
+                metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
+            run.end_iteration(sub_steps, [], metrics)
+        policy.eval()
+        return run.finish()
+    finally:
+        run.close()  # releases the folder on an error too (a no-op after finish)
 
 
 @torch.no_grad()
