@@ -1,15 +1,22 @@
 """Success rate of a policy over a LIBERO suite's tasks x init states, the way LIBERO results are
-reported: per task and overall, with 95% Wilson intervals.
+reported: per task and overall, with 95% Wilson intervals, and the mean and spread over seeds.
 
     python -m benchmarks.evaluate --checkpoint checkpoints/bc_libero_spatial_state.pt --init-states 40:50 \\
         --env-kwargs '{"cameras": ["agentview"], "task_state": true, "chunk_size": 8}' \\
         --failure-videos runs/failures
     python -m benchmarks.evaluate --policy libero_expert --suite object \\
         --env-kwargs '{"chunk_size": null, "cameras": [], "task_state": true}'
+    python -m benchmarks.evaluate --policy openvla_oft --policy-kwargs '{"model_path": "ckpts/oft"}' \\
+        --env-kwargs '{"cameras": ["agentview", "wrist"], "chunk_size": 8}' --seeds 0 1 2 --temperature 1.0
 
-Each (task, init state) pair runs one episode (deterministic actions unless ``--sample``); prints
-the table and writes JSON (``--out``); ``--failure-videos DIR`` keeps an mp4 of each failed episode
-(up to ``--max-videos``; the env must render the agent view: add ``"cameras": ["agentview"]``).
+The field's protocol is the default: every task x the suite's 50 init states (``--init-states``,
+``--tasks`` narrow it), one episode per pair and seed, deterministic actions unless ``--sample``
+(or ``--temperature T``, which samples at T where the policy has a temperature). A policy comes
+from ``--checkpoint`` (a run or checkpoint; ``--policy-kwargs`` override its saved arguments) or
+``--policy NAME --policy-kwargs JSON`` (a ``model_path`` included). Prints the per-task table
+pooled over the seeds and each seed's overall rate, and writes JSON (``--out``);
+``--failure-videos DIR`` keeps an mp4 of each failed episode (up to ``--max-videos``; the env must
+render the agent view: add ``"cameras": ["agentview"]``).
 """
 
 from __future__ import annotations
@@ -46,15 +53,16 @@ def run_frames(
 
     if failure_videos is not None and "image" not in env.single_observation_space.spaces:
         raise ValueError("failure videos need an env that renders 'image' (cameras=['agentview'])")
+    from tqdm import tqdm
+
     out, videos = [], 0
-    for ep in collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids):
+    episodes = collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids)
+    for ep in tqdm(episodes, total=len(ids), desc=f"evaluate (seed {seed})", unit="episode"):
         out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
         if failure_videos is not None and not ep.success and videos < max_videos:
-            name = f"{ep.task.split('/')[-1][:60]}_frame{ep.initial_frame}.mp4"
+            name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_frame{ep.initial_frame}.mp4"
             write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
             videos += 1
-        print(f"\revaluate: {len(out)}/{len(ids)} episodes", end="", flush=True)
-    print()
     return out
 
 
@@ -86,6 +94,20 @@ def summarize(episodes: list[dict]) -> dict:
     }
 
 
+def seed_spread(episodes: list[dict]) -> dict:
+    """Each seed's overall success rate, and their mean and standard deviation (N - 1; 0 for one
+    seed): the spread across seeds the field reports beside the pooled rate."""
+    seeds = sorted({ep["seed"] for ep in episodes})
+    rates = []
+    for seed in seeds:
+        eps = [ep for ep in episodes if ep["seed"] == seed]
+        rates.append({"seed": seed, "successes": sum(ep["success"] for ep in eps), "trials": len(eps)})
+        rates[-1]["rate"] = rates[-1]["successes"] / len(eps)
+    values = np.array([r["rate"] for r in rates])
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return {"per_seed": rates, "seed_mean": float(values.mean()), "seed_std": std}
+
+
 def rate_cell(r: dict | None) -> str:
     """``k/n rate [low, high]`` of a ``summarize`` row (or the whole summary); ``-`` for None."""
     if r is None:
@@ -98,6 +120,10 @@ def format_summary(summary: dict, title: str) -> str:
 
     rows = [(r["task"][:64], rate_cell(r)) for r in summary["tasks"]]
     rows.append(("all tasks", rate_cell(summary)))
+    for r in summary.get("per_seed", []) if len(summary.get("per_seed", [])) > 1 else []:
+        rows.append((f"seed {r['seed']}", f"{r['successes']}/{r['trials']} {r['rate']:.0%}"))
+    if len(summary.get("per_seed", [])) > 1:
+        rows.append(("mean +- std over seeds", f"{summary['seed_mean']:.1%} +- {summary['seed_std']:.1%}"))
     return format_table(rows, title=title)
 
 
@@ -128,7 +154,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="spatial")
     parser.add_argument("--checkpoint", help="a run directory or checkpoint file")
-    parser.add_argument("--policy", help="a policy name (scripted policies), instead of a checkpoint")
+    parser.add_argument("--policy", help="a registered policy name, instead of a checkpoint")
+    parser.add_argument(
+        "--policy-kwargs",
+        type=json.loads,
+        default={},
+        help="JSON object: the policy's arguments (with --policy; e.g. a model_path), or overrides of "
+        "the checkpoint's saved ones",
+    )
     parser.add_argument("--env-kwargs", type=json.loads, default={})
     parser.add_argument(
         "--init-states", type=state_range, default=range(50), help="N (the first N) or A:B (A to B-1)"
@@ -136,13 +169,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tasks", type=int, nargs="*", default=None)
     parser.add_argument("--num-envs", type=int, default=2)
     parser.add_argument("--sample", action="store_true", help="sample actions instead of the mode")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="sample at this temperature (policies that have one)"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one pass over the pairs per seed")
+    parser.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds SEED)")
     parser.add_argument("--failure-videos", default=None, help="directory for mp4s of failed episodes")
     parser.add_argument("--max-videos", type=int, default=20)
     parser.add_argument("--out", default="runs/benchmarks/evaluate.json")
     args = parser.parse_args(argv)
     if (args.checkpoint is None) == (args.policy is None):
         parser.error("give exactly one of --checkpoint and --policy")
+    if not isinstance(args.policy_kwargs, dict) or not isinstance(args.env_kwargs, dict):
+        parser.error("--policy-kwargs and --env-kwargs take a JSON object")
+    if args.temperature is not None and not args.temperature > 0:
+        parser.error(f"--temperature must be > 0, got {args.temperature}")
+    seeds = [args.seed] if args.seed is not None else list(args.seeds)
+    sample = args.sample or args.temperature is not None
     env = gym.make_vec(
         f"Libero-{args.suite.capitalize()}-v0",
         num_envs=args.num_envs,
@@ -152,29 +195,39 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         obs_space, act_space = env.single_observation_space, env.single_action_space
         if args.checkpoint:
-            policy = load_policy(args.checkpoint, obs_space, act_space)
+            policy = load_policy(args.checkpoint, obs_space, act_space, policy_kwargs=args.policy_kwargs)
         else:
-            policy = make_policy(args.policy, obs_space, act_space)
+            policy = make_policy(args.policy, obs_space, act_space, **args.policy_kwargs)
+        if args.temperature is not None:
+            if not hasattr(policy, "temperature"):
+                raise ValueError(f"--temperature: {type(policy).__name__} has no sampling temperature")
+            policy.temperature = float(args.temperature)
         policy.eval()
-        policy.seed(args.seed)
+        ids = frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks)
         t0 = time.perf_counter()
-        episodes = run_frames(
-            env,
-            policy,
-            frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks),
-            seed=args.seed,
-            deterministic=not args.sample,
-            failure_videos=args.failure_videos,
-            max_videos=args.max_videos,
-        )
+        episodes = []
+        for seed in seeds:
+            policy.seed(seed)
+            videos = args.max_videos - sum(not ep["success"] for ep in episodes)
+            for ep in run_frames(
+                env,
+                policy,
+                ids,
+                seed=seed,
+                deterministic=not sample,
+                failure_videos=args.failure_videos,
+                max_videos=max(videos, 0),
+            ):
+                episodes.append({**ep, "seed": seed})
         wall = time.perf_counter() - t0
     finally:
         env.close()
     summary = {
         **summarize(episodes),
+        **seed_spread(episodes),
         "suite": args.suite,
         "wall_s": wall,
-        "args": {**vars(args), "init_states": list(args.init_states)},
+        "args": {**vars(args), "seeds": seeds, "init_states": list(args.init_states)},
     }
     print(format_summary(summary, f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()}"))
     write_json(args.out, summary)

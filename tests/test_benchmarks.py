@@ -100,6 +100,26 @@ def test_evaluate_writes_failure_videos(tmp_path):
     assert json.loads((tmp_path / "e.json").read_text())["args"]["init_states"] == [40, 41]
 
 
+@requires_libero
+def test_evaluate_policy_by_name_with_kwargs_over_seeds(tmp_path):
+    """``--policy NAME --policy-kwargs``: a policy built from arguments; ``--seeds``: one pass per
+    seed, each seed's rate and their mean and spread; ``--temperature`` needs a policy that has one."""
+    from benchmarks.evaluate import main
+
+    common = ["--tasks", "0", "--init-states", "40:41", "--num-envs", "1", "--out", str(tmp_path / "e.json"),
+              "--env-kwargs", json.dumps({"cameras": [], "task_state": True, "chunk_size": 8,
+                                          "max_episode_steps": 16})]  # fmt: skip
+    summary = main(["--policy", "gaussian", "--policy-kwargs", '{"hidden_sizes": [8]}', "--seeds", "0", "1",
+                    "--sample", *common])  # fmt: skip
+    assert summary["trials"] == 2 and [r["seed"] for r in summary["per_seed"]] == [0, 1]
+    assert summary["seed_mean"] == 0.0 and summary["seed_std"] == 0.0  # 16 steps: too short to succeed
+    assert json.loads((tmp_path / "e.json").read_text())["args"]["policy_kwargs"] == {"hidden_sizes": [8]}
+    with pytest.raises(ValueError, match="has no sampling temperature"):
+        main(["--policy", "gaussian", "--temperature", "1.5", *common])
+    with pytest.raises(SystemExit):
+        main(["--policy", "gaussian", "--policy-kwargs", "[1]", *common])
+
+
 @pytest.mark.slow
 def test_vla_latency_times_both_policies_on_tiny_checkpoints(tmp_path, capsys):
     from benchmarks import vla_latency
