@@ -78,6 +78,34 @@ def test_flags_config_file_and_types(tmp_path):
         PPOConfig(time_unit="episode")
 
 
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"run": None}, "the 'run' settings must be a JSON object"),
+        ({"run": {"num_envs": True}}, r"RunConfig.num_envs: expected int, got True"),
+        ({"run": {"num_envs": "8"}}, r"RunConfig.num_envs: expected int, got '8'"),
+        ({"run": {"env_kwargs": [1]}}, r"RunConfig.env_kwargs: expected a JSON object, got \[1\]"),
+        ({"run": {"seed": -1}}, "seed must be >= 0, got -1"),
+        ({"run": {"eval_num_envs": -3}}, "eval_num_envs must be >= 0, got -3"),
+        ({"run": {"device": "cuda"}}, "CUDA is not available"),
+        ({"run": {"autoreset_mode": 3}}, r"RunConfig.autoreset_mode: expected one of"),
+        ({"ppo": {"target_kl": -1}}, "target_kl must be > 0"),
+        ({"ppo": {"clip_low": -1}}, "need 0 <= clip_low < 1"),
+        ({"ppo": {"gamma": "0.9"}}, r"PPOConfig.gamma: expected a number, got '0.9'"),
+        ({"ppo": {"target_kl": "x"}}, r"PPOConfig.target_kl: expected float \| None, got 'x'"),
+    ],
+)
+def test_bad_settings_are_a_value_error_naming_the_field(tmp_path, settings, message):
+    """A config file's values of the wrong type or out of range: a ValueError naming the setting,
+    what it expects and what came (never a raw TypeError, never accepted)."""
+    if "device" in (settings.get("run") or {}) and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match=message):
+        parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
+
+
 def test_help_shows_each_fields_comment(capsys):
     from dataclasses import dataclass
 

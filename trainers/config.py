@@ -117,10 +117,62 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         group.add_argument(flag, dest=f.name, type=convert, default=argparse.SUPPRESS, help=text, **extra)
 
 
+def check_value(annotation: Any, value: Any) -> Any:
+    """``value`` if it fits the field ``annotation`` (an int where a float is wanted becomes a
+    float, a list where a tuple is wanted a tuple), else a ``ValueError`` saying what was expected."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        for option in args:
+            try:
+                return None if option is type(None) and value is None else check_value(option, value)
+            except ValueError:
+                continue
+        raise ValueError(f"expected {_describe(annotation)}")
+    if origin is Literal:
+        if value in args and not isinstance(value, bool):
+            return value
+        raise ValueError(f"expected one of {list(args)}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ValueError("expected null")
+    if annotation is bool or annotation is int or annotation is str:
+        if isinstance(value, annotation) and (annotation is bool or not isinstance(value, bool)):
+            return value
+        raise ValueError(f"expected {annotation.__name__}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError("expected a number")
+    kind = origin or annotation
+    if kind is dict:
+        if isinstance(value, dict):
+            return value
+        raise ValueError("expected a JSON object")
+    if kind in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            return tuple(value) if kind is tuple else list(value)
+        raise ValueError("expected a JSON list")
+    return value  # an annotation without a check here
+
+
+def _describe(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
 def build(cls: type[T], values: dict[str, Any]) -> T:
-    """``cls(**values)`` keeping only ``cls``'s fields; unknown keys are an error elsewhere."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in values.items() if k in names})
+    """``cls(**values)`` keeping only ``cls``'s fields (unknown keys are an error elsewhere), each
+    value checked against its field's type first: a ``ValueError`` names the field, what it
+    expects and what came."""
+    hints = typing.get_type_hints(cls)
+    checked = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            try:
+                checked[f.name] = check_value(hints[f.name], values[f.name])
+            except ValueError as e:
+                raise ValueError(f"{cls.__name__}.{f.name}: {e}, got {values[f.name]!r:.100}") from None
+    return cls(**checked)
 
 
 def parse(
@@ -189,6 +241,8 @@ def load_config(
             f"{path}: expected a JSON object with keys among {sorted(classes)}, got {data!r:.200}"
         )
     for key, values in data.items():
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: the {key!r} settings must be a JSON object, got {values!r:.100}")
         names = {f.name for f in dataclasses.fields(classes[key])}
         unknown = set(values) - names
         if unknown:

@@ -116,8 +116,16 @@ class RunConfig:
         for name in ("num_envs", "total_steps", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_iterations < 0:
-            raise ValueError(f"max_iterations must be >= 0, got {self.max_iterations}")
+        for name in ("max_iterations", "seed", "torch_threads", "eval_num_envs", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
+            raise ValueError(
+                "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
+                f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
+            )
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: CUDA is not available on this machine (use cpu)")
         if self.autoreset_mode not in ("auto", *AUTORESET):
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"

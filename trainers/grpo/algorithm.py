@@ -137,6 +137,10 @@ class GRPOConfig:
             raise ValueError(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {self.log_prob_level!r}")
         if self.loss_agg not in ("token_mean", "traj_mean"):
             raise ValueError(f"loss_agg must be 'token_mean' or 'traj_mean', got {self.loss_agg!r}")
+        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
+            raise ValueError(
+                f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low} and {self.clip_high}"
+            )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         for name in ("resample_rounds", "rollout_steps"):

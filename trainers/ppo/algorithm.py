@@ -87,6 +87,12 @@ class PPOConfig:
         _choice("clip_schedule", self.clip_schedule, ("constant", "linear"))
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
+            raise ValueError(
+                f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low} and {self.clip_high}"
+            )
+        if self.target_kl is not None and self.target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
         for name in ("n_steps", "batch_size", "n_epochs", "max_bad_updates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
