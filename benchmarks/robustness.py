@@ -1,5 +1,6 @@
-"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints and run folders: cases
-tried and handled as README promises, per category, as one table.
+"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints, run folders and dataset
+files that declare sizes or paths they do not hold: cases tried and handled as README promises, per
+category, as one table.
 
     python -m benchmarks.robustness                         # every category (~3 min on 2 cores)
     python -m benchmarks.robustness --categories checkpoints "untrusted files"
@@ -9,8 +10,10 @@ parameter; a file that asks to run code raises ``UnsafeFileError`` and the code 
 env raises ``ClosedEnvError``; a failed worker is detected (a stopped one within its timeout), its
 envs truncated with ``worker_restarted`` and reset later; a damaged checkpoint is refused or skipped
 for the one before it, never loaded wrong; a run folder is left as it was by a refused start, holds
-whole files only, one run at a time, and is never written through a link. Each failing case is
-printed with what happened instead.
+whole files only, one run at a time, and is never written through a link; a dataset file that
+declares sizes or paths it does not hold is refused with a ``ValueError`` naming the file, before
+anything large is allocated or anything outside it is read. Each failing case is printed with what
+happened instead.
 (Every case is also a test under ``tests/``; this script keeps the figures re-measurable.)
 """
 
@@ -680,6 +683,249 @@ def process_traps(probe: Probe) -> dict[str, Callable[[], None]]:
     return {"script on standard input": stdin, "three threads load suites": threads}
 
 
+# ---------------------------------------------------------------------- declared sizes and paths
+def tiny_demos(episodes: int = 2, steps: int = 6, size: int = 16) -> Any:
+    """Demos recorded one action per step, with images that differ from frame to frame."""
+    from trainers.demos import Demos, Episode
+
+    rng = np.random.default_rng(0)
+    return Demos(
+        {"env": "envs:Libero-Spatial-v0"},
+        [
+            Episode(
+                obs={
+                    "image": rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8),
+                    "proprio": rng.normal(size=(steps, 8)).astype(np.float32),
+                },
+                actions=rng.uniform(-1, 1, (steps, 1, 7)).astype(np.float32),
+                valid=np.ones((steps, 1), bool),
+                rewards=np.zeros((steps, 1), np.float32),
+                instruction="pick up the bowl",
+                success=True,
+            )
+            for _ in range(episodes)
+        ],
+    )
+
+
+def lerobot_declaring(root: Path, size: int, video: bool = True) -> Path:
+    """A LeRobot v3 folder of 16 x 16 images whose ``info.json`` declares them ``size`` x ``size``."""
+    import json
+
+    from trainers.datasets import write_lerobot
+
+    out = write_lerobot(tiny_demos(), root, video=video, progress=False)
+    info_path = out / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    feature = info["features"]["observation.images.image"]
+    feature["shape"] = [size, size, 3]
+    if "info" in feature:
+        feature["info"].update({"video.height": size, "video.width": size})
+    info_path.write_text(json.dumps(info, indent=2))
+    return out
+
+
+def lerobot_reaching_out(root: Path, how: str) -> Path:
+    """A LeRobot v3 folder that names a file outside itself, which does exist there: ``how`` is
+    "data_path ../" or "video_path absolute" (a template of ``info.json``), or "symlinked data file"
+    or "symlinked info.json" (a link out of the folder); "data_path 900 MB wide" is a template whose
+    field width would fill 900 MB."""
+    import json
+    import shutil
+
+    from trainers.datasets import write_lerobot
+
+    out = write_lerobot(tiny_demos(), root / "dataset", progress=False)
+    outside = root / "outside"
+    outside.mkdir()
+    info_path = out / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    data = out / "data" / "chunk-000" / "file-000.parquet"
+    video = out / "videos" / "observation.images.image" / "chunk-000" / "file-000.mp4"
+    if how == "data_path ../":
+        shutil.copy(data, outside / "file-000.parquet")
+        info["data_path"] = "../outside/file-{file_index:03d}.parquet"
+    elif how == "video_path absolute":
+        shutil.copy(video, outside / "observation.images.image.mp4")
+        info["video_path"] = str(outside.resolve()) + "/{video_key}.mp4"
+    elif how == "data_path 900 MB wide":
+        info["data_path"] = "data/chunk-{chunk_index:0900000000d}/file-{file_index:03d}.parquet"
+    elif how == "symlinked data file":
+        data.replace(outside / "file-000.parquet")
+        data.symlink_to(outside / "file-000.parquet")
+    elif how == "symlinked info.json":
+        (outside / "info.json").write_text(json.dumps(info))
+        info_path.unlink()
+        info_path.symlink_to(outside / "info.json")
+        return out
+    else:
+        raise ValueError(f"unknown case {how!r}")
+    info_path.write_text(json.dumps(info, indent=2))
+    return out
+
+
+def demos_file_with(path: Path, how: str) -> Path:
+    """A vla-gym demos file whose first episode's actions (or images) are replaced: ``how`` is
+    "external link", "external storage", "virtual dataset" (data in another file, which exists),
+    "4 GiB compressed" (a chunked gzip dataset declaring 4 GiB, one chunk written) or
+    "800 MB contiguous" (declared, never written: it would read as fill values)."""
+    import h5py
+
+    from trainers.demos import write_demos
+
+    demos = tiny_demos()
+    write_demos(path, demos.episodes, {"env": "envs:Libero-Spatial-v0"})
+    actions = demos.episodes[0].actions
+    other = path.with_name(path.stem + "-other.h5")
+    raw = path.with_name(path.stem + "-raw.bin")
+    with h5py.File(path, "a") as f:
+        g = f["episodes/000000"]
+        if how in ("external link", "virtual dataset"):
+            with h5py.File(other, "w") as o:
+                o["actions"] = actions
+        if how == "external link":
+            del g["actions"]
+            g["actions"] = h5py.ExternalLink(str(other), "/actions")
+        elif how == "external storage":
+            raw.write_bytes(actions.tobytes())
+            del g["actions"]
+            external = [(str(raw), 0, actions.nbytes)]
+            g.create_dataset("actions", actions.shape, actions.dtype, external=external)
+        elif how == "virtual dataset":
+            layout = h5py.VirtualLayout(actions.shape, actions.dtype)
+            layout[...] = h5py.VirtualSource(str(other), "actions", shape=actions.shape)
+            del g["actions"]
+            g.create_virtual_dataset("actions", layout)
+        elif how == "4 GiB compressed":
+            del g["obs/image"]
+            big = g.create_dataset(
+                "obs/image",
+                (2**22, 16, 16, 4),
+                np.uint8,
+                chunks=(1, 16, 16, 4),
+                maxshape=(None, 16, 16, 4),
+                compression="gzip",
+            )
+            big[0] = 1
+        elif how == "800 MB contiguous":
+            g.create_dataset("sim_states", (10**5, 1000), np.float64)
+        else:
+            raise ValueError(f"unknown case {how!r}")
+    return path
+
+
+def libero_file(path: Path, demos: int = 1, steps: int = 20, size: int = 64, linked: int = 0) -> Path:
+    """A LIBERO (robomimic layout) demonstration file of ``demos`` demos, and ``linked`` more names
+    (``demo_<i>``) that are hard links to ``demo_0``: each is read again from the same bytes."""
+    import json
+
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = json.dumps({"language_instruction": "pick up the bowl"})
+        for i in range(demos):
+            g = data.create_group(f"demo_{i}")
+            g["obs/agentview_rgb"] = rng.integers(0, 256, (steps, size, size, 3), dtype=np.uint8)
+            g["obs/ee_pos"], g["obs/ee_ori"] = rng.normal(size=(steps, 3)), rng.normal(size=(steps, 3))
+            g["obs/gripper_states"] = rng.normal(size=(steps, 2))
+            g["actions"], g["states"] = rng.uniform(-1, 1, (steps, 7)), rng.normal(size=(steps, 9))
+            g["rewards"] = g["dones"] = np.r_[np.zeros(steps - 1), 1.0]
+        for i in range(demos, demos + linked):
+            data[f"demo_{i}"] = data["demo_0"]
+    return path
+
+
+def frame_set_declaring(path: Path) -> Path:
+    """A reward-model frame set (``trainers.reward_model``) whose frames declare 4 GiB, one written."""
+    import h5py
+
+    from trainers.reward_model.collect import EPISODE_COLUMNS, FORMAT, VERSION
+
+    with h5py.File(path, "w") as f:
+        f.attrs["format"], f.attrs["version"] = FORMAT, VERSION
+        for column in EPISODE_COLUMNS:
+            f[f"episodes/{column}"] = np.zeros(1, np.int32)
+        for name in ("labels", "episode", "step"):
+            f[name] = np.zeros(1, np.int32)
+        frames = f.create_dataset(
+            "frames", (2**22, 32, 32, 1), np.uint8, chunks=(1, 32, 32, 1), compression="lzf"
+        )
+        frames[0] = 1
+    return path
+
+
+def declared_sizes(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Files that declare sizes or paths they do not hold: every one refused with a ValueError that
+    names the file and what it declares, before anything large is allocated or anything outside the
+    file or folder is read."""
+    from trainers.datasets import load_demos
+
+    root = probe.root / "declared"
+
+    def folder(name: str) -> Path:
+        path = root / name
+        path.mkdir(parents=True)
+        return path
+
+    def lerobot(size: int, video: bool) -> Callable[[], None]:
+        words = ("16x16", f"not the {size}x{size}", "meta/info.json")
+        return lambda: raises(ValueError, *words)(
+            lambda: load_demos(
+                lerobot_declaring(folder(f"lr-{size}-{video}") / "ds", size, video), progress=False
+            )
+        )
+
+    def outside(how: str) -> Callable[[], None]:
+        return lambda: raises(ValueError, "outside the dataset folder")(
+            lambda: load_demos(lerobot_reaching_out(folder(how.replace(" ", "-")), how), progress=False)
+        )
+
+    def demos(how: str, *words: str) -> Callable[[], None]:
+        return lambda: raises(ValueError, *words)(
+            lambda: load_demos(demos_file_with(folder(how.replace(" ", "-")) / "d.h5", how))
+        )
+
+    def libero_linked() -> None:
+        path = libero_file(folder("linked") / "task_demo.hdf5", linked=20)
+        raises(ValueError, "past what the file can hold")(lambda: load_demos(path, progress=False))
+
+    def libero_symlink() -> None:
+        suite = folder("suite")
+        libero_file(suite / "a_demo.hdf5")
+        other = libero_file(folder("elsewhere") / "b_demo.hdf5")
+        (suite / "b_demo.hdf5").symlink_to(other)
+        raises(ValueError, "outside the dataset folder")(lambda: load_demos(suite, progress=False))
+
+    def frame_set() -> None:
+        from trainers.reward_model.collect import read_frames
+
+        path = frame_set_declaring(folder("frames") / "frames.h5")
+        raises(ValueError, "declares (4194304, 32, 32, 1)", "expand to at most")(lambda: read_frames(path))
+
+    return {
+        "LeRobot video larger than info.json declares": lerobot(8, True),
+        "LeRobot video smaller than info.json declares": lerobot(32, True),
+        "LeRobot PNG images of another size": lerobot(8, False),
+        "LeRobot data_path with ../": outside("data_path ../"),
+        "LeRobot video_path absolute": outside("video_path absolute"),
+        "LeRobot data_path 900 MB wide": lambda: raises(ValueError, "not a path template", "0900000000d")(
+            lambda: load_demos(lerobot_reaching_out(folder("wide"), "data_path 900 MB wide"), progress=False)
+        ),
+        "LeRobot data file symlinked out": outside("symlinked data file"),
+        "LeRobot info.json symlinked out": outside("symlinked info.json"),
+        "LIBERO folder file symlinked out": libero_symlink,
+        "HDF5 external link": demos("external link", "external link", "never followed"),
+        "HDF5 external storage": demos("external storage", "external files"),
+        "HDF5 virtual dataset": demos("virtual dataset", "virtual dataset"),
+        "HDF5 4 GiB declared, compressed": demos("4 GiB compressed", "declares", "expand to at most"),
+        "HDF5 800 MB declared, contiguous": demos("800 MB contiguous", "declares", "file's"),
+        "HDF5 demo hard-linked 20 times": libero_linked,
+        "frame set 4 GiB declared": frame_set,
+    }
+
+
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "untrusted files": untrusted_files,
     "constructor arguments": constructor_arguments,
@@ -689,6 +935,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "checkpoints": checkpoints,
     "run folders": run_folders,
     "process traps": process_traps,
+    "declared sizes": declared_sizes,
 }
 
 

@@ -4,6 +4,7 @@ each written here in its real layout (no hub access), read back, and trained on 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,13 @@ import pytest
 from conftest import requires_libero
 
 import envs  # noqa: F401  (registers the env ids)
+from benchmarks.robustness import (
+    demos_file_with,
+    frame_set_declaring,
+    lerobot_declaring,
+    lerobot_reaching_out,
+    libero_file,
+)
 from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame
 from envs.core.frames import load_initial_frames
 from envs.core.spaces import observation_space
@@ -27,8 +35,10 @@ from trainers.datasets import (
     write_lerobot,
     write_world_model_dataset,
 )
+from trainers.datasets.__main__ import cli as datasets_command
 from trainers.datasets.__main__ import main as datasets_cli
 from trainers.demos import Demos, Episode, read_demos, write_demos
+from trainers.safe_hdf5 import UnsafeHDF5Error
 
 try:  # the "datasets" extra (scripts/setup.sh installs it)
     import pyarrow as pa
@@ -632,6 +642,191 @@ def test_command_line_info_and_exports(tmp_path, capsys):
     assert len(load_initial_frames(wm)) == 3  # LeRobot -> world-model dataset works too
     datasets_cli(["info", str(out)])
     assert "format: lerobot-v3" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ declared sizes and paths
+@requires_pyarrow
+@pytest.mark.parametrize(
+    "size, video", [(8, True), (32, True), (8, False)], ids=["video-smaller", "video-larger", "png"]
+)
+def test_frames_of_another_size_than_info_json_declares_are_refused(tmp_path, size, video):
+    """16 x 16 frames that info.json declares 8 x 8 used to read as four frames each (scrambled), and
+    ``info`` said nothing: now the reader and the command refuse them, naming file and sizes."""
+    out = lerobot_declaring(tmp_path / "ds", size, video)
+    message = (
+        rf"file-000\.(mp4: frame 0 of the video|parquet: observation.images.image: image 0) is 16x16 "
+        rf"\(height x width.*not the {size}x{size} .*that meta/info.json declares"
+    )
+    with pytest.raises(ValueError, match=message):
+        load_demos(out, progress=False)
+    with pytest.raises(SystemExit) as stopped:  # the command: the message and exit status 1
+        datasets_command(["info", str(out)])
+    assert re.search("python -m trainers.datasets: error: .*" + message, str(stopped.value.code))
+    # the declared size true again: the same folder reads
+    fixed = lerobot_declaring(tmp_path / "fixed", SIZE, video)
+    assert load_demos(fixed, progress=False).episodes[0].obs["image"].shape == (6, SIZE, SIZE, 3)
+
+
+@requires_pyarrow
+@pytest.mark.parametrize(
+    "how", ["data_path ../", "video_path absolute", "symlinked data file", "symlinked info.json"]
+)
+def test_lerobot_files_outside_the_dataset_folder_are_refused(tmp_path, how):
+    """Templates of info.json and symlinks may not lead out of the folder (the file there exists)."""
+    out = lerobot_reaching_out(tmp_path, how)
+    with pytest.raises(ValueError, match=r"resolves to .*outside.*, outside the dataset folder .*dataset"):
+        load_demos(out, progress=False)
+
+
+@requires_pyarrow
+def test_lerobot_path_templates_fill_only_their_fields(tmp_path):
+    """A field width of 900 MB (``{chunk_index:0900000000d}``) used to be filled in memory."""
+    out = lerobot_reaching_out(tmp_path, "data_path 900 MB wide")
+    with pytest.raises(
+        ValueError, match=r"data_path .* is not a path template .*: \{chunk_index:0900000000d\}"
+    ):
+        load_demos(out, progress=False)
+    info = json.loads((out / "meta/info.json").read_text())
+    for template in ("{chunk_index.real}", "{file_index!r}", "{episode_index}"):
+        (out / "meta/info.json").write_text(json.dumps(dict(info, data_path=template)))
+        with pytest.raises(ValueError, match="is not a path template this reader fills"):
+            load_demos(out, progress=False)
+
+
+@requires_pyarrow
+def test_lerobot_folders_reached_through_links_the_user_chose_still_read(tmp_path):
+    """The folder itself may be a symlink, and a Hugging Face hub cache snapshot (``hf download``
+    without --local-dir) links every file into its repository's blobs folder: both read."""
+    import os
+    import shutil
+
+    out = write_lerobot(_demos(), tmp_path / "ds", progress=False)
+    (tmp_path / "link").symlink_to(out)
+    want = [ep.actions for ep in load_demos(out, progress=False).episodes]
+    repo = tmp_path / "hub" / "datasets--someone--libero"
+    snapshot, blobs = repo / "snapshots" / "0123abcd", repo / "blobs"
+    blobs.mkdir(parents=True)
+    for n, file in enumerate(sorted(p for p in out.rglob("*") if p.is_file())):
+        blob, link = blobs / f"{n:040x}", snapshot / file.relative_to(out)
+        shutil.copy(file, blob)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    for path in (tmp_path / "link", snapshot):
+        got = [ep.actions for ep in load_demos(path, progress=False).episodes]
+        assert len(got) == 3 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    # the exception is the snapshot's own repository only: a link into another repository's blobs
+    other = tmp_path / "hub" / "datasets--else--x" / "blobs"
+    other.mkdir(parents=True)
+    data = snapshot / "data" / "chunk-000" / "file-000.parquet"
+    shutil.copy(data, other / "data")
+    data.unlink()
+    data.symlink_to(other / "data")
+    with pytest.raises(ValueError, match="outside the dataset folder"):
+        load_demos(snapshot, progress=False)
+
+
+def test_libero_folder_files_outside_the_folder_are_refused(tmp_path):
+    (tmp_path / "suite").mkdir()
+    libero_file(tmp_path / "suite" / "a_demo.hdf5")
+    (tmp_path / "suite" / "b_demo.hdf5").symlink_to(libero_file(tmp_path / "b_demo.hdf5"))
+    for call in (detect_format, read_libero_hdf5):
+        with pytest.raises(ValueError, match=r"file b_demo.hdf5 resolves to .*, outside the dataset folder"):
+            call(tmp_path / "suite")
+    (tmp_path / "suite" / "b_demo.hdf5").unlink()
+    assert len(load_demos(tmp_path / "suite", progress=False).episodes) == 1
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("external link", r"episodes/000000/actions is an external link to .*d-other.h5:/actions; "
+         "links to other files are never followed"),
+        ("external storage", r"episodes/000000/actions keeps its data in external files \(.*d-raw.bin\)"),
+        ("virtual dataset", r"dataset episodes/000000/actions is a virtual dataset"),
+    ],
+    ids=["external-link", "external-storage", "virtual"],
+)  # fmt: skip
+def test_hdf5_data_outside_the_file_is_refused(tmp_path, how, message):
+    path = demos_file_with(tmp_path / "d.h5", how)
+    for call in (read_demos, load_demos, detect_format):
+        with pytest.raises(UnsafeHDF5Error, match=message + ".*refused"):
+            call(path)
+    libero = libero_file(tmp_path / "task_demo.hdf5")  # LIBERO's reader: the same
+    with h5py.File(libero, "a") as f:
+        del f["data/demo_0/actions"]
+        f["data/demo_0/actions"] = h5py.ExternalLink(str(tmp_path / "d-other.h5"), "/actions")
+    with pytest.raises(UnsafeHDF5Error, match="data/demo_0/actions is an external link"):
+        read_libero_hdf5(libero, progress=False)
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("4 GiB compressed", r"dataset episodes/000000/obs/image declares \(4194304, 16, 16, 4\) uint8 "
+         r"\(4.0 GiB\); its compressed chunks store \d+ B, which expand to at most 1100 times that \(.*\)"),
+        ("800 MB contiguous", r"dataset episodes/000000/sim_states declares \(100000, 1000\) float64 "
+         r"\(762.9 MiB\); uncompressed data can hold at most the file's \d+\.\d KiB"),
+    ],
+    ids=["compressed", "contiguous"],
+)  # fmt: skip
+def test_hdf5_datasets_declaring_more_than_the_file_holds_are_refused(tmp_path, how, message):
+    import tracemalloc
+
+    path = demos_file_with(tmp_path / "d.h5", how)
+    assert path.stat().st_size < 200_000
+    tracemalloc.start()
+    try:
+        for call in (read_demos, load_demos):
+            with pytest.raises(UnsafeHDF5Error, match=message + r"; refused \(a damaged or crafted file\)"):
+                call(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000  # refused before the array was allocated
+
+
+def test_hdf5_sizes_are_capped_by_what_the_file_holds(tmp_path):
+    """The rule of ``trainers.safe_hdf5``: what real files hold passes, more than they can is refused."""
+    from trainers.reward_model.collect import read_frames
+    from trainers.safe_hdf5 import MAX_EXPANSION, SafeHDF5
+
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        zeros = np.zeros((4000, 1000), np.uint8)  # one chunk of 4 MB
+        f.create_dataset("zeros", data=zeros, chunks=zeros.shape, compression="gzip", compression_opts=9)
+        f["soft"] = h5py.SoftLink("/zeros")  # soft links stay inside the file
+        partial = f.create_dataset("partial", (40, 1000), np.uint8, chunks=(10, 1000), maxshape=(None, 1000))
+        partial[:10] = 1  # uncompressed chunks: three of four never written
+    with pytest.raises(
+        UnsafeHDF5Error, match=r"dataset partial declares .*its uncompressed chunks store only"
+    ):
+        SafeHDF5(path)
+    with h5py.File(path, "a") as f:
+        f["partial"][10:] = 2
+    with SafeHDF5(path) as h:  # all-zero gzip data, the most compressible there is: 1026:1 is read
+        stored = h.file["zeros"].id.get_storage_size()
+        assert 1000 < 4_000_000 / stored < MAX_EXPANSION
+        assert h.read(h.file["zeros"]).shape == (4000, 1000)
+        assert h.read(h.file["soft"]).sum() == 0 and h.read(h.file["partial"]).sum() == 10_000 + 2 * 30_000
+    # a demo reached through 20 hard links: each read counts, past the file's size it stops
+    linked = libero_file(tmp_path / "linked_demo.hdf5", linked=20)
+    with pytest.raises(
+        UnsafeHDF5Error, match=r"reading /data/demo_\d+/obs/agentview_rgb .*past what the file"
+    ):
+        read_libero_hdf5(linked, progress=False)
+    assert len(read_libero_hdf5(libero_file(tmp_path / "one_demo.hdf5"), progress=False).episodes) == 1
+    frames = frame_set_declaring(tmp_path / "frames.h5")  # the reward model's frame sets: the same
+    with pytest.raises(UnsafeHDF5Error, match=r"dataset frames declares \(4194304, 32, 32, 1\) uint8"):
+        read_frames(frames)
+
+
+@requires_pyarrow
+def test_the_robustness_probe_counts_every_declared_size_case_handled(tmp_path):
+    """``python -m benchmarks.robustness --categories "declared sizes"``: the cases above, one table row."""
+    from benchmarks.robustness import probe_all
+
+    results = probe_all(["declared sizes"], tmp_path)["declared sizes"]
+    assert len(results) == 16 and not any(results.values()), results
 
 
 # ------------------------------------------------------------------------------ behaviour cloning

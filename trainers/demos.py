@@ -187,12 +187,15 @@ def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
 
 
 def read_demos(path: str | Path) -> Demos:
-    """Load a file written by ``write_demos``."""
-    h5py = _h5py()
+    """Load a file written by ``write_demos`` (through ``trainers.safe_hdf5``: nothing outside the
+    file is followed, no dataset declaring more than the file holds is read)."""
+    from trainers.safe_hdf5 import SafeHDF5
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no demonstration file at {path}")
-    with h5py.File(path, "r") as f:
+    with SafeHDF5(path) as h:
+        f, read = h.file, h.read
         check_format(f, path, FORMAT, VERSION)
         meta = {}
         for key, value in f.attrs.items():
@@ -203,15 +206,15 @@ def read_demos(path: str | Path) -> Demos:
             g = f["episodes"][name]
             episodes.append(
                 Episode(
-                    obs={k: g["obs"][k][()] for k in g["obs"]},
-                    actions=g["actions"][()],
-                    valid=g["valid"][()],
-                    rewards=g["rewards"][()],
+                    obs={k: read(g["obs"][k]) for k in g["obs"]},
+                    actions=read(g["actions"]),
+                    valid=read(g["valid"]),
+                    rewards=read(g["rewards"]),
                     instruction=str(g.attrs["instruction"]),
                     task=str(g.attrs["task"]),
                     initial_frame=int(g.attrs["initial_frame"]),
                     success=bool(g.attrs["success"]),
-                    sim_states=g["sim_states"][()] if "sim_states" in g else None,
+                    sim_states=read(g["sim_states"]) if "sim_states" in g else None,
                 )
             )
     return Demos(meta, episodes)

@@ -15,6 +15,12 @@ RLinf's layout). ``load_demos`` tells the formats apart from the path. Command l
     python -m trainers.datasets export-wm --demos demos.h5 --out bundles/my_bundle
 
 LeRobot needs the ``datasets`` extra (pyarrow, pandas); everything else only the core dependencies.
+
+The readers take datasets from other people, and trust no size or path a file declares: HDF5 files
+are read through ``trainers.safe_hdf5`` (no external links, external storage or virtual datasets;
+no dataset declaring more than the file can hold), every file a dataset folder names or holds must
+resolve inside it (``paths``: templates with ``../``, symlinks out are refused), and decoded video
+frames and PNG images must have the size ``info.json`` declares.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 from trainers.datasets.lerobot_read import read_lerobot
 from trainers.datasets.lerobot_write import write_lerobot
 from trainers.datasets.libero_hdf5 import read_libero_hdf5
+from trainers.datasets.paths import inside
 from trainers.datasets.world_model import write_world_model_dataset
 from trainers.demos import FORMAT as DEMOS_FORMAT
 from trainers.demos import Demos, read_demos
@@ -40,10 +47,12 @@ def _hdf5_format(path: Path) -> str | None:
     import h5py
 
     from trainers.datasets.libero_hdf5 import is_libero_file
+    from trainers.safe_hdf5 import SafeHDF5
 
     if not h5py.is_hdf5(path):
         return None
-    with h5py.File(path, "r") as f:
+    with SafeHDF5(path) as h:  # a file that links outside itself is refused here already
+        f = h.file
         if f.attrs.get("format") == DEMOS_FORMAT:
             return "vla-gym-demos"
         if is_libero_file(f):
@@ -60,7 +69,7 @@ def detect_format(path: str | Path) -> str:
         if (path / "meta" / "info.json").is_file():
             return "lerobot-v3"
         files = sorted(p for p in path.iterdir() if p.suffix in (".hdf5", ".h5"))
-        if files and all(_hdf5_format(f) == "libero-hdf5" for f in files):
+        if files and all(_hdf5_format(inside(path, f.name, "file")) == "libero-hdf5" for f in files):
             return "libero-hdf5"
         found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
         raise ValueError(f"{path}: a folder with {found}; expected {EXPECTED}")

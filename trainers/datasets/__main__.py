@@ -82,5 +82,15 @@ def main(argv: list[str] | None = None) -> Path | None:
     return path
 
 
+def cli(argv: list[str] | None = None) -> Path | None:
+    """``main`` as a command: a dataset that is refused (or missing) ends it with its message on
+    stderr and exit status 1, not a traceback."""
+    try:
+        return main(argv)
+    except (ValueError, KeyError, OSError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise SystemExit(f"python -m trainers.datasets: error: {message}") from None
+
+
 if __name__ == "__main__":
-    main()
+    cli()

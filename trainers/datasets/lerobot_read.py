@@ -22,6 +22,8 @@ found by timestamp: frame ``round((from_timestamp + timestamp) * fps)`` of the e
 from __future__ import annotations
 
 import json
+import re
+import string
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ import numpy as np
 
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets.extras import pyarrow
+from trainers.datasets.paths import inside
 from trainers.datasets.video import read_ranges
 from trainers.demos import Demos, Episode
 
@@ -38,7 +41,7 @@ FORMAT = "lerobot-v3"
 
 def read_info(root: Path) -> dict[str, Any]:
     """``meta/info.json``, checked to be a v3 dataset with the entries we need."""
-    path = root / fmt.INFO_PATH
+    path = inside(root, fmt.INFO_PATH, "metadata file")
     if not path.is_file():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset folder: {fmt.INFO_PATH} is missing")
     info = json.loads(path.read_text())
@@ -86,7 +89,7 @@ def feature_mapping(info: dict[str, Any], keys: dict[str, str] | None = None) ->
 
 def _task_strings(root: Path) -> dict[int, str]:
     pa, pq = pyarrow()
-    path = root / fmt.TASKS_PATH
+    path = inside(root, fmt.TASKS_PATH, "metadata file")
     if not path.is_file():
         raise FileNotFoundError(f"{root}: {fmt.TASKS_PATH} is missing")
     table = pq.read_table(path)
@@ -103,7 +106,10 @@ def _task_strings(root: Path) -> dict[int, str]:
 
 def _episodes_table(root: Path) -> dict[str, list]:
     pa, pq = pyarrow()
-    files = sorted((root / fmt.EPISODES_DIR).glob("*/*.parquet"))
+    files = [
+        inside(root, f.relative_to(root), "episodes metadata file")
+        for f in sorted((root / fmt.EPISODES_DIR).glob("*/*.parquet"))
+    ]
     if not files:
         raise FileNotFoundError(f"{root}: no episodes metadata ({fmt.EPISODES_DIR}/chunk-*/file-*.parquet)")
     tables = [pq.read_table(f) for f in files]
@@ -118,9 +124,59 @@ def _episodes_table(root: Path) -> dict[str, list]:
     return {c: table[c].to_pylist() for c in table.column_names}
 
 
+def _template(root: Path, info: dict[str, Any], key: str, **fields: Any) -> str:
+    """``info[key]`` (``data_path``, ``video_path``) filled in: a path in the dataset (checked by
+    ``inside`` where it is opened). Only ``fields`` may appear, as ``{name}`` or ``{name:03d}``
+    (widths up to 99): no attribute or index lookups, no widths that would fill memory."""
+    template = info[key]
+    refusal = (
+        f"{root}: {fmt.INFO_PATH}'s {key} {template!r} is not a path template this reader fills "
+        f"(fields {sorted(fields)} as {{name}} or {{name:03d}})"
+    )
+    if not isinstance(template, str):
+        raise ValueError(refusal)
+    try:
+        for _, name, spec, conversion in string.Formatter().parse(template):
+            if name is not None and (
+                name not in fields or conversion or not re.fullmatch(r"0?[1-9]?[0-9]?d?", spec or "")
+            ):
+                field = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                raise ValueError(f"{refusal}: {{{field}}}")
+        return template.format(**fields)
+    except (KeyError, IndexError, AttributeError, ValueError) as e:
+        raise ValueError(str(e) if str(e).startswith(refusal) else f"{refusal}: {e}") from None
+
+
+def _check_lengths(
+    root: Path, table: dict[str, list], rows: list[int], per_episode: dict[int, dict[str, np.ndarray]]
+) -> None:
+    """Every array read for an episode has the length its metadata says."""
+    for r in rows:
+        e, length = table["episode_index"][r], int(table["length"][r])
+        lengths = {n: len(v) for n, v in per_episode[e].items()}
+        if set(lengths.values()) != {length}:
+            raise ValueError(f"{root}: episode {e} has length {length} in its metadata, its frames {lengths}")
+
+
 def _cell(table: dict[str, list], column: str, row: int, default: Any) -> Any:
     value = table[column][row] if column in table else None
     return default if value is None else value
+
+
+def _image_size(data: bytes, where: str) -> tuple[int, int]:
+    """(height, width) of an encoded image, read from its header (nothing decoded)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(data, bytes):
+        raise ValueError(f"{where}: an image without its bytes (images stored as paths are not read)")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as e:
+        raise ValueError(f"{where}: an image that cannot be read ({e})") from None
+    return height, width
 
 
 def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
@@ -130,9 +186,18 @@ def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
     if spec.get("dtype") == "image":
         import imageio.v3 as iio
 
-        images = [iio.imread(item["bytes"]) for item in column.to_pylist()]
+        hw = fmt.image_hw(spec)
+        images = []
+        for n, item in enumerate(column.to_pylist()):
+            size = _image_size(item["bytes"], where)  # from the header: checked before decoding
+            if size != hw:
+                raise ValueError(
+                    f"{where}: image {n} is {size[0]}x{size[1]} (height x width), not the "
+                    f"{hw[0]}x{hw[1]} that {fmt.INFO_PATH} declares; refused"
+                )
+            images.append(iio.imread(item["bytes"]))
         if not images:
-            return np.zeros((0, *fmt.image_hw(spec), 3), np.uint8)
+            return np.zeros((0, *hw, 3), np.uint8)
         out = np.stack(
             [img[..., :3] if img.ndim == 3 else np.repeat(img[..., None], 3, -1) for img in images]
         )
@@ -188,9 +253,10 @@ def read_lerobot(
     per_episode: dict[int, dict[str, np.ndarray]] = {table["episode_index"][r]: {} for r in rows}
     files = sorted({(table["data/chunk_index"][r], table["data/file_index"][r]) for r in rows})
     for chunk, file in tqdm(files, desc="LeRobot data", disable=not progress or len(files) < 3, leave=False):
-        fpath = root / info["data_path"].format(chunk_index=chunk, file_index=file)
+        rel = _template(root, info, "data_path", chunk_index=chunk, file_index=file)
+        fpath = inside(root, rel, "data file")
         if not fpath.is_file():
-            raise FileNotFoundError(f"{root}: data file {fpath.relative_to(root)} is missing")
+            raise FileNotFoundError(f"{root}: data file {rel} is missing")
         cols = [*parquet, "episode_index", "frame_index", "task_index"]
         schema = pq.read_schema(fpath)
         absent = [c for c in cols if c not in schema.names]
@@ -211,6 +277,8 @@ def read_lerobot(
             arrays["task_index"] = sel["task_index"].to_numpy()
             per_episode[ep] = arrays
 
+    _check_lengths(root, table, rows, per_episode)  # before a video frame is allocated for them
+
     # video frames, each file decoded once
     for name in dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] == "video"):
         if not info.get("video_path"):
@@ -221,7 +289,8 @@ def read_lerobot(
             key = (table[f"videos/{name}/chunk_index"][r], table[f"videos/{name}/file_index"][r])
             groups.setdefault(key, []).append(r)
         for (chunk, file), members in tqdm(groups.items(), desc=name, disable=not progress, leave=False):
-            vpath = root / info["video_path"].format(video_key=name, chunk_index=chunk, file_index=file)
+            rel = _template(root, info, "video_path", video_key=name, chunk_index=chunk, file_index=file)
+            vpath = inside(root, rel, "video file")
             ranges = []
             for r in members:
                 start = int(round(table[f"videos/{name}/from_timestamp"][r] * fps))
@@ -233,17 +302,16 @@ def read_lerobot(
                         f"timestamps span {span:.1f} frames"
                     )
                 ranges.append((start, start + length))
-            for r, frames in zip(members, read_ranges(vpath, height, width, ranges)):
+            declared = f"that {fmt.INFO_PATH} declares for {name!r}"
+            for r, frames in zip(members, read_ranges(vpath, height, width, ranges, declared)):
                 per_episode[table["episode_index"][r]][name] = frames
 
+    _check_lengths(root, table, rows, per_episode)
     out = []
     for r in rows:
         e = table["episode_index"][r]
         arrays = per_episode[e]
         length = int(table["length"][r])
-        lengths = {n: len(v) for n, v in arrays.items()}
-        if set(lengths.values()) != {length}:
-            raise ValueError(f"{root}: episode {e} has length {length} in its metadata, its frames {lengths}")
         act = np.asarray(arrays[action], np.float32).reshape(length, 1, -1)
         reward = (
             np.asarray(arrays[extras["reward"]], np.float32).reshape(length)

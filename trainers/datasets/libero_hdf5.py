@@ -37,17 +37,23 @@ applied to, and the observation *after* a_t. A policy acts on what it sees befor
 default (``align=True``) step t of our episode is the observation after a_t with the next action
 a_{t+1} and the state s_{t+1} (the state that observation shows): T - 1 steps per demo.
 ``align=False`` keeps the file's own pairing (observation t, action t, state s_t).
+
+Files are opened through ``trainers.safe_hdf5`` (external links, external storage and virtual
+datasets are refused; no dataset declaring more than the file can hold is read), and the files of a
+folder must resolve inside it (a symlink out of the folder is refused).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainers.datasets.paths import inside
 from trainers.demos import Demos, Episode
 
 FORMAT = "libero-hdf5"
@@ -59,6 +65,7 @@ IMAGE_KEYS = {
     "robot0_eye_in_hand_image": "wrist_image",
 }
 SUFFIXES = (".hdf5", ".h5")
+Read = Callable[[Any], np.ndarray]  # SafeHDF5.read: a whole dataset, its declared size checked
 
 
 def _text(value: Any) -> str:
@@ -109,10 +116,10 @@ def upright(images: np.ndarray, convention: str) -> np.ndarray:
     raise ValueError(f"macros_image_convention must be 'opengl' or 'opencv', got {convention!r}")
 
 
-def _array(g: Any, key: str, where: str) -> np.ndarray:
+def _array(read: Read, g: Any, key: str, where: str) -> np.ndarray:
     if key not in g:
         raise ValueError(f"{where}: missing dataset {key!r} (a LIBERO demo has actions, states, obs/...)")
-    return g[key][()]
+    return read(g[key])
 
 
 def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -125,17 +132,17 @@ def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return q[:, :3] * scale[:, None]
 
 
-def _proprio(obs: Any, where: str) -> np.ndarray | None:
+def _proprio(read: Read, obs: Any, where: str) -> np.ndarray | None:
     """Our proprio (end-effector position, its axis-angle, the two finger positions) from LIBERO's
     ``ee_pos``/``ee_ori`` (or ``ee_states``) and ``gripper_states``, or from robomimic's robosuite
     names ``robot0_eef_pos``, ``robot0_eef_quat``, ``robot0_gripper_qpos``; None if neither is there."""
     if "gripper_states" in obs and "ee_pos" in obs and "ee_ori" in obs:
-        parts = [obs["ee_pos"][()], obs["ee_ori"][()], obs["gripper_states"][()]]
+        parts = [read(obs["ee_pos"]), read(obs["ee_ori"]), read(obs["gripper_states"])]
     elif "gripper_states" in obs and "ee_states" in obs:
-        parts = [obs["ee_states"][()][:, :6], obs["gripper_states"][()]]
+        parts = [read(obs["ee_states"])[:, :6], read(obs["gripper_states"])]
     elif all(k in obs for k in ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")):
-        quat = obs["robot0_eef_quat"][()]
-        parts = [obs["robot0_eef_pos"][()], quat_xyzw_to_axis_angle(quat), obs["robot0_gripper_qpos"][()]]
+        quat = read(obs["robot0_eef_quat"])
+        parts = [read(obs["robot0_eef_pos"]), quat_xyzw_to_axis_angle(quat), read(obs["robot0_gripper_qpos"])]
     else:
         return None
     parts = [np.asarray(p, np.float32).reshape(len(p), -1) for p in parts]
@@ -144,8 +151,8 @@ def _proprio(obs: Any, where: str) -> np.ndarray | None:
     return np.concatenate(parts, axis=1)
 
 
-def _read_demo(g: Any, where: str, convention: str, align: bool) -> dict[str, Any]:
-    actions = np.asarray(_array(g, "actions", where), np.float32)
+def _read_demo(read: Read, g: Any, where: str, convention: str, align: bool) -> dict[str, Any]:
+    actions = np.asarray(_array(read, g, "actions", where), np.float32)
     if actions.ndim != 2:
         raise ValueError(f"{where}: actions must be [T, action_dim], got shape {actions.shape}")
     t = len(actions)
@@ -153,21 +160,21 @@ def _read_demo(g: Any, where: str, convention: str, align: bool) -> dict[str, An
     obs_group = g.get("obs", {})
     for key, ours in IMAGE_KEYS.items():
         if key in obs_group and ours not in arrays:
-            img = obs_group[key][()]
+            img = read(obs_group[key])
             if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
                 raise ValueError(
                     f"{where}: obs/{key} must be uint8 [T, H, W, 3], got {img.dtype} {img.shape}"
                 )
             arrays[ours] = upright(img, convention)
-    proprio = _proprio(obs_group, where)
+    proprio = _proprio(read, obs_group, where)
     if proprio is not None:
         arrays["proprio"] = proprio
     if "states" in g:
-        arrays["sim_states"] = np.asarray(g["states"][()], np.float64)
+        arrays["sim_states"] = np.asarray(read(g["states"]), np.float64)
     arrays["rewards"] = (
-        np.asarray(g["rewards"][()], np.float32) if "rewards" in g else np.zeros(t, np.float32)
+        np.asarray(read(g["rewards"]), np.float32) if "rewards" in g else np.zeros(t, np.float32)
     )
-    dones = np.asarray(g["dones"][()], bool) if "dones" in g else None
+    dones = np.asarray(read(g["dones"]), bool) if "dones" in g else None
     lengths = {k: len(v) for k, v in arrays.items()}
     if dones is not None:
         lengths["dones"] = len(dones)
@@ -187,11 +194,11 @@ def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = T
 
     See the module docstring for the layout, orientation and alignment.
     """
-    import h5py
+    from trainers.safe_hdf5 import SafeHDF5
 
     root = Path(path)
-    if root.is_dir():
-        files = sorted(p for p in root.iterdir() if p.suffix in SUFFIXES)
+    if root.is_dir():  # every file of a folder must be inside it (no symlink out)
+        files = [inside(root, p.name, "file") for p in sorted(root.iterdir()) if p.suffix in SUFFIXES]
         if not files:
             raise FileNotFoundError(f"{root}: no LIBERO demonstration files (*.hdf5, *.h5) in this folder")
     elif root.is_file():
@@ -203,7 +210,8 @@ def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = T
     episodes: list[Episode] = []
     conventions, tasks = set(), []
     for file in files:
-        with h5py.File(file, "r") as f:
+        with SafeHDF5(file) as h:
+            f = h.file
             if not is_libero_file(f):
                 raise ValueError(
                     f"{file} is not a LIBERO/robomimic demonstration file: expected a 'data' group of "
@@ -216,7 +224,7 @@ def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = T
             tasks.append(task)
             names = _demo_names(data)
             for name in tqdm(names, desc=file.name, disable=not progress or len(names) < 20, leave=False):
-                arrays = _read_demo(data[name], f"{file}: data/{name}", convention, align)
+                arrays = _read_demo(h.read, data[name], f"{file}: data/{name}", convention, align)
                 steps = len(arrays["actions"])
                 if steps == 0:
                     warnings.warn(

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,28 +109,65 @@ def concat_videos(segments: list[Path], out: str | Path) -> None:
         Path(p).unlink()
 
 
-def read_frames(path: str | Path, height: int, width: int) -> Iterator[np.ndarray]:
+def _pam_header(stream: Any, path: Path) -> tuple[int, int, int] | None:
+    """The next PAM header of ``stream`` as (height, width, depth); None at the end of the stream."""
+    first = stream.readline()
+    if not first:
+        return None
+    fields: dict[str, str] = {}
+    line = first
+    for _ in range(16):  # P7, WIDTH, HEIGHT, DEPTH, MAXVAL, TUPLTYPE, ENDHDR
+        text = line.decode("ascii", errors="replace").strip()
+        if text == "ENDHDR":
+            break
+        key, _, value = text.partition(" ")
+        fields[key] = value.strip()
+        line = stream.readline()
+    else:
+        raise RuntimeError(f"ffmpeg gave no readable frame header decoding {path}: {first[:40]!r}")
+    try:
+        return int(fields["HEIGHT"]), int(fields["WIDTH"]), int(fields["DEPTH"])
+    except (KeyError, ValueError):
+        raise RuntimeError(f"ffmpeg gave no readable frame header decoding {path}: {fields}") from None
+
+
+def read_frames(
+    path: str | Path, height: int, width: int, declared: str = "asked for"
+) -> Iterator[np.ndarray]:
     """Every frame of a video, decoded to uint8 ``[height, width, 3]`` in order (no frame is
-    dropped or repeated: the decoder's own timestamps are kept)."""
+    dropped or repeated: the decoder's own timestamps are kept).
+
+    Each decoded frame comes with its own size (ffmpeg writes PAM images, one header per frame), and
+    a frame that is not ``height`` x ``width`` is a ValueError naming the file, the size asked for
+    (``declared`` says by whom, e.g. "that meta/info.json declares") and the real one: the bytes
+    of a larger frame are never read as several smaller ones."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"video file {path} is missing")
     cmd = [ffmpeg_exe(), "-loglevel", "error", "-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough"]
-    cmd += ["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]
+    cmd += ["-f", "image2pipe", "-c:v", "pam", "-pix_fmt", "rgb24", "-"]
     frame_bytes = height * width * 3
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log)
         assert proc.stdout is not None
         try:
+            count = 0
             while True:
-                buf = proc.stdout.read(frame_bytes)
-                if not buf:
+                shape = _pam_header(proc.stdout, path)
+                if shape is None:
                     break
-                if len(buf) != frame_bytes:
+                if shape != (height, width, 3):
+                    h, w, depth = shape
                     raise ValueError(
-                        f"{path}: frames are not {height}x{width} RGB (a partial frame was decoded)"
+                        f"{path}: frame {count} of the video is {h}x{w} (height x width, {depth} channels), "
+                        f"not the {height}x{width} RGB frames {declared}; refused (each frame would be "
+                        "read scrambled)"
                     )
+                buf = proc.stdout.read(frame_bytes)
+                if len(buf) != frame_bytes:
+                    raise ValueError(f"{path}: frame {count} is cut short ({len(buf)}/{frame_bytes} bytes)")
                 yield np.frombuffer(buf, np.uint8).reshape(height, width, 3)
+                count += 1
         finally:
             proc.stdout.close()
             if proc.poll() is None:  # the caller stopped early
@@ -142,18 +180,27 @@ def read_frames(path: str | Path, height: int, width: int) -> Iterator[np.ndarra
             )
 
 
-def read_ranges(path: str | Path, height: int, width: int, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
-    """The frames ``[start, stop)`` of each range, decoding the file once; an error if it is short."""
-    out = [np.empty((max(stop - start, 0), height, width, 3), np.uint8) for start, stop in ranges]
+def read_ranges(
+    path: str | Path, height: int, width: int, ranges: list[tuple[int, int]], declared: str = "asked for"
+) -> list[np.ndarray]:
+    """The frames ``[start, stop)`` of each range, decoding the file once; an error if it is short
+    or its frames are not ``height`` x ``width`` (``declared``: where that size comes from)."""
+
+    def empty() -> list[np.ndarray]:
+        return [np.empty((max(stop - start, 0), height, width, 3), np.uint8) for start, stop in ranges]
+
     last = max((stop for _, stop in ranges), default=0)
+    out: list[np.ndarray] | None = None  # allocated once the first frame showed the declared size true
     count = 0
-    for frame in read_frames(path, height, width):
+    for frame in read_frames(path, height, width, declared):
         if count >= last:
             break
+        if out is None:
+            out = empty()
         for (start, stop), dest in zip(ranges, out):
             if start <= count < stop:
                 dest[count - start] = frame
         count += 1
     if count < last:
         raise ValueError(f"{path}: the episodes need {last} frames, the video has {count}")
-    return out
+    return empty() if out is None else out

@@ -406,21 +406,22 @@ def check_labels(labels: np.ndarray, episodes: int, meta: dict[str, Any]) -> Non
 
 def read_frames(path: str | Path) -> FrameSet:
     """A file written by ``write_frames``, all in memory."""
-    import h5py
+    from trainers.safe_hdf5 import SafeHDF5
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no frame file at {path} (written by python -m trainers.reward_model)")
-    with h5py.File(path, "r") as f:
+    with SafeHDF5(path) as h:  # nothing outside the file, no dataset larger than the file can hold
+        f, read = h.file, h.read
         check_format(f, path, FORMAT, VERSION)
         meta = {k: json.loads(v) for k, v in f.attrs.items() if k not in ("format", "version")}
-        table = {c: f[f"episodes/{c}"][()] for c in EPISODE_COLUMNS}
+        table = {c: read(f[f"episodes/{c}"]) for c in EPISODE_COLUMNS}
         table["task"] = np.array([t.decode() if isinstance(t, bytes) else str(t) for t in table["task"]])
         return FrameSet(
-            frames=f["frames"][()],
-            labels=f["labels"][()].astype(bool),
-            episode=f["episode"][()],
-            step=f["step"][()],
+            frames=read(f["frames"]),
+            labels=read(f["labels"]).astype(bool),
+            episode=read(f["episode"]),
+            step=read(f["step"]),
             episodes=table,
             meta=meta,
         )
