@@ -926,6 +926,45 @@ def declared_sizes(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def settings(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Trainer settings of the wrong type or out of range, from a config file or flags: a
+    ``ValueError`` naming the setting, what it expects and what came, before any work (issue 32)."""
+    import json
+
+    from trainers.config import parse
+    from trainers.ppo import PPOConfig
+    from trainers.run import RunConfig
+
+    def config_file(values: dict[str, Any], *words: str) -> Callable[[], None]:
+        def call() -> None:
+            path = probe.root / "settings.json"
+            path.write_text(json.dumps(values))
+            parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
+
+        return lambda: raises(ValueError, *words)(call)
+
+    def flags(argv: list[str], *words: str) -> Callable[[], None]:
+        return lambda: raises(ValueError, *words)(lambda: parse({"run": RunConfig, "ppo": PPOConfig}, argv))
+
+    cases = {
+        '"run": null': config_file({"run": None}, "run", "JSON object"),
+        "num_envs true": config_file({"run": {"num_envs": True}}, "num_envs", "expected int", "True"),
+        "num_envs as a string": config_file({"run": {"num_envs": "8"}}, "num_envs", "expected int"),
+        "env_kwargs a list": config_file({"run": {"env_kwargs": [1]}}, "env_kwargs", "JSON object"),
+        "gamma as a string": config_file({"ppo": {"gamma": "0.9"}}, "gamma", "expected a number"),
+        "--env-kwargs '[1]'": flags(["--env-kwargs", "[1]"], "env_kwargs", "JSON object"),
+        "--seed -1": flags(["--seed", "-1"], "seed", ">= 0"),
+        "--eval-num-envs -3": flags(["--eval-num-envs", "-3"], "eval_num_envs", ">= 0"),
+        "--clip-low -1": flags(["--clip-low", "-1"], "clip_low"),
+        "--target-kl -1": flags(["--target-kl", "-1"], "target_kl", "> 0"),
+    }
+    import torch
+
+    if not torch.cuda.is_available():
+        cases["--device cuda without CUDA"] = flags(["--device", "cuda"], "CUDA is not available")
+    return cases
+
+
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "untrusted files": untrusted_files,
     "constructor arguments": constructor_arguments,
@@ -936,6 +975,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "run folders": run_folders,
     "process traps": process_traps,
     "declared sizes": declared_sizes,
+    "settings": settings,
 }
 
 

@@ -218,6 +218,8 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     rows = {line.rsplit(None, 2)[0]: line.split()[-2:] for line in out.splitlines()[3:6]}
     assert rows == {"untrusted files": ["11", "11"], "checkpoints": ["6", "6"], "all": ["17", "17"]}
     assert json.loads((tmp_path / "robustness.json").read_text()).keys() == results.keys()
+    settings = main(["--categories", "settings", "--out", str(tmp_path)])["settings"]
+    assert len(settings) >= 10 and all(outcome == "" for outcome in settings.values()), settings
 
 
 @requires_libero
