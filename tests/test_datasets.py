@@ -3,6 +3,7 @@ each written here in its real layout (no hub access), read back, and trained on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -141,6 +142,25 @@ def _libero_demo(rng, t: int) -> dict:
         "rewards": done.copy(),
         "dones": done,
     }
+
+
+def test_libero_files_with_nan_or_mixed_size_actions_are_refused(tmp_path):
+    """A NaN action, or 7-D and 8-D actions in one file: a ValueError naming the episode, never
+    data handed to BC or RL."""
+    rng = np.random.default_rng(0)
+    nan = _libero_demo(rng, 5)
+    nan["actions"][3, 2] = np.nan
+    path = write_libero_file(tmp_path / "nan_demo.hdf5", [_libero_demo(rng, 4), nan])
+    with pytest.raises(ValueError, match=r"demo episode 1: actions hold NaN or infinite values \(step 2\)"):
+        load_demos(path, progress=False)
+    wide = _libero_demo(rng, 5)
+    wide["actions"] = rng.uniform(-1, 1, (5, 8))
+    path = write_libero_file(tmp_path / "mixed_demo.hdf5", [_libero_demo(rng, 4), wide])
+    with pytest.raises(ValueError, match=r"demo episode 1: actions must be \[steps, 1, 7\] as before, got"):
+        load_demos(path, progress=False)
+    ep = Episode(obs={}, actions=np.zeros((2, 1, 3)), valid=np.ones((2, 1), bool), rewards=np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="demo episode 0: actions must be"):
+        Demos({}, [dataclasses.replace(ep, actions=np.zeros((2, 3)))])
 
 
 def test_libero_files_are_read_upright_aligned_and_mapped_to_our_keys(tmp_path):

@@ -66,3 +66,21 @@ def test_bad_frames_are_rejected(tmp_path):
         load_initial_frames(tmp_path)
     with pytest.raises(ValueError, match="no image"):
         save_initial_frames([InitialFrame(instruction="x")], tmp_path)
+
+
+def test_loaded_images_are_uint8_or_refused_never_wrapped(tmp_path):
+    """RLinf-style trajectories with float or out-of-range images: a ValueError naming the file and
+    the values (a uint8 cast would wrap 300.7 to 44); integers in [0, 255] are cast."""
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    img = np.full((4, 4, 3), 200, np.int64)
+    np.save(ok / "t.npy", np.array([{"image": img, "instruction": "x"}], dtype=object), allow_pickle=True)
+    (frame,) = load_initial_frames(ok, trust_pickle=True)
+    assert frame.image.dtype == np.uint8 and (frame.image == 200).all()
+    for name, bad in (("float", np.full((4, 4, 3), 300.7)), ("range", np.full((4, 4, 3), 256, np.int64))):
+        folder = tmp_path / name
+        folder.mkdir()
+        record = np.array([{"image": bad, "instruction": "x"}], dtype=object)
+        np.save(folder / "t.npy", record, allow_pickle=True)
+        with pytest.raises(ValueError, match=r"t.npy: image: the image must be uint8 .* values in \["):
+            load_initial_frames(folder, trust_pickle=True)

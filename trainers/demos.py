@@ -86,6 +86,20 @@ class Demos:
     meta: dict[str, Any]
     episodes: list[Episode] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        """Every episode's actions ``[C, K, D]`` of one shape and finite (a reader never hands on a
+        NaN action, or 7-D and 8-D actions mixed, for BC or RL to train on)."""
+        shape = None
+        for i, ep in enumerate(self.episodes):
+            actions = np.asarray(ep.actions)
+            if actions.ndim != 3 or (shape is not None and actions.shape[1:] != shape):
+                expected = "[steps, K, D]" if shape is None else f"[steps, {shape[0]}, {shape[1]}] as before"
+                raise ValueError(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
+            shape = actions.shape[1:]
+            if np.issubdtype(actions.dtype, np.floating) and not np.isfinite(actions).all():
+                step = int(np.argwhere(~np.isfinite(actions))[0][0])
+                raise ValueError(f"demo episode {i}: actions hold NaN or infinite values (step {step})")
+
     def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
         """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
         the key ``instruction`` gives a list of M strings), ``actions`` ``[M, K, D]``, ``valid``

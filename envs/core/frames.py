@@ -121,6 +121,23 @@ def load_initial_frames(directory: str | os.PathLike, *, trust_pickle: bool = Fa
     return [_frame_from_record(load_npy(f, trust_pickle=trust_pickle), f) for f in files]
 
 
+def _uint8_image(image: Any, where: str) -> np.ndarray | None:
+    """An image as uint8: uint8 as it is, integers inside [0, 255] cast; anything else (floats,
+    integers out of range) a ``ValueError``, never a silent wrap-around (300.7 -> 44)."""
+    if image is None:
+        return None
+    array = np.asarray(image)
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if np.issubdtype(array.dtype, np.integer) and array.size and 0 <= array.min() and array.max() <= 255:
+        return np.ascontiguousarray(array, dtype=np.uint8)
+    low, high = (array.min(), array.max()) if array.size and array.dtype.kind in "iuf" else (None, None)
+    raise ValueError(
+        f"{where}: the image must be uint8 (or integers in [0, 255]); got {array.dtype} "
+        f"with values in [{low}, {high}]"
+    )
+
+
 def _frame_from_record(record: Any, path: Path) -> InitialFrame:
     if len(record) == 0 or not isinstance(record[0], dict):
         raise ValueError(f"{path}: expected a sequence of per-frame dicts, got {type(record)}")
@@ -137,8 +154,8 @@ def _frame_from_record(record: Any, path: Path) -> InitialFrame:
     return InitialFrame(
         instruction=text,
         task=task.decode() if isinstance(task, bytes) else str(task),
-        image=None if image is None else np.ascontiguousarray(image, dtype=np.uint8),
-        wrist_image=item.get("wrist_image"),
+        image=_uint8_image(image, f"{path}: image"),
+        wrist_image=_uint8_image(item.get("wrist_image"), f"{path}: wrist_image"),
         sim_state=item.get("sim_state"),
         meta=dict(item.get("meta", {})),
     )

@@ -46,6 +46,10 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
 
     def __init__(self, tasks: Sequence[LiberoTask], init_states: Sequence[int] | None = None) -> None:
         self.tasks = list(tasks)
+        if init_states is not None and not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in init_states
+        ):
+            raise ValueError(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
         self.init_states = None if init_states is None else [int(i) for i in init_states]
         if self.init_states is not None:
             fewest = min(t.num_init_states for t in self.tasks)
