@@ -137,6 +137,28 @@ def test_help_shows_each_fields_comment(capsys):
     assert "--n-steps N_STEPS policy steps per env per rollout (default: 2048)" in text
 
 
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "sac"])
+def test_every_flag_says_what_it_means(algo, capsys):
+    """``python -m trainers --help``: every field of every trainer's config has help text besides
+    its default, --policy names every registered policy, and the examples keep their lines."""
+    import dataclasses
+
+    from policies.registry import POLICIES
+    from trainers.__main__ import ALGOS
+    from trainers.__main__ import main as trainers_main
+    from trainers.config import field_comments
+
+    for cls in (RunConfig, ALGOS[algo][0]):
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in field_comments(cls)]
+        assert not missing, f"{cls.__name__} fields without help: {missing}"
+    with pytest.raises(SystemExit):
+        trainers_main(["--algo", algo, "--help"])
+    out = capsys.readouterr().out
+    policy_help = " ".join(out.split("\n  --policy POLICY", 1)[1].split("--policy-kwargs", 1)[0].split())
+    assert all(name in policy_help for name in POLICIES), policy_help
+    assert "\n    python -m trainers --config configs/libero_spatial_sac.json" in out
+
+
 # ---------------------------------------------------------------------- PPO
 def _ppo_args(tmp_path, *extra):
     return [

@@ -42,14 +42,14 @@ from trainers.run import Run, RunConfig
 @dataclass
 class BCConfig:
     demos: str = "demos/demos.h5"  # our demos file, a LIBERO HDF5 file or folder, or a LeRobot v3 folder
-    epochs: int = 50
-    batch_size: int = 256
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    epochs: int = 50  # passes over the training demos
+    batch_size: int = 256  # chunk-steps per minibatch
+    learning_rate: float = 1e-3  # AdamW step size
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # clip the gradient norm per minibatch
     val_fraction: float = 0.1  # held-out episodes (at least one when there are 2+ and this is > 0)
     image_shift: int = 4  # random shift augmentation of uint8 images, in pixels (0: off)
-    max_bad_updates: int = 10
+    max_bad_updates: int = 10  # stop after this many non-finite updates in a row
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:

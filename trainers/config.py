@@ -189,7 +189,9 @@ def parse(
     the dataclass defaults. Without ``--config``, ``run_config`` (a resumed run's ``config.json``)
     is the file: a file being loaded, not the user's own settings (``untrusted_settings``).
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter  # examples keep lines
+    )
     parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
     for key, cls in classes.items():
         add_arguments(parser, cls, key)
