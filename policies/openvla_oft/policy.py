@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
-from ..binned import tempered_log_softmax, tokens_to_normalized, unnormalize
+from ..base import ActionChunk, ActionChunkPolicy, PolicyEval, masked_chunk_mean
+from ..binned import normalize, normalized_to_tokens, tempered_log_softmax, tokens_to_normalized, unnormalize
 from ..heads import ValueHead
 from ..images import resize_images
 from ..pretrained import (
@@ -252,6 +252,27 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         log_probs = logp.gather(-1, replay["tokens"].long()[..., None])[..., 0]
         entropy = -(logp.exp() * logp).sum(-1)
         return PolicyEval(log_probs, entropy, self._value(feature))
+
+    def actions_to_tokens(self, actions: torch.Tensor) -> torch.Tensor:
+        """Env actions ``[..., D]`` -> the bin tokens that decode to them (``tokens_to_actions``'s
+        inverse up to the bin width; the LIBERO gripper's +1 / -1 go to 0 / 1 before binning)."""
+        a = actions.float()
+        if self.gripper == "libero":
+            a = torch.cat([a[..., :-1], (1 - a[..., -1:]) / 2], dim=-1)
+        q01, q99 = (x.to(a.device) for x in (self.q01, self.q99))
+        mask = None if self.mask is None else self.mask.to(a.device)
+        return normalized_to_tokens(normalize(a, q01, q99, mask), self.n_bins)
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The discrete-token SFT loss (OpenVLA's, and what GRPO samples from): cross-entropy of
+        the demonstrated actions' bin tokens at temperature 1, summed over D, averaged over the
+        executed sub-steps (``mask``)."""
+        logits, _ = self._forward(self._prepare(obs))
+        tokens = self.actions_to_tokens(actions.to(logits.device))
+        logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None])[..., 0]
+        return masked_chunk_mean(-logp.sum(-1), mask)
 
     def value(self, obs: Any) -> torch.Tensor:
         if self.value_head is None:
