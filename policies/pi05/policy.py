@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
+from ..base import ActionChunk, ActionChunkPolicy, PolicyEval, masked_chunk_mean
 from ..flow import (
     NOISE_METHODS,
     denoise_indices,
@@ -308,6 +308,32 @@ class Pi05Policy(ActionChunkPolicy):
         k, d = self.chunk_size, self.action_dim
         entropy = entropy[:, :k, :d] if self.noise_method == "flow_noise" else None
         return PolicyEval(log_probs[:, :k, :d], entropy, self._value(cache))
+
+    def imitation_loss(
+        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """openpi's flow-matching SFT loss: the demonstrated chunk normalised with the norm stats and
+        zero-padded to ``[horizon, model action dims]`` is ``a``; ``t = 0.001 + 0.999 Beta(1.5, 1)``,
+        ``x_t = t noise + (1 - t) a``, and the expert's velocity is regressed on ``noise - a``.
+        The squared error counts the chunk's K steps and D env dims (the padding is not data),
+        summed over D and averaged over the executed sub-steps (``mask``). With
+        ``train_expert_only`` the PaliGemma prefix runs without gradients."""
+        prepared = self._prepare(obs)
+        frozen = not any(p.requires_grad for p in self.model.paligemma_with_expert.paligemma.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+            cache = self._prefix(prepared)
+        device, k, d = cache.hidden.device, self.chunk_size, self.action_dim
+        b = actions.shape[0]
+        a = torch.zeros((b, self.horizon, self.model_action_dim), device=device)
+        a[:, :k, :d] = self.action_stats.normalize(actions.to(device, torch.float32))
+        rng = self._rng(device)
+        noise = torch.randn(a.shape, generator=rng, device=device)
+        u = torch.rand(b, generator=rng, device=device)
+        t = 0.001 + 0.999 * u ** (1 / 1.5)  # Beta(1.5, 1) by its inverse CDF (openpi's time distribution)
+        x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * a
+        v, _ = self.model.velocity(cache, x_t, t)
+        error = (v.float() - (noise - a))[:, :k, :d] ** 2
+        return masked_chunk_mean(error.sum(-1), mask)
 
     def value(self, obs: Any) -> torch.Tensor:
         if self.value_head is None:
