@@ -74,6 +74,7 @@ class Probe:
         self.marker = root / "payload_ran"
         self._libero = None
         self._bundle = None
+        self._state_env: tuple[Any, bytes] | None = None  # a world model after reset, and its state
 
     def libero(self, **kwargs: Any) -> Any:
         import gymnasium as gym
@@ -110,6 +111,8 @@ class Probe:
     def close(self) -> None:
         if self._libero is not None:
             self._libero.close()
+        if self._state_env is not None:
+            self._state_env[0].close()
 
 
 # ---------------------------------------------------------------------- untrusted files
@@ -363,6 +366,76 @@ def closed_envs(probe: Probe) -> dict[str, Callable[[], None]]:
         ),
         "world model reset": closed(probe.world_model, lambda e: e.reset(seed=0)),
         "world model get_state": closed(probe.world_model, lambda e: e.unwrapped.get_state()),
+    }
+
+
+def env_states(probe: Probe) -> dict[str, Callable[[], None]]:
+    """World-model ``load_state`` and ``reset(seed=)`` (issue 32 item 5): a state or a seed the env
+    cannot use is refused with a ``ValueError`` naming the entry before anything changes."""
+    import torch
+
+    from envs.core.frames import InitialFrame
+    from nets.safe_load import torch_load
+
+    def env() -> tuple[Any, bytes]:
+        if probe._state_env is None:
+            wm = probe.world_model(model_options={"num_steps": 2})
+            wm.reset(seed=0)
+            probe._state_env = wm, wm.unwrapped.get_state()
+        return probe._state_env
+
+    def edited(change: Callable[[dict], Any]) -> Callable[[Any, bytes], Any]:
+        def call(wm: Any, good: bytes) -> Any:
+            state = torch_load(io.BytesIO(good), numpy=True, allow=[InitialFrame])
+            change(state)
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            return wm.unwrapped.load_state(buffer.getvalue())
+
+        return call
+
+    def unchanged(call: Callable[[Any, bytes], Any], *words: str) -> Callable[[], None]:
+        def case() -> None:
+            wm, good = env()
+            wm.unwrapped.load_state(good)
+            before = wm.unwrapped.get_state()
+            numpy_rng = wm.unwrapped.np_random.bit_generator.state
+            raises(ValueError, *words)(lambda: call(wm, good))
+            if wm.unwrapped.get_state() != before or wm.unwrapped.np_random.bit_generator.state != numpy_rng:
+                raise AssertionError("the env changed")
+
+        return case
+
+    def frame_with(**fields: Any) -> Callable[[dict], None]:
+        def change(state: dict) -> None:
+            state["episode"]["_frames"][0].__dict__.update(fields)
+
+        return change
+
+    def episode(name: str, index: int, value: Any) -> Callable[[dict], None]:
+        return lambda state: state["episode"][name].__setitem__(index, value)
+
+    def entry(name: str, value: Any) -> Callable[[dict], None]:
+        return lambda state: state.__setitem__(name, value)
+
+    garbage = torch.randint(0, 256, (5056,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    return {
+        "previous as a numpy array": unchanged(edited(entry("previous", np.zeros(1))), "state['previous']"),
+        "previous of the wrong shape": unchanged(
+            edited(entry("previous", torch.zeros(5))), "state['previous']", "shape (1,)"
+        ),
+        "garbage RNG state": unchanged(edited(entry("generator", garbage)), "state['generator']", "unusable"),
+        "empty model state": unchanged(edited(entry("model_state", {})), "state['model_state']"),
+        "frame id out of range": unchanged(edited(episode("_frame_ids", 0, 99)), "['_frame_ids']"),
+        "step limit 0": unchanged(edited(episode("_limit", 0, 0)), "['_limit']"),
+        "length past the limit": unchanged(edited(episode("_length", 0, 10**6)), "['_length']"),
+        "InitialFrame with an int instruction": unchanged(edited(frame_with(instruction=7)), "instruction"),
+        "InitialFrame with a float image": unchanged(
+            edited(frame_with(image=np.zeros((4, 4, 3), np.float32))), "image must be uint8"
+        ),
+        "a state of another env id": unchanged(edited(entry("env_id", "CosmosWM-LiberoGoal-v0")), "env_id"),
+        "world model reset(seed=2**100)": unchanged(lambda wm, _: wm.reset(seed=2**100), "bad seed"),
+        "world model reset(seed=[-1])": unchanged(lambda wm, _: wm.reset(seed=[-1]), "bad seed"),
     }
 
 
@@ -970,6 +1043,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "constructor arguments": constructor_arguments,
     "call arguments": call_arguments,
     "closed envs": closed_envs,
+    "saved env states": env_states,
     "faults": faults,
     "checkpoints": checkpoints,
     "run folders": run_folders,

@@ -139,6 +139,21 @@ def test_bad_reset_options_raise_and_change_nothing(options, match):
     assert env.np_random.bit_generator.state == state[3]
 
 
+@pytest.mark.parametrize("seed", [2**64, 2**100, -1, True, np.bool_(True), 2.0, [], [3, -1], "7"])
+def test_a_seed_no_stream_takes_is_refused_before_any_reseeding(seed):
+    """Int seeds are in [0, 2**64 - 1] (a world model's torch.Generator takes no more; refused,
+    not reduced); a list is of non-negative ints. The env's RNG is untouched by a refusal."""
+    env = CountingVectorEnv(num_envs=2, autoreset_mode="Disabled")
+    env.reset(seed=1)
+    rng = env.np_random.bit_generator.state
+    with pytest.raises(ValueError, match=r"Counting-v0: bad seed: expected an int in \[0, 2\*\*64 - 1\]"):
+        env.reset(seed=seed)
+    assert env.np_random.bit_generator.state == rng
+    a = env.reset(seed=2**64 - 1)[1]["initial_frame_id"]
+    assert env.reset(seed=2**64 - 1)[1]["initial_frame_id"].tolist() == a.tolist()
+    env.reset(seed=[2**70, 0])  # list entries of any size: reduced by SeedSequence
+
+
 def test_step_before_reset_is_an_error():
     with pytest.raises(RuntimeError, match="reset"):
         CountingVectorEnv().step(np.zeros((3, 4, 2), np.float32))
@@ -153,3 +168,8 @@ def test_one_env_view_passes_gymnasium_check_env():
     assert term and reward == 1.0 and info["episode"]["length"] == 3
     with pytest.raises(RuntimeError, match="reset"):
         env.step(np.ones((4, 2), np.float32))
+    rng = env.np_random.bit_generator.state
+    for seed in (2**100, -1):  # refused before the view's own RNG is reseeded
+        with pytest.raises(ValueError, match="Counting-v0: bad seed"):
+            env.reset(seed=seed)
+    assert env.np_random.bit_generator.state == rng

@@ -84,3 +84,32 @@ def test_loaded_images_are_uint8_or_refused_never_wrapped(tmp_path):
         np.save(folder / "t.npy", record, allow_pickle=True)
         with pytest.raises(ValueError, match=r"t.npy: image: the image must be uint8 .* values in \["):
             load_initial_frames(folder, trust_pickle=True)
+
+
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        ({"instruction": ""}, "instruction must be a non-empty str"),
+        ({"task": None}, "task must be a str"),
+        ({"image": np.zeros((4, 4), np.uint8)}, "image must be uint8"),
+        ({"wrist_image": [[0]]}, "wrist_image must be a uint8 .* numpy array or None, got list"),
+        (
+            {"sim_state": np.zeros(3, np.float32)},
+            "sim_state must be a float64 numpy array or None, got dtype",
+        ),
+        ({"meta": {1: "a"}}, "meta must be a dict with str keys"),
+        ({"extra": 1}, "with the fields"),
+    ],
+)
+def test_frame_problem_checks_an_unpickled_frame_field_by_field(fields, why):
+    """Unpickling sets fields without ``__post_init__``: ``frame_problem`` (used by env
+    ``load_state``) finds what the constructor would have refused, changing nothing."""
+    import re
+
+    from envs.core.frames import frame_problem
+
+    assert frame_problem(_frame(0)) is None and frame_problem(InitialFrame("pick")) is None
+    assert frame_problem({"instruction": "pick"}) == "an InitialFrame, got dict"
+    frame = _frame(1)
+    frame.__dict__.update(fields)
+    assert re.search(why, frame_problem(frame))

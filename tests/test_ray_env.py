@@ -216,6 +216,8 @@ def test_bad_input_is_refused_before_any_actor_is_called(cosmos_bundle):
             env.reset(options={"initial_frames": [0, envs.InitialFrame(instruction="x", task="t")]})
         with pytest.raises(ValueError, match="reset option"):
             env.reset(options={"initial_frame": [0, 1]})
+        with pytest.raises(ValueError, match=r"bad seed: expected an int in \[0, 2\*\*64 - 2\]"):
+            env.reset(seed=2**64 - 1)  # actor 1 would be seeded with 2**64: no torch generator takes it
         assert_same(env.current_frames()[0].__dict__, env.current_frames()[0].__dict__)
         np.testing.assert_array_equal(env._obs["image"], obs["image"])  # nothing moved
     finally:
@@ -295,6 +297,10 @@ def test_bad_state_is_refused_and_changes_nothing(cosmos_bundle):
         state["actors"][1] = torch.frombuffer(bytearray(b"junk"), dtype=torch.uint8)
         half_good = io.BytesIO()
         torch.save(state, half_good)
+        state = torch_load(io.BytesIO(old), numpy=True, allow=[envs.InitialFrame])
+        state["episode"]["_frame_ids"][0] = 10_000
+        bad_id = io.BytesIO()
+        torch.save(state, bad_id)
         payload = io.BytesIO()
         # a callable (eval: print may be Ray's tqdm-safe print once Ray ran): refused unread
         torch.save({"kind": "RayVectorEnv", "episode": eval}, payload)
@@ -305,6 +311,7 @@ def test_bad_state_is_refused_and_changes_nothing(cosmos_bundle):
             (other_split, r"3 envs over 2 actors of sizes \[2, 1\], received actor sizes \[1, 1\]"),
             (local_state, "a local env's state"),
             (half_good.getvalue(), "actor 1's part does not load .*unreadable.*nothing was loaded"),
+            (bad_id.getvalue(), r"\['episode'\]\['_frame_ids'\]: expected ints in \[-1, 4\)"),
         ]
         for data, match in cases:
             with pytest.raises(ValueError, match="CosmosWM-LiberoSpatial-v0: bad state.*" + match):

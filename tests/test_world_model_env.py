@@ -303,3 +303,292 @@ def test_bad_constructor_arguments_are_named(bundles, kwargs, name):
 def test_an_empty_frame_image_is_refused():
     with pytest.raises(ValueError, match=r"H, W >= 1, got shape \(0, 0, 3\)"):
         InitialFrame(instruction="pick", image=np.zeros((0, 0, 3), np.uint8))
+
+
+# ---------------------------------------------------------------------- load_state refuses before it changes
+def edited(data: bytes, change) -> bytes:
+    """``get_state`` bytes with ``change(state)`` applied (a crafted or damaged state)."""
+    import io
+
+    from nets.safe_load import torch_load
+
+    state = torch_load(io.BytesIO(data), numpy=True, allow=[InitialFrame])
+    change(state)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def snapshot(env) -> dict:
+    """Everything a refused call must leave as it was (deep copies)."""
+    u = env.unwrapped
+    return {
+        "episode": u._episode_state(),
+        "model_state": {k: v.clone() for k, v in u._model_state.items()},
+        "previous": u._previous.clone(),
+        "generator": u._generator.get_state(),
+    }
+
+
+def assert_same(a, b, where="") -> None:
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray) and a.dtype == object:
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, where
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    elif isinstance(a, InitialFrame):
+        assert_same(a.__dict__, b.__dict__, where)
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _set(path, value):
+    """A change that sets ``state[path[0]][path[1]]...`` to ``value`` (a callable: of the old value)."""
+
+    def change(state):
+        *parents, last = path
+        target = state
+        for key in parents:
+            target = target[key]
+        target[last] = value(target[last]) if callable(value) else value
+
+    return change
+
+
+def _at(index, value):
+    def change(array):
+        array = array.copy()
+        array[index] = value
+        return array
+
+    return change
+
+
+def _frame(**fields):
+    def change(frame):
+        frame = InitialFrame(frame.instruction, task=frame.task, image=frame.image)
+        frame.__dict__.update(fields)
+        return frame
+
+    return change
+
+
+EPISODE = ("episode",)
+BAD_STATES = {
+    # the entries the issue names: each refused with a ValueError naming it, before anything changes
+    "previous as a numpy array": (("previous",), np.zeros(2, np.float32), r"\['previous'\]"),
+    "previous of the wrong shape": (
+        ("previous",),
+        torch.zeros(3),
+        r"\['previous'\]: expected .* shape \(2,\)",
+    ),
+    "previous with NaN": (("previous",), torch.tensor([0.0, float("nan")]), r"\['previous'\].*finite"),
+    "previous of dtype float64": (("previous",), torch.zeros(2, dtype=torch.float64), r"\['previous'\]"),
+    "garbage RNG state": (
+        ("generator",),
+        lambda g: torch.randint(
+            0, 256, g.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+        ),
+        r"\['generator'\].*unusable",
+    ),
+    "RNG state of the wrong size": (("generator",), torch.zeros(16, dtype=torch.uint8), r"\['generator'\]"),
+    "RNG state as a list": (("generator",), [1, 2, 3], r"\['generator'\]"),
+    "empty model state": (("model_state",), {}, r"\['model_state'\]: expected the tensors of this model"),
+    "model state of the wrong shape": (
+        ("model_state", "frame"),
+        lambda v: v[:, :, :16],
+        r"\['model_state'\].*2x3x32x48 torch.uint8",
+    ),
+    "model state of the wrong dtype": (
+        ("model_state", "frame"),
+        lambda v: v.float(),
+        r"\['model_state'\]",
+    ),
+    "model state with an unknown key": (
+        ("model_state", "latents"),
+        torch.zeros(2, 4),
+        r"\['model_state'\]",
+    ),
+    "frame id out of range": (
+        EPISODE + ("_frame_ids",),
+        _at(0, 99),
+        r"\['episode'\]\['_frame_ids'\]: expected ints in \[-1, 4\)",
+    ),
+    "frame id below -1": (EPISODE + ("_frame_ids",), _at(1, -5), r"\['episode'\]\['_frame_ids'\]"),
+    "frame id naming another frame": (
+        EPISODE + ("_frames",),
+        lambda frames: [_frame(instruction="stack the cups")(f) for f in frames],
+        r"\['episode'\]\['_frame_ids'\].*another frame set",
+    ),
+    "step limit 0": (
+        EPISODE + ("_limit",),
+        _at(0, 0),
+        r"\['episode'\]\['_limit'\]: expected step limits >= 1",
+    ),
+    "negative step limit": (EPISODE + ("_limit",), _at(1, -3), r"\['episode'\]\['_limit'\]"),
+    "length past the limit": (
+        EPISODE + ("_length",),
+        _at(0, 10**6),
+        r"\['episode'\]\['_length'\].*length 1000000, limit",
+    ),
+    "negative length": (
+        EPISODE + ("_length",),
+        _at(0, -1),
+        r"\['episode'\]\['_length'\]: expected sub-step counts >= 0",
+    ),
+    "NaN return": (EPISODE + ("_return",), _at(0, np.nan), r"\['episode'\]\['_return'\]"),
+    "half the envs started": (EPISODE + ("_started",), _at(1, False), r"\['episode'\]\['_started'\]"),
+    "no frame for a started env": (
+        EPISODE + ("_frames",),
+        lambda f: [f[0], None],
+        r"\['episode'\]\['_frames'\]",
+    ),
+    "InitialFrame with an int instruction": (
+        EPISODE + ("_frames", 0),
+        _frame(instruction=7),
+        r"\['episode'\]\['_frames'\].*env 0: instruction must be a non-empty str",
+    ),
+    "InitialFrame with a float image": (
+        EPISODE + ("_frames", 1),
+        _frame(image=np.zeros((8, 8, 3), np.float32)),
+        r"\['episode'\]\['_frames'\].*env 1: image must be uint8",
+    ),
+    "InitialFrame with a bytes task": (
+        EPISODE + ("_frames", 0),
+        _frame(task=b"t"),
+        r"\['episode'\]\['_frames'\].*task must be a str",
+    ),
+    "InitialFrame with a list sim_state": (
+        EPISODE + ("_frames", 0),
+        _frame(sim_state=[1.0]),
+        r"\['episode'\]\['_frames'\].*sim_state must",
+    ),
+    "InitialFrame with meta as a list": (
+        EPISODE + ("_frames", 0),
+        _frame(meta=[1]),
+        r"\['episode'\]\['_frames'\].*meta must be a dict",
+    ),
+    "InitialFrame with an extra field": (
+        EPISODE + ("_frames", 0),
+        _frame(code="x"),
+        r"\['episode'\]\['_frames'\].*with the fields",
+    ),
+    "a dict instead of an InitialFrame": (
+        EPISODE + ("_frames", 0),
+        lambda f: dict(f.__dict__),
+        r"\['episode'\]\['_frames'\].*an InitialFrame, got dict",
+    ),
+    "garbage numpy RNG state": (
+        EPISODE + ("np_random",),
+        {"bit_generator": "MT19937"},
+        r"\['episode'\]\['np_random'\]",
+    ),
+    "a state of another env id": (
+        ("env_id",),
+        "CosmosWM-LiberoGoal-v0",
+        r"\['env_id'\]: expected a state of",
+    ),
+    "a state without its RNG": (None, None, r": expected .*entries"),
+}
+
+
+@pytest.fixture(scope="module")
+def refusing_env(bundles):
+    """A 2-env Cosmos env after reset, its state, and the two steps that follow it (the first
+    truncates every episode, the second autoresets, drawing frames from the env's RNG)."""
+    env = make(bundles, "cosmos", max_episode_steps=K, autoreset_mode="NextStep")
+    env.reset(seed=0)
+    good = env.unwrapped.get_state()
+    actions = np.random.default_rng(5).uniform(-1, 1, (2, *env.action_space.shape)).astype(np.float32)
+    after = [env.step(a) for a in actions]
+    yield env, good, actions, after
+    env.close()
+
+
+@pytest.mark.parametrize("case", list(BAD_STATES))
+def test_a_bad_state_is_refused_and_changes_nothing(refusing_env, case):
+    """Issue 32 item 5: every entry is checked before any is applied; after the refusal the env
+    holds exactly what it held and steps as the untouched env did."""
+    env, good, actions, after = refusing_env
+    path, value, match = BAD_STATES[case]
+    if path is None:  # an entry missing altogether
+        bad = edited(good, lambda s: s.pop("generator"))
+    else:
+        bad = edited(good, _set(path, value))
+    env.unwrapped.load_state(good)
+    before = snapshot(env)
+    with pytest.raises(ValueError, match="CosmosWM-LiberoSpatial-v0: bad state" + match):
+        env.unwrapped.load_state(bad)
+    assert_same(snapshot(env), before)
+    assert_same([env.step(a) for a in actions], after)
+
+
+@pytest.mark.parametrize("backend", list(IDS))
+def test_a_fresh_env_checks_the_model_state_against_its_model(bundles, backend):
+    """Never reset, the env learns the model state's layout from the model (one blank frame): a
+    good state loads and replays, a wrong layout or NaN latents are refused and the env stays
+    unreset; a never-reset env's state holds no model state (one with tensors of another layout is
+    refused; Ray actors' backends hold model state without episodes)."""
+    env = make(bundles, backend)
+    env.reset(seed=0)
+    good = env.unwrapped.get_state()
+    actions = np.random.default_rng(6).uniform(-1, 1, env.action_space.shape).astype(np.float32)
+    after = env.step(actions)
+    key = "frame" if backend == "cosmos" else "latents"
+    bad = {
+        "empty": edited(good, _set(("model_state",), {})),
+        "shape": edited(good, _set(("model_state", key), lambda v: v[:1])),
+    }
+    if backend == "opensora":
+        bad["nan"] = edited(good, _set(("model_state", key), lambda v: torch.full_like(v, float("nan"))))
+    fresh = make(bundles, backend)
+    unreset = fresh.unwrapped.get_state()
+    for data in bad.values():
+        with pytest.raises(ValueError, match=r"bad state\['model_state'\]"):
+            fresh.unwrapped.load_state(data)
+        with pytest.raises(RuntimeError, match="call reset"):
+            fresh.step(actions)
+    fresh.unwrapped.load_state(good)
+    assert_same(fresh.step(actions), after)
+    with pytest.raises(ValueError, match=r"bad state\['model_state'\]: expected the tensors of this model"):
+        env.unwrapped.load_state(edited(unreset, _set(("model_state",), {key: torch.zeros(2)})))
+    env.unwrapped.load_state(unreset)  # a never-reset env's state: reset before the next step
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(actions)
+    env.close()
+    fresh.close()
+
+
+@pytest.mark.parametrize("seed", [2**100, 2**64, -1, True, 1.5, "7", [], [1, -2], [2**70, True]])
+def test_a_seed_the_generators_cannot_take_is_refused_before_any_reseeding(bundles, seed):
+    """Seeds are ints in [0, 2**64 - 1] (what torch.Generator takes; numpy would take more, so
+    larger ones are refused rather than reduced) or non-empty lists of non-negative ints."""
+    env = make(bundles, "cosmos", num_envs=1)
+    env.reset(seed=3)
+    before = snapshot(env)
+    numpy_before = env.unwrapped.np_random.bit_generator.state
+    with pytest.raises(ValueError, match=r"bad seed: expected an int in \[0, 2\*\*64 - 1\]"):
+        env.reset(seed=seed)
+    assert_same(snapshot(env), before)
+    assert env.unwrapped.np_random.bit_generator.state == numpy_before
+    env.close()
+
+
+def test_the_largest_seed_and_seed_lists_reset_reproducibly(bundles):
+    env = make(bundles, "opensora", num_envs=1)  # OpenSora draws noise at reset: the generator matters
+    for seed in (2**64 - 1, [2**70, 3]):
+        first, _ = env.reset(seed=seed)
+        second, _ = env.reset(seed=seed)
+        assert_same(first, second)
+    env.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.core.errors import describe
 from nets.files import atomic_folder
 
 ACTION_DIM = 7  # LIBERO's action size; only stored so RLinf's loader can read ``action_dim``
@@ -56,14 +57,57 @@ class InitialFrame:
             if img is None:
                 continue
             img = np.asarray(img)
-            if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or 0 in img.shape:
-                raise ValueError(
-                    f"InitialFrame: {name} must be uint8 (H, W, 3) with H, W >= 1, got shape {img.shape} "
-                    f"dtype {img.dtype}"
-                )
+            why = _image_problem(name, img)
+            if why:
+                raise ValueError(f"InitialFrame: {why}")
             setattr(self, name, img)
         if self.sim_state is not None:
             self.sim_state = np.asarray(self.sim_state, dtype=np.float64)
+
+
+_FIELDS = ("instruction", "task", "image", "wrist_image", "sim_state", "meta")
+
+
+def _image_problem(name: str, img: np.ndarray) -> str | None:
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or 0 in img.shape:
+        return f"{name} must be uint8 (H, W, 3) with H, W >= 1, got shape {img.shape} dtype {img.dtype}"
+    return None
+
+
+def frame_problem(frame: Any) -> str | None:
+    """Why ``frame`` is not a well-formed ``InitialFrame`` as its constructor makes them, or None.
+
+    For frames read back from a saved state: unpickling sets the fields without running
+    ``__post_init__``, so each is checked here (nothing is converted or changed): exactly the six
+    fields, a non-empty ``instruction`` and a ``task`` string, uint8 (H, W, 3) images or None, a
+    float64 ``sim_state`` array or None, a ``meta`` dict with string keys.
+    """
+    if type(frame) is not InitialFrame:
+        return f"an InitialFrame, got {type(frame).__name__}"
+    fields = getattr(frame, "__dict__", None)
+    if not isinstance(fields, dict) or set(fields) != set(_FIELDS):
+        got = sorted(map(str, fields)) if isinstance(fields, dict) else type(fields).__name__
+        return f"an InitialFrame with the fields {list(_FIELDS)}, got {got}"
+    if not isinstance(frame.instruction, str) or not frame.instruction:
+        return f"instruction must be a non-empty str, got {describe(frame.instruction)}"
+    if not isinstance(frame.task, str):
+        return f"task must be a str, got {describe(frame.task)}"
+    for name in ("image", "wrist_image"):
+        img = getattr(frame, name)
+        if img is None:
+            continue
+        if type(img) is not np.ndarray:
+            return f"{name} must be a uint8 (H, W, 3) numpy array or None, got {type(img).__name__}"
+        why = _image_problem(name, img)
+        if why:
+            return why
+    state = frame.sim_state
+    if state is not None and (type(state) is not np.ndarray or state.dtype != np.float64):
+        got = f"dtype {state.dtype}" if isinstance(state, np.ndarray) else type(state).__name__
+        return f"sim_state must be a float64 numpy array or None, got {got}"
+    if type(frame.meta) is not dict or not all(isinstance(k, str) for k in frame.meta):
+        return f"meta must be a dict with str keys, got {describe(frame.meta)}"
+    return None
 
 
 def save_initial_frames(frames: Sequence[InitialFrame], directory: str | os.PathLike) -> Path:

@@ -33,6 +33,8 @@ class SingleEnvView(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if seed is not None:  # refused as the vector env refuses it, before any RNG is reseeded
+            seed = self.vector_env._seed_int(seed)
         super().reset(seed=seed)
         options = dict(options or {})
         unknown = sorted(set(options) - {"initial_frame"})

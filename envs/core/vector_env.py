@@ -27,7 +27,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
 from envs.core.errors import bad_input, check_int, closed_env, describe
-from envs.core.frames import InitialFrame
+from envs.core.frames import InitialFrame, frame_problem
 from envs.core.spaces import chunk_action_space
 
 RESET_OPTIONS = ("initial_frames", "reset_mask")
@@ -199,12 +199,34 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             )
         return mask
 
+    def _max_seed(self) -> int:
+        """The largest int seed every random stream here takes (torch generators: 2**64 - 1)."""
+        return 2**64 - 1
+
     def _seed_int(self, seed: int | Sequence[int]) -> int:
-        if isinstance(seed, int | np.integer) and seed >= 0:
+        """``seed`` as the int every stream is seeded with, or a ``ValueError`` before any is seeded.
+
+        An int must be in ``[0, _max_seed()]``: larger ones are refused, not reduced (numpy would take
+        them, a world model's ``torch.Generator`` would not). A non-empty list of non-negative ints
+        (any size) is reduced to one 32-bit int by ``np.random.SeedSequence``.
+        """
+
+        def ok(value: Any, high: int | None) -> bool:
+            integer = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+            return integer and 0 <= value and (high is None or value <= high)
+
+        high = self._max_seed()
+        if ok(seed, high):
             return int(seed)
-        if isinstance(seed, Sequence) and seed and all(isinstance(s, int | np.integer) for s in seed):
+        listed = isinstance(seed, Sequence) and not isinstance(seed, str) and len(seed) > 0
+        if listed and all(ok(s, None) for s in seed):
             return int(np.random.SeedSequence([int(s) for s in seed]).generate_state(1)[0])
-        raise bad_input(self.env_id, "seed", "a non-negative int (or a list of ints)", describe(seed))
+        raise bad_input(
+            self.env_id,
+            "seed",
+            f"an int in [0, 2**64 - {2**64 - high}] or a non-empty list of non-negative ints",
+            describe(seed),
+        )
 
     def _resolve_frames(self, spec: Any, count: int) -> list[tuple[InitialFrame, int]]:
         if isinstance(spec, InitialFrame | int | np.integer):
@@ -390,38 +412,95 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         return state
 
     def _check_episode_state(self, state: Any) -> None:
-        """Raise ``ValueError`` unless ``state`` is an ``_episode_state`` of an env like this one
-        (same ``num_envs``, observation shapes and dtypes, RNG kind); changes nothing."""
+        """Raise ``ValueError`` unless ``state`` is an ``_episode_state`` this env can go on from;
+        changes nothing. Checked: every entry present; the same ``num_envs``, observation shapes and
+        dtypes, array shapes and dtypes and RNG kind; finite float observations and returns;
+        well-formed ``InitialFrame``s; every env started or none (the first reset starts all), a
+        started env with a frame, a never-started one without; frame ids -1 (a frame given at
+        reset) or in range, naming a frame with the same instruction and task; lengths >= 0, limits
+        >= 1, a running episode's length below its limit, an ended one's at most its limit."""
         if not isinstance(state, dict):
             raise bad_input(self.env_id, "state", "an episode state (a dict)", type(state).__name__)
         missing = [name for name in (*self._EPISODE_FIELDS, "np_random") if name not in state]
         if missing:
             raise ValueError(f"{self.env_id}: bad state: missing entries {missing}")
+
+        def bad(name: str, expected: str, received: Any) -> ValueError:
+            return bad_input(self.env_id, f"state['episode']['{name}']", expected, received)
+
         want = {k: (v.shape, v.dtype) for k, v in self._obs.items()}
         obs = state["_obs"]
         if not (
             isinstance(obs, dict)
             and set(obs) == set(want)
-            and all(isinstance(v, np.ndarray) and (v.shape, v.dtype) == want[k] for k, v in obs.items())
+            and all(_array_like(v, self._obs[k]) for k, v in obs.items())
         ):
             got = {k: describe(v) for k, v in obs.items()} if isinstance(obs, dict) else describe(obs)
-            raise bad_input(self.env_id, "state", f"observations of shapes and dtypes {want}", got)
+            raise bad("_obs", f"observations of shapes and dtypes {want}", got)
+        for key, value in obs.items():
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                raise bad("_obs", "finite observations", f"NaN/inf in {key!r}")
         frames = state["_frames"]
-        if not isinstance(frames, list) or len(frames) != self.num_envs:
-            raise bad_input(self.env_id, "state", f"{self.num_envs} episode starts", describe(frames))
-        if not all(f is None or isinstance(f, InitialFrame) for f in frames):
-            raise bad_input(self.env_id, "state", "episode starts that are InitialFrames", describe(frames))
+        if type(frames) is not list or len(frames) != self.num_envs:
+            raise bad("_frames", f"a list of {self.num_envs} episode starts", describe(frames))
+        for i, frame in enumerate(frames):
+            why = None if frame is None else frame_problem(frame)
+            if why:
+                raise bad("_frames", "InitialFrames (or None before the first reset)", f"env {i}: {why}")
         for name in self._EPISODE_FIELDS:
             if name in ("_obs", "_frames"):
                 continue
             mine, value = getattr(self, name), state[name]
-            if not isinstance(value, np.ndarray) or value.shape != mine.shape or value.dtype != mine.dtype:
-                expected = f"{name} of shape {mine.shape} and dtype {mine.dtype}"
-                raise bad_input(self.env_id, "state", expected, describe(value))
+            if not _array_like(value, mine):
+                raise bad(name, f"an array of shape {mine.shape} and dtype {mine.dtype}", describe(value))
+        started, ended = state["_started"], state["_ended"]
+        if started.any() and not started.all():
+            raise bad(
+                "_started", "all True or all False (the first reset starts every env)", started.tolist()
+            )
+        ids, count = state["_frame_ids"], len(self.initial_frames)
+        for i in range(self.num_envs):
+            if not started[i]:
+                if frames[i] is not None or ids[i] != -1 or ended[i]:
+                    got = f"env {i} not reset: frame {describe(frames[i])}, id {ids[i]}, ended {ended[i]}"
+                    raise bad("_started", "no frame, frame id -1 and not ended before the first reset", got)
+                continue
+            if frames[i] is None:
+                raise bad("_frames", "an InitialFrame for every env that was reset", f"None for env {i}")
+            if not -1 <= ids[i] < count:
+                raise bad(
+                    "_frame_ids", f"ints in [-1, {count}) (-1: a frame given at reset)", f"env {i}: {ids[i]}"
+                )
+            if ids[i] >= 0:
+                mine = self.initial_frames[int(ids[i])]
+                if (mine.instruction, mine.task) != (frames[i].instruction, frames[i].task):
+                    raise bad(
+                        "_frame_ids",
+                        f"ids of this env's initial frames (id {ids[i]}: {mine.instruction!r})",
+                        f"env {i}: a frame of {frames[i].instruction!r} (a state of another frame set?)",
+                    )
+        length, limit = state["_length"], state["_limit"]
+        if (length < 0).any():
+            raise bad("_length", "sub-step counts >= 0", length.tolist())
+        if (started & (limit < 1)).any():
+            raise bad("_limit", "step limits >= 1", limit.tolist())
+        running = started & ~ended
+        over = (running & (length >= limit)) | (started & (length > limit))
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise bad(
+                "_length",
+                "lengths below the limit (at most the limit once the episode ended)",
+                f"env {i}: length {length[i]}, limit {limit[i]}, ended {ended[i]}",
+            )
+        if not np.isfinite(state["_return"]).all():
+            raise bad("_return", "finite returns", state["_return"].tolist())
         try:  # on a new generator of the same kind, so ours is untouched
             type(self.np_random.bit_generator)().state = state["np_random"]
         except Exception as e:
-            raise bad_input(self.env_id, "state", "the env's RNG state", f"unusable ({e})") from None
+            raise bad_input(
+                self.env_id, "state['episode']['np_random']", "the env's RNG state", f"unusable ({e})"
+            ) from None
 
     def _load_episode_state(self, state: dict[str, Any]) -> None:
         """Inverse of ``_episode_state``; checks all of it first so nothing is half-applied."""
@@ -473,6 +552,17 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         if self.render_mode != "rgb_array" or "image" not in self._obs:
             return None
         return tuple(self._obs["image"].copy())
+
+
+def _array_like(value: Any, mine: np.ndarray) -> bool:
+    """``value`` is a writeable numpy array of ``mine``'s shape and dtype (a state entry that can
+    replace ``mine``)."""
+    return (
+        type(value) is np.ndarray
+        and value.shape == mine.shape
+        and value.dtype == mine.dtype
+        and value.flags.writeable
+    )
 
 
 def _put(infos: dict[str, Any], key: str, values: np.ndarray, env_ids: np.ndarray, num_envs: int) -> None:

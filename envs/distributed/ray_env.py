@@ -214,6 +214,9 @@ class RayVectorEnv(ChunkedVectorEnv):
         finally:
             self._pending_seed = None
 
+    def _max_seed(self) -> int:
+        return 2**64 - self.num_actors  # actor j's streams get seed + j: each must fit a torch generator
+
     def _resolve_frames(self, spec: Any, count: int) -> list[tuple[InitialFrame, int]]:
         items = (
             list(spec) if isinstance(spec, Sequence | np.ndarray) and not isinstance(spec, str) else [spec]

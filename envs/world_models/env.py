@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input, check_float, check_int
+from envs.core.errors import bad_input, check_float, check_int, describe
 from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
 from envs.core.spaces import observation_space
@@ -162,6 +162,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         self.record_frames = False  # True: info["frames"] holds every imagined frame of the step
         self._generator = torch.Generator().manual_seed(seed)
         self._model_state: dict[str, torch.Tensor] = {}  # per-env tensors, leading dim num_envs
+        self._spec: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None  # see _state_spec
         self._previous = torch.zeros(self.num_envs)  # reward_coef * c of each env's last frame
         self._offloaded = False
         self._device = model.device
@@ -285,6 +286,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
     def get_state(self) -> bytes:
         """Everything needed to continue these episodes later (not the weights), as bytes."""
         state = {
+            "env_id": self.env_id,
             "episode": self._episode_state(),
             "model_state": {key: value.cpu() for key, value in self._model_state.items()},
             "previous": self._previous.clone(),
@@ -295,34 +297,117 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         return buffer.getvalue()
 
     def load_state(self, data: bytes) -> None:
-        """Restore a ``get_state`` snapshot of an env with the same model and ``num_envs``.
+        """Restore a ``get_state`` snapshot of an env with the same id, model and ``num_envs``.
 
-        The bytes are read as plain data (tensors, numpy arrays, initial frames): no code in them runs.
+        The bytes are read as plain data (tensors, numpy arrays, initial frames): no code in them
+        runs. The whole state is checked before anything changes (``_read_state``; the model state
+        is also moved to the model's device first): a state this env cannot go on from raises a
+        ``ValueError`` naming the entry, what was expected and what came, and leaves the env as it was.
         """
         self._check_open("load_state")
-        if not isinstance(data, (bytes, bytearray)):
-            raise bad_input(self.env_id, "state", "the bytes get_state returned", type(data).__name__)
+        state = self._read_state(data)
+        device = self.model.device
+        model_state = {key: value.to(device).contiguous() for key, value in state["model_state"].items()}
+        previous = state["previous"].clone(memory_format=torch.contiguous_format)
+        # from here nothing can fail: every part was checked by _read_state
+        self._load_episode_state(state["episode"])
+        self._model_state = model_state
+        self._previous = previous
+        self._generator.set_state(state["generator"])
+
+    _STATE_KEYS = ("env_id", "episode", "model_state", "previous", "generator")
+
+    def _read_state(self, data: Any) -> dict[str, Any]:
+        """``get_state``'s bytes read safely and checked against this env; changes nothing."""
+        expected = "the bytes get_state returned"
+        if not isinstance(data, bytes | bytearray):
+            raise bad_input(self.env_id, "state", expected, type(data).__name__)
         try:
             state = torch_load(io.BytesIO(data), numpy=True, allow=[InitialFrame], opt_in=None)
         except UnsafeFileError:
             raise
         except Exception as e:
+            raise bad_input(self.env_id, "state", expected, f"unreadable ({e})") from None
+        if not isinstance(state, dict) or set(state) != set(self._STATE_KEYS):
+            got = f"entries {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
+            raise bad_input(self.env_id, "state", f"{expected}: entries {list(self._STATE_KEYS)}", got)
+        if type(state["env_id"]) is not str or state["env_id"] != self.env_id:
             raise bad_input(
-                self.env_id, "state", "the bytes get_state returned", f"unreadable ({e})"
+                self.env_id, "state['env_id']", f"a state of {self.env_id}", describe(state["env_id"])
+            )
+        self._check_episode_state(state["episode"])
+        self._check_model_state(state["model_state"], started=bool(state["episode"]["_started"].all()))
+        previous = state["previous"]
+        if not (
+            type(previous) is torch.Tensor
+            and previous.dtype == torch.float32
+            and tuple(previous.shape) == (self.num_envs,)
+            and previous.layout == torch.strided
+            and not previous.requires_grad
+            and torch.isfinite(previous).all()
+        ):
+            raise bad_input(
+                self.env_id,
+                "state['previous']",
+                f"a float32 tensor of shape ({self.num_envs},) with finite values (each env's scaled score)",
+                _describe_tensor(previous),
+            )
+        generator = state["generator"]
+        if type(generator) is not torch.Tensor or generator.dtype != torch.uint8 or generator.dim() != 1:
+            raise bad_input(
+                self.env_id,
+                "state['generator']",
+                "a CPU torch.Generator state (uint8 tensor)",
+                _describe_tensor(generator),
+            )
+        try:  # on a new generator, so ours is untouched
+            torch.Generator().set_state(generator)
+        except Exception as e:
+            raise bad_input(
+                self.env_id, "state['generator']", "a CPU torch.Generator state", f"unusable ({e})"
             ) from None
-        if not isinstance(state, dict) or not {"episode", "previous", "generator"} <= set(state):
-            raise bad_input(self.env_id, "state", "the bytes get_state returned", f"{type(state).__name__}")
-        model_state = state.get("model_state", {})
-        if model_state and self._model_state:
-            want = {k: tuple(v.shape) for k, v in self._model_state.items()}
-            got = {k: tuple(v.shape) for k, v in model_state.items()}
-            if want != got:
-                raise bad_input(self.env_id, "state", f"model state of shapes {want}", got)
-        self._load_episode_state(state["episode"])  # validates before changing anything
-        device = self.model.device
-        self._model_state = {key: value.to(device) for key, value in model_state.items()}
-        self._previous = state["previous"].clone()
-        self._generator.set_state(state["generator"])
+        return state
+
+    def _check_model_state(self, model_state: Any, started: bool) -> None:
+        """The model's per-env tensors: the keys, shapes (leading dim ``num_envs``) and dtypes
+        ``model.start`` gives, finite where floating point; none only before the first reset (a
+        backend driven through its hooks in a Ray actor has model state but no episodes)."""
+        what = "state['model_state']"
+        if type(model_state) is not dict or not all(type(k) is str for k in model_state):
+            raise bad_input(self.env_id, what, "a dict of the model's per-env tensors", describe(model_state))
+        if not model_state and not started:
+            return
+        spec = self._state_spec()
+        want = {
+            key: f"{self.num_envs}x{'x'.join(map(str, shape))} {dtype}"
+            for key, (shape, dtype) in spec.items()
+        }
+        got = {key: _describe_tensor(value) for key, value in model_state.items()}
+        ok = set(model_state) == set(spec) and all(
+            type(value) is torch.Tensor
+            and value.layout == torch.strided
+            and not value.requires_grad
+            and value.dtype == spec[key][1]
+            and tuple(value.shape) == (self.num_envs, *spec[key][0])
+            for key, value in model_state.items()
+        )
+        if not ok:
+            raise bad_input(self.env_id, what, f"the tensors of this model {want}", got)
+        for key, value in model_state.items():
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise bad_input(self.env_id, what, "finite values", f"NaN/inf in {key!r}")
+
+    def _state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-env shape and dtype of each model-state tensor: from the current state, else from
+        ``model.start`` on one blank frame (once; its noise from a throwaway generator)."""
+        if self._model_state:
+            return {key: (tuple(v.shape[1:]), v.dtype) for key, v in self._model_state.items()}
+        if self._spec is None:
+            blank = torch.zeros((1, 3, *self.model.image_size), device=self.model.device)
+            with torch.inference_mode():
+                state = self.model.start(blank, torch.Generator().manual_seed(0))
+            self._spec = {key: (tuple(v.shape[1:]), v.dtype) for key, v in state.items()}
+        return self._spec
 
     def _seed_backend(self, seed: int) -> None:
         self._generator.manual_seed(seed)  # the noise follows the seed too: reset(seed=s) replays exactly
@@ -336,6 +421,12 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         except Exception:
             self._generator.set_state(saved)
             raise
+
+
+def _describe_tensor(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return describe(value)
 
 
 def _to_uint8(pixels: torch.Tensor) -> np.ndarray:
