@@ -27,6 +27,7 @@ from gymnasium import spaces
 from benchmarks.report import table, write_json
 from envs.core.spaces import FieldBox
 from envs.libero.env import PROPRIO_FIELDS
+from nets.devices import default_device
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 MODELS = ("openvla_oft", "pi05", "cosmos_policy")
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-steps", type=int, default=10, help="pi0.5 denoising steps")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=str(default_device()))
     parser.add_argument("--json", default="runs/benchmarks/vla_latency.json")
     args = parser.parse_args(argv)
     if args.size == "real" and not (args.device == "cuda" and torch.cuda.is_available()):

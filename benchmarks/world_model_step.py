@@ -30,6 +30,7 @@ from envs.core.frames import InitialFrame
 from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
+from nets.devices import default_device
 
 
 def _sync(device: torch.device) -> None:
@@ -122,7 +123,7 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
     if backend == "cosmos":
         options["faithful"] = mode == "faithful"
     if args.real_size:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = default_device(args.device)
         model = real_size_model(backend, device, size, **options)
         frames = [
             InitialFrame(text, image=synthetic_image(np.random.default_rng(i), (256, 256)))
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                 for mode in modes:
                     rows.append(run_row(backend, mode, n, sizes[backend], args))
                     print(table(rows[-1:], unit).splitlines()[-1], flush=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(default_device(args.device))
     label = (
         torch.cuda.get_device_name()
         if device.startswith("cuda")

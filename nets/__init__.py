@@ -2,5 +2,7 @@
 (``cosmos_dit``), which the Cosmos world-model env and the Cosmos Policy both host, the Wan 2.1 VAE
 (``wan_vae``) both encode frames with, the world models' ResNet-18 success classifier
 (``resnet_rm``), which the world-model envs score frames with and ``trainers.reward_model`` trains,
-and ``safe_load``, how every package reads pickle-based files without running code from them.
+``safe_load``, how every package reads pickle-based files without running code from them, and the
+ground-floor helpers every package shares: ``files`` (atomic writes of files and folders, fsynced,
+never through a symbolic link; no torch) and ``devices`` (``parse_dtype``, ``default_device``).
 Depends on torch (and diffusers for the VAE) only; imports none of the others."""

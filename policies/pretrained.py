@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +20,9 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
+
+from nets.devices import default_device, parse_dtype
+from nets.files import atomic_path, write_atomic
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -178,28 +180,18 @@ def save_state_dict(
         shards[-1][key] = tensor
         used += sizes[key]
     if len(shards) == 1:
-        _atomic(folder / SINGLE_FILE, lambda p: save_file(shards[0], p, metadata={"format": "pt"}))
+        with atomic_path(folder / SINGLE_FILE) as p:
+            save_file(shards[0], p, metadata={"format": "pt"})
         return
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards):
-        _atomic(folder / name, lambda p, shard=shard: save_file(shard, p, metadata={"format": "pt"}))
+        with atomic_path(folder / name) as p:
+            save_file(shard, p, metadata={"format": "pt"})
     index = {
         "metadata": {"total_size": sum(sizes.values())},
         "weight_map": {k: name for name, shard in zip(names, shards) for k in shard},
     }
-    _atomic(folder / INDEX_FILE, lambda p: Path(p).write_text(json.dumps(index, indent=2)))
-
-
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are shared files
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_atomic(folder / INDEX_FILE, json.dumps(index, indent=2))
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -230,14 +222,12 @@ def load_tokenizer(folder: Path):
     return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """A VLA's weight dtype: ``"auto"`` is bfloat16 when CUDA is available, else float32."""
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A VLA's weight dtype: ``"auto"`` is bfloat16 when CUDA is available, else float32; else
+    float32 or bfloat16 in any spelling ``nets.devices.parse_dtype`` reads (``"bf16"``, ``"fp32"``...)."""
     if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    if dtype not in choices:
-        raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
-    return choices[dtype]
+        return torch.bfloat16 if default_device().type == "cuda" else torch.float32
+    return parse_dtype(dtype, optional=False, allowed=(torch.float32, torch.bfloat16), also=("auto",))
 
 
 def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> None:

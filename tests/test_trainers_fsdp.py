@@ -136,7 +136,7 @@ def test_bad_data_parallel_options_are_refused():
     with pytest.raises(ValueError, match=r"data_parallel must be one of \['ddp', 'fsdp'\], got 'zero'"):
         RunConfig(data_parallel="zero")
     with pytest.raises(ValueError, match=r"fsdp_param_dtype must be one of \['bfloat16'"):
-        RunConfig(data_parallel="fsdp", fsdp_param_dtype="bf16")
+        RunConfig(data_parallel="fsdp", fsdp_param_dtype="float64")  # "bf16" is read as bfloat16
     with pytest.raises(ValueError, match="need data_parallel='fsdp'"):
         RunConfig(activation_checkpointing=True)
     assert RunConfig(data_parallel="fsdp", fsdp_param_dtype="bfloat16").fsdp_param_dtype == "bfloat16"

@@ -28,7 +28,6 @@ seeded per round.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from nets.files import atomic_path
 from policies.base import ActionChunkPolicy
 from trainers.env_contract import episode_success, initial_frames, start_options
 from trainers.rollout import Collector
@@ -154,15 +154,15 @@ def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, A
     h5py = _h5py()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as f:
-        _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
-        group = f.create_group("episodes")
-        for n, ep in enumerate(episodes):
-            _write_episode(group.create_group(f"{n:06d}"), ep)
-            f.flush()
-        _set_attrs(f, meta)
-    os.replace(tmp, path)
+    # nets.files.atomic_path: fsynced and renamed once complete; kept on an error (the partial file)
+    with atomic_path(path, temp=path.with_name(path.name + ".tmp"), keep_on_error=True) as tmp:
+        with h5py.File(tmp, "w") as f:
+            _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
+            group = f.create_group("episodes")
+            for n, ep in enumerate(episodes):
+                _write_episode(group.create_group(f"{n:06d}"), ep)
+                f.flush()
+            _set_attrs(f, meta)
     return path
 
 

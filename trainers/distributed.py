@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nets.devices import parse_dtype
 from policies.base import ActionChunkPolicy, PolicyEval
 
 
@@ -303,17 +304,14 @@ def minibatch_count(total_rows: float, batch_size: int | None) -> int:
 
 # ---------------------------------------------------------------------- FSDP2
 DATA_PARALLEL = ("ddp", "fsdp")
-PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PARAM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def param_dtype(name: str | None) -> torch.dtype | None:
-    """The ``torch.dtype`` of ``--fsdp-param-dtype`` (None: the parameters' own); a ``ValueError``
-    naming the choices otherwise."""
-    if name is None:
-        return None
-    if name not in PARAM_DTYPES:
-        raise ValueError(f"fsdp_param_dtype must be one of {list(PARAM_DTYPES)} or None, got {name!r}")
-    return PARAM_DTYPES[name]
+    """The ``torch.dtype`` of ``--fsdp-param-dtype`` (None: the parameters' own): bfloat16, float16
+    or float32 in any spelling ``nets.devices.parse_dtype`` reads (``"bf16"``, ``"fp16"``...); a
+    ``ValueError`` naming the choices otherwise."""
+    return parse_dtype(name, what="fsdp_param_dtype", allowed=PARAM_DTYPES)
 
 
 def fsdp_units(policy: nn.Module) -> list[nn.Module]:

@@ -16,8 +16,6 @@ unpickler that builds numpy arrays, strings, numbers and containers only (``nets
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from envs.core.errors import describe
+from nets.files import atomic_folder
 
 ACTION_DIM = 7  # LIBERO's action size; only stored so RLinf's loader can read ``action_dim``
 
@@ -114,38 +113,32 @@ def frame_problem(frame: Any) -> str | None:
 def save_initial_frames(frames: Sequence[InitialFrame], directory: str | os.PathLike) -> Path:
     """Write ``frames`` as ``directory/dataset/frame_00000.npy, ...``; return the dataset folder.
 
-    Files are written to a temporary folder first and moved into place, so an interrupted save
-    leaves no half-written set. An existing ``dataset/`` folder is replaced.
+    Files are written to a staging folder first, fsynced and moved into place
+    (``nets.files.atomic_folder``), so an interrupted save leaves no half-written set and a failed
+    one no staging folder. An existing ``dataset/`` folder is replaced.
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     target = root / "dataset"
-    staging = Path(tempfile.mkdtemp(prefix=".dataset-", dir=root))
-    for i, frame in enumerate(frames):
-        if frame.image is None:
-            raise ValueError(f"save_initial_frames: frame {i} has no image (RLinf's loader needs one)")
-        item: dict[str, Any] = {
-            "image": frame.image,
-            "instruction": frame.instruction,
-            "task": frame.task or frame.instruction,
-            "delta_action": np.zeros(ACTION_DIM, np.float32),
-        }
-        if frame.wrist_image is not None:
-            item["wrist_image"] = frame.wrist_image
-        if frame.sim_state is not None:
-            item["sim_state"] = frame.sim_state
-        if frame.meta:
-            item["meta"] = dict(frame.meta)
-        record = np.empty(1, dtype=object)
-        record[0] = item
-        np.save(staging / f"frame_{i:05d}.npy", record, allow_pickle=True)
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=".old-", dir=root))
-        target.rename(old / "dataset")
-        staging.rename(target)
-        shutil.rmtree(old)
-    else:
-        staging.rename(target)
+    with atomic_folder(target) as staging:  # nets.files: fsynced, swapped in whole
+        for i, frame in enumerate(frames):
+            if frame.image is None:
+                raise ValueError(f"save_initial_frames: frame {i} has no image (RLinf's loader needs one)")
+            item: dict[str, Any] = {
+                "image": frame.image,
+                "instruction": frame.instruction,
+                "task": frame.task or frame.instruction,
+                "delta_action": np.zeros(ACTION_DIM, np.float32),
+            }
+            if frame.wrist_image is not None:
+                item["wrist_image"] = frame.wrist_image
+            if frame.sim_state is not None:
+                item["sim_state"] = frame.sim_state
+            if frame.meta:
+                item["meta"] = dict(frame.meta)
+            record = np.empty(1, dtype=object)
+            record[0] = item
+            np.save(staging / f"frame_{i:05d}.npy", record, allow_pickle=True)
     return target
 
 

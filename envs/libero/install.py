@@ -14,6 +14,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from nets.files import write_atomic
+
 ASSET_SUBDIRS = ("scenes", "articulated_objects", "stable_scanned_objects", "turbosquid_objects")
 INSTALL_HINT = (
     'install LIBERO with `bash scripts/setup.sh`, or by hand: pip install "vla-gym[libero]" '
@@ -84,9 +86,7 @@ def ensure_config() -> Path:
             "datasets": cdir / "datasets",
             "assets": assets,
         }
-        tmp = cfile.with_suffix(".tmp")
-        tmp.write_text("".join(f"{k}: {v}\n" for k, v in entries.items()))
-        tmp.replace(cfile)
+        write_atomic(cfile, "".join(f"{k}: {v}\n" for k, v in entries.items()))  # nets.files
     os.environ["LIBERO_CONFIG_PATH"] = str(cdir)
     return cfile
 

@@ -44,23 +44,8 @@ from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.bundles import Bundle, find_bundle
 from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel, relative_rewards
+from nets.devices import default_device, parse_dtype  # noqa: F401  (the backends import them from here)
 from nets.safe_load import UnsafeFileError, torch_load
-
-
-def default_device(device: str | torch.device | None) -> torch.device:
-    """``device``, else CUDA when available, else CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
-def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """``"bfloat16"``/``"float32"`` (as JSON configs give them) or a ``torch.dtype``; None stays None."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    value = getattr(torch, str(dtype), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype: expected a torch dtype name such as 'bfloat16', got {dtype!r}")
-    return value
-
 
 REWARD_MODEL_FILE = "resnet_rm.pth"
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nets.files import atomic_folder
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets import stats as st
 from trainers.datasets.extras import pandas, pyarrow
@@ -293,25 +293,16 @@ def write_lerobot(
             raise ValueError(f"episode {n} has observations {shapes}, episode 0 has {want}: they must match")
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
-    videos = {
-        f.key: _VideoFiles(staging, f, fps, codec, video_files_size_in_mb, chunks_size)
-        for f in features
-        if f.kind == "video"
-    }
-    try:
+    # staging folder, fsynced, then swapped in: on overwrite the old folder goes only once the new
+    # one is complete (nets.files.atomic_folder)
+    with atomic_folder(out) as staging:
+        videos = {
+            f.key: _VideoFiles(staging, f, fps, codec, video_files_size_in_mb, chunks_size)
+            for f in features
+            if f.kind == "video"
+        }
         _write(staging, demos, frames, features, videos, fps, robot_type, chunks_size, data_files_size_in_mb,
                video_files_size_in_mb, progress, pa, pq, pd)  # fmt: skip
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if out.exists():  # overwrite: the old folder goes only once the new one is complete
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        out.rename(old / out.name)
-        staging.rename(out)
-        shutil.rmtree(old)
-    else:
-        staging.rename(out)
     return out
 
 

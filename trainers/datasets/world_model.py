@@ -20,13 +20,12 @@ without running code. The folder appears complete or not at all (staging folder,
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from nets.files import atomic_folder
 from trainers.demos import Demos, Episode
 
 ACTION_DIM = 7  # RLinf's world models take LIBERO's 7-D actions
@@ -89,20 +88,10 @@ def write_world_model_dataset(
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists: pass overwrite=True (--overwrite) to replace it")
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".dataset-staging-", dir=root))
-    try:
+    # staging folder, fsynced, then swapped in: the old folder goes only once the new one is complete
+    with atomic_folder(target) as staging:
         for n, ep in enumerate(
             tqdm(demos.episodes, desc="world-model dataset", disable=not progress, unit="episode")
         ):
             np.save(staging / f"episode_{n:06d}.npy", _frames(n, ep), allow_pickle=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if target.exists():  # the old folder goes only once the new one is complete
-        old = Path(tempfile.mkdtemp(prefix=".dataset-old-", dir=root))
-        target.rename(old / "dataset")
-        staging.rename(target)
-        shutil.rmtree(old)
-    else:
-        staging.rename(target)
     return target

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from nets.files import atomic_path
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from trainers.demos import Episode, check_format, collect_episodes
 
@@ -329,14 +329,14 @@ def write_frames(
     import h5py
 
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")  # nets.files.atomic_path: fsynced, renamed (removed on errors)
     table: dict[str, list[Any]] = {c: [] for c in EPISODE_COLUMNS}
     labels, episode, step = [], [], []
     start = time.perf_counter()
     made_dir = not path.parent.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with h5py.File(tmp, "w") as f:
+        with atomic_path(path, temp=tmp) as tmp, h5py.File(tmp, "w") as f:
             data = None
             for j, ep, frames, lab in episodes:
                 if data is None:
@@ -378,9 +378,7 @@ def write_frames(
             f.attrs["format"], f.attrs["version"] = FORMAT, VERSION
             for key, value in meta.items():
                 f.attrs[key] = json.dumps(value)
-        os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
         if made_dir and not any(path.parent.iterdir()):
             path.parent.rmdir()
         raise

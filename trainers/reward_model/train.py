@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nets.files import write_atomic
 from nets.resnet_rm import DEFAULT_WIDTH, ResnetRewardModel, check_width
 from trainers.reward_model.augment import Augment, augment, resize_frames, to_model_input
 from trainers.reward_model.collect import FrameSet
@@ -295,15 +295,10 @@ def measure(
 # ---------------------------------------------------------------------------- outputs
 def save_reward_model(model: ResnetRewardModel, path: str | Path) -> Path:
     """Write ``model``'s state dict as ``resnet_rm.pth`` the world-model envs load (through a
-    temporary file renamed into place: a reader never sees half a file)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    temporary file fsynced and renamed into place, ``nets.files.write_atomic``: a reader never sees
+    half a file)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return write_atomic(path, lambda f: torch.save(state, f))
 
 
 def _json_ready(value: Any) -> Any:
@@ -320,12 +315,7 @@ def _json_ready(value: Any) -> Any:
 
 
 def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, text)
 
 
 def format_report(report: dict[str, Any]) -> str:
