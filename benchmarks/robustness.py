@@ -7,13 +7,13 @@ category, as one table.
 
 A case is handled when the promise holds: bad input raises a ``ValueError`` that names the
 parameter; a file that asks to run code raises ``UnsafeFileError`` and the code never runs; a closed
-env raises ``ClosedEnvError``; a failed worker is detected (a stopped one within its timeout), its
-envs truncated with ``worker_restarted`` and reset later; a damaged checkpoint is refused or skipped
-for the one before it, never loaded wrong; a run folder is left as it was by a refused start, holds
-whole files only, one run at a time, and is never written through a link; a dataset file that
-declares sizes or paths it does not hold is refused with a ``ValueError`` naming the file, before
-anything large is allocated or anything outside it is read. Each failing case is printed with what
-happened instead.
+env raises ``ClosedEnvError``; a failed worker or Ray actor is detected (a stopped one within its
+deadline), its envs truncated with ``worker_restarted`` and reset later; a damaged checkpoint is
+refused or skipped for the one before it, never loaded wrong; a run folder is left as it was by a
+refused start, holds whole files only, one run at a time, and is never written through a link; a
+dataset file that declares sizes or paths it does not hold is refused with a ``ValueError`` naming
+the file, before anything large is allocated or anything outside it is read. Each failing case is
+printed with what happened instead.
 (Every case is also a test under ``tests/``; this script keeps the figures re-measurable.)
 """
 
@@ -339,7 +339,23 @@ def call_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
         "world-model load_state(b'junk')": lambda: raises(ValueError, "bad state")(
             lambda: probe.world_model().unwrapped.load_state(b"junk")
         ),
+        "Ray-v0 action out of range": _ray_v0_bad_action,
     }
+
+
+def _ray_v0_bad_action() -> None:
+    """Checked by the driver, before any actor is called: a clear ValueError, the env usable after."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers Ray-v0)
+
+    env = gym.make_vec("Ray-v0", num_envs=2, env="CartPole-v1", ray_actors=1)
+    try:
+        env.reset(seed=0)
+        raises(ValueError, "bad actions", "values in [0, 1]")(lambda: env.step(np.array([0, 2])))
+        env.step(np.array([0, 1]))
+    finally:
+        env.close()
 
 
 def closed_envs(probe: Probe) -> dict[str, Callable[[], None]]:
@@ -489,11 +505,75 @@ def faults(probe: Probe) -> dict[str, Callable[[], None]]:
         if not trunc[1] or took > 20:
             raise AssertionError(f"stopped worker: truncated {trunc.tolist()} after {took:.0f} s")
 
+    def ray_stopped_libero() -> None:
+        """Issue 32's case: LIBERO on 2 Ray actors, one stopped; the driver's deadline is LIBERO's
+        step_timeout_s (3 s) plus 10 s."""
+        env = probe.libero(ray_actors=2, step_timeout_s=3.0)
+        pids = env.unwrapped.actor_pids()
+        try:
+            env.reset(options={"initial_frames": [0, 50]})
+            os.kill(pids[1], signal.SIGSTOP)
+            _lost_in_time(env, np.zeros(env.action_space.shape, np.float32), [False, True], 13.0)
+        finally:
+            _resume(pids[1])
+            env.close()
+
+    def ray_v0(how: str) -> Callable[[], None]:
+        def case() -> None:
+            import gymnasium as gym
+
+            import envs  # noqa: F401  (registers Ray-v0)
+
+            env = gym.make_vec("Ray-v0", num_envs=3, env="CartPole-v1", ray_actors=2, ray_step_timeout_s=3.0)
+            pids = env.unwrapped.actor_pids()
+            try:
+                env.reset(seed=0)
+                if how == "stop":
+                    os.kill(pids[1], signal.SIGSTOP)
+                else:
+                    os.kill(pids[1], signal.SIGKILL)
+                _lost_in_time(env, np.zeros(3, np.int64), [False, False, True], 3.0)
+            finally:
+                _resume(pids[1])
+                env.close()
+
+        return case
+
     return {
         "worker killed mid-episode": killed_mid_episode,
         "worker killed twice in one reset": killed_twice_in_reset,
         "worker stopped (SIGSTOP)": stopped,
+        "Ray actor stopped (SIGSTOP), LIBERO on 2 actors": ray_stopped_libero,
+        "Ray-v0 actor stopped (SIGSTOP)": ray_v0("stop"),
+        "Ray-v0 actor killed": ray_v0("kill"),
     }
+
+
+def _lost_in_time(env: Any, actions: np.ndarray, lost: list[bool], deadline_s: float) -> None:
+    """One step: back within the deadline (plus 10 s) with exactly ``lost`` truncated and flagged
+    ``worker_restarted``; then two more steps without a loss."""
+    began = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _, _, _, trunc, info = env.step(actions)
+    took = time.monotonic() - began
+    flagged = info.get("worker_restarted", np.zeros(len(lost), bool)).tolist()
+    if trunc.tolist() != lost or flagged != lost or took > deadline_s + 10:
+        raise AssertionError(f"truncated {trunc.tolist()}, worker_restarted {flagged} after {took:.0f} s")
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            _, _, _, trunc, info = env.step(actions)
+        if "worker_restarted" in info:
+            raise AssertionError("a loss after the restart")
+
+
+def _resume(pid: int) -> None:
+    """SIGCONT for a stopped actor process Ray has not killed (a case that failed)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def checkpoints(probe: Probe) -> dict[str, Callable[[], None]]:

@@ -1,6 +1,8 @@
 """Envs on Ray actors (envs/distributed) against the local vector env: same frames and actions give
-the same observations, rewards, infos and episode statistics; a killed actor is restarted; bad input
-is refused before any actor is called. A local Ray cluster with 2 CPUs."""
+the same observations, rewards, infos and episode statistics; an actor that is killed, or stopped
+past its deadline, is restarted and its envs truncated with worker_restarted (this project's ids and
+Ray-v0); bad input (Ray-v0's actions too) is refused before any actor is called. A local Ray cluster
+with 2 CPUs."""
 
 from __future__ import annotations
 
@@ -177,17 +179,24 @@ def test_a_failed_reset_loses_only_the_envs_it_reset(cosmos_bundle):
 
 @requires_libero
 @pytest.mark.slow
-def test_killed_actor_is_restarted_and_its_envs_truncated():
-    kwargs = dict(STATE, max_episode_steps=100, autoreset_mode="NextStep")
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_killed_actor_is_restarted_and_its_envs_truncated(how):
+    """LIBERO on 2 actors: a killed actor, or one stopped with SIGSTOP (the step returns at the
+    driver's deadline: LIBERO's step_timeout_s=3 plus 10 s), is restarted and its envs truncated."""
+    kwargs = dict(STATE, max_episode_steps=100, autoreset_mode="NextStep", step_timeout_s=3.0)
     env = gym.make_vec("Libero-Spatial-v0", num_envs=2, ray_actors=2, **kwargs)
+    assert env.step_timeout_s == 13.0
+    old = env.actor_pids()
     try:
         env.reset(seed=0, options={"initial_frames": [0, 1]})
         zeros = np.zeros(env.action_space.shape, np.float32)
         env.step(zeros)
-        old = env.actor_pids()
-        os.kill(old[1], signal.SIGKILL)
-        with pytest.warns(RuntimeWarning, match="Ray actor 1 .* died during step"):
+        os.kill(old[1], getattr(signal, how))
+        began = time.monotonic()
+        what = "(died|became unavailable)" if how == "SIGKILL" else "did not answer within 13 s"
+        with pytest.warns(RuntimeWarning, match=f"Ray actor 1 .* {what} .*during step"):
             _, _, terminated, truncated, info = env.step(zeros)
+        assert time.monotonic() - began < 13.0 + 10.0
         assert truncated.tolist() == [False, True] and not terminated.any()
         assert info["worker_restarted"].tolist() == [False, True]
         assert info["_episode"].tolist() == [False, True]
@@ -199,7 +208,115 @@ def test_killed_actor_is_restarted_and_its_envs_truncated():
         new = env.actor_pids()
         assert new[0] == old[0] and new[1] != old[1]
     finally:
+        resume(old[1])
         env.close()
+
+
+# ---------------------------------------------------------------------- lost actors: died, killed, stopped
+COUNTING = "tests.counting_env:CountingVectorEnv"
+FAR = 4  # the counting env's frame walking 20 cells: no episode ends in these tests
+
+
+def stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+
+
+def resume(pid: int) -> None:
+    """SIGCONT for a stopped actor process that Ray may not have killed yet (a failed test)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def kill(env, j: int) -> int:
+    """``ray.kill`` actor j (Ray restarts it) and wait until its process is gone; its pid."""
+    pid = env.actor_pids()[j]
+    ray.kill(env.unwrapped.actors.hosts[j], no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return pid
+        except FileNotFoundError:
+            return pid
+        time.sleep(0.1)
+    raise AssertionError(f"actor process {pid} still there")
+
+
+def test_stopped_actor_is_killed_restarted_and_its_envs_truncated_within_the_deadline():
+    """The local workers' promise on Ray: an actor that does not answer a step within its deadline
+    (stopped with SIGSTOP) is killed and restarted; the step returns at the deadline with its envs
+    truncated (worker_restarted) and the other actor's results; the next steps work."""
+    kwargs = {"autoreset_mode": "NextStep", "chunk_size": 2}  # 2 cells a step, 10 at most
+    env = RayVectorEnv(COUNTING, 3, num_actors=2, step_timeout_s=3.0, env_kwargs=kwargs)
+    ones = np.ones(env.action_space.shape, np.float32)
+    pids = env.actor_pids()
+    try:
+        obs, _ = env.reset(seed=0, options={"initial_frames": [FAR] * 3})
+        env.step(ones)  # every env at cell 2
+        stop(pids[0])
+        began = time.monotonic()
+        with pytest.warns(
+            RuntimeWarning, match=r"Ray actor 0 \(envs 0-1\) did not answer within 3 s .*during step"
+        ):
+            obs, rewards, terminated, truncated, info = env.step(ones)
+        assert time.monotonic() - began < 3.0 + 5.0  # the deadline, not the restart
+        assert truncated.tolist() == [True, True, False] and not terminated.any()
+        assert info["worker_restarted"].tolist() == [True, True, False]
+        assert info["_episode"].tolist() == [True, True, False]
+        assert obs["proprio"][:, 0].tolist() == [2, 2, 4]  # lost envs keep their last obs; env 2 walked on
+        assert info["chunk_valid"].tolist() == [[False] * 2, [False] * 2, [True] * 2]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the next steps run normally: no more warnings
+            _, _, _, truncated, info = env.step(ones)  # NextStep: envs 0 and 1 start again, on the new actor
+            assert info["_initial_frame_id"].tolist() == [True, True, False] and not truncated.any()
+            obs, *_, info = env.step(ones)
+        assert info["chunk_valid"].all() and obs["proprio"][:, 0].tolist() == [2, 2, 8]
+        new = env.actor_pids()
+        assert new[0] != pids[0] and new[1] == pids[1]
+    finally:
+        resume(pids[0])
+        env.close()
+
+
+def test_actor_killed_with_ray_kill_is_restarted_and_its_envs_truncated():
+    """ray.kill on an actor: the step reports its envs lost (Disabled: they wait for a reset)."""
+    kwargs = {"autoreset_mode": "Disabled", "chunk_size": 2}
+    env = RayVectorEnv(COUNTING, 3, num_actors=2, step_timeout_s=10.0, env_kwargs=kwargs)
+    ones = np.ones(env.action_space.shape, np.float32)
+    try:
+        env.reset(seed=0, options={"initial_frames": [FAR] * 3})
+        old = env.actor_pids()
+        kill(env, 1)  # Ray restarts it: the fresh actor refuses the step (FreshActor)
+        with pytest.warns(RuntimeWarning, match=r"Ray actor 1 \(envs 2-2\) .* during step"):
+            obs, _, terminated, truncated, info = env.step(ones)
+        assert truncated.tolist() == [False, False, True] and not terminated.any()
+        assert info["worker_restarted"].tolist() == [False, False, True]
+        assert obs["proprio"][:, 0].tolist() == [2, 2, 0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            obs, *_, info = env.step(ones)  # Disabled: env 2 stays ended until it is reset
+            assert not info["chunk_valid"][2].any() and obs["proprio"][:, 0].tolist() == [4, 4, 0]
+            env.reset(options={"reset_mask": np.array([False, False, True]), "initial_frames": [FAR]})
+            obs, *_, info = env.step(ones)
+        assert info["chunk_valid"].all() and obs["proprio"][:, 0].tolist() == [6, 6, 2]
+        new = env.actor_pids()
+        assert new[0] == old[0] and new[1] != old[1]
+    finally:
+        env.close()
+
+
+def test_deadlines_follow_the_backends_own():
+    """By default the driver allows the backend's own deadline (LIBERO's step_timeout_s for its
+    workers) plus half of it; without one, 120 s for a step and 600 s for the rest."""
+    from envs.distributed.ray_env import _deadline
+
+    assert _deadline(10.0, 120.0, 10.0) == 20.0 and _deadline(24.0, 120.0, 10.0) == 36.0
+    assert _deadline(None, 120.0, 10.0) == 120.0
+    with pytest.raises(ValueError, match="ray_step_timeout_s"):
+        gym.make_vec("Libero-Spatial-v0", num_envs=1, ray_actors=1, ray_step_timeout_s=0)
 
 
 @pytest.mark.slow
@@ -442,6 +559,106 @@ def test_any_gymnasium_id_on_ray_actors_equals_its_local_vector_env(mode):
     finally:
         remote.close()
         local.close()
+
+
+def test_ray_v0_stopped_actor_truncates_its_envs_within_the_deadline():
+    """Ray-v0 as this project's ids: a stopped actor's envs are truncated with worker_restarted at
+    the deadline (NextStep: last obs now, a new episode at the next step, reward 0 there)."""
+    env = gym.make_vec("Ray-v0", num_envs=3, env="CartPole-v1", ray_actors=2, ray_step_timeout_s=3.0)
+    zeros = np.zeros(3, np.int64)
+    pids = env.actor_pids()
+    try:
+        env.reset(seed=0)
+        last, *_ = env.step(zeros)
+        stop(pids[1])
+        began = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=r"Ray actor 1 \(envs 2-2\) did not answer within 3 s"):
+            obs, rewards, terminated, truncated, info = env.step(zeros)
+        assert time.monotonic() - began < 3.0 + 5.0
+        assert truncated.tolist() == [False, False, True] and not terminated.any()
+        assert info["worker_restarted"].tolist() == [False, False, True] and info["_worker_restarted"][2]
+        assert rewards.tolist() == [1.0, 1.0, 0.0]
+        np.testing.assert_array_equal(obs[2], last[2])  # its last observation
+        assert not np.array_equal(obs[:2], last[:2])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            obs, rewards, _, truncated, _ = env.step(zeros)  # env 2 starts again: reward 0, action ignored
+            assert rewards.tolist() == [1.0, 1.0, 0.0] and not truncated.any()
+            assert np.abs(obs[2]).max() <= 0.05  # CartPole's first observations
+            obs, rewards, *_ = env.step(zeros)
+        assert rewards.tolist() == [1.0, 1.0, 1.0]
+        assert env.actor_pids()[1] != pids[1]
+    finally:
+        resume(pids[1])
+        env.close()
+
+
+@pytest.mark.parametrize("mode", ["SameStep", "Disabled"])
+def test_ray_v0_killed_actor_truncates_its_envs(mode):
+    """SameStep: the lost envs' new episode starts at once (final_obs their last obs, worker_restarted
+    in final_info too); Disabled: they must be reset first, as gymnasium requires after an end."""
+    env = gym.make_vec("Ray-v0", num_envs=3, env="CartPole-v1", ray_actors=2, autoreset_mode=mode)
+    zeros = np.zeros(3, np.int64)
+    try:
+        env.reset(seed=0)
+        last, *_ = env.step(zeros)
+        kill(env, 0)
+        with pytest.warns(RuntimeWarning, match=r"Ray actor 0 \(envs 0-1\) .* during step"):
+            obs, rewards, terminated, truncated, info = env.step(zeros)
+        assert truncated.tolist() == [True, True, False] and not terminated.any()
+        assert info["worker_restarted"].tolist() == [True, True, False]
+        assert rewards.tolist() == [0.0, 0.0, 1.0]
+        if mode == "SameStep":
+            assert info["_final_obs"].tolist() == [True, True, False]
+            np.testing.assert_array_equal(np.stack(info["final_obs"][:2]), last[:2])
+            assert info["final_info"]["worker_restarted"].tolist() == [True, True, False]
+            assert np.abs(obs[:2]).max() <= 0.05  # their new episodes' first observations
+        else:
+            np.testing.assert_array_equal(obs[:2], last[:2])
+            with pytest.raises(ValueError, match=r"envs \[0, 1\] have ended .* reset them"):
+                env.step(zeros)
+            env.reset(options={"reset_mask": truncated})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, rewards, _, truncated, _ = env.step(zeros)
+        assert rewards.tolist() == [1.0, 1.0, 1.0] and not truncated.any()
+    finally:
+        env.close()
+
+
+def test_ray_v0_checks_actions_before_any_actor_is_called(monkeypatch):
+    """Shape, dtype, range and NaN are refused here with a ValueError naming the env; Box actions
+    are clipped to the bounds, as this project's envs do."""
+    cart = gym.make_vec("Ray-v0", num_envs=2, env="CartPole-v1", ray_actors=1)
+    pendulum = gym.make_vec("Ray-v0", num_envs=2, env="Pendulum-v1", ray_actors=1)
+    try:
+        cart.reset(seed=0)
+        pendulum.reset(seed=0)
+
+        def no_actor(j):
+            raise AssertionError("an actor was called")
+
+        for env in (cart, pendulum):
+            monkeypatch.setattr(env.unwrapped.actors, "host", no_actor)
+        bad = {
+            r"shape \(2,\) \(one action per env\), received array of shape \(3,\)": (cart, np.zeros(3, int)),
+            r"values in \[0, 1\], received 2 at index \[1\]": (cart, np.array([0, 2])),
+            r"an integer array for Discrete\(2\)": (cart, np.zeros(2, np.float32)),
+            r"shape \(2, 1\)": (pendulum, np.zeros(2, np.float32)),
+            r"finite values, received NaN/inf at index \[1, 0\]": (pendulum, np.array([[0.0], [np.nan]])),
+            r"a float array \(float32\)": (pendulum, np.array([["a"], ["b"]])),
+        }
+        for match, (env, actions) in bad.items():
+            with pytest.raises(ValueError, match=rf"bad actions: expected {match}"):
+                env.step(actions)
+        monkeypatch.undo()
+        assert cart.step(np.array([0, 1]))[1].tolist() == [1.0, 1.0]  # still usable
+        clipped = pendulum.unwrapped._check_actions(np.array([[5.0], [-0.5]]))
+        assert clipped.dtype == np.float32 and clipped.tolist() == [[2.0], [-0.5]]
+        pendulum.step(np.array([[5.0], [-0.5]]))
+    finally:
+        cart.close()
+        pendulum.close()
 
 
 def test_trainer_runs_any_gymnasium_id_on_ray_actors(tmp_path):

@@ -16,7 +16,15 @@ from gymnasium.vector import AutoresetMode
 from envs.core.single import SingleEnvView
 from envs.core.vector_env import ChunkedVectorEnv
 
-RAY_KWARGS = ("ray_options", "ray_placement", "ray_address", "ray_max_restarts")
+RAY_KWARGS = (
+    "ray_options",
+    "ray_placement",
+    "ray_address",
+    "ray_max_restarts",
+    "ray_step_timeout_s",
+    "ray_reset_timeout_s",
+    "ray_restart_timeout_s",
+)
 
 
 def make_vector(
@@ -24,7 +32,8 @@ def make_vector(
 ) -> ChunkedVectorEnv:
     """The vector entry point of every registered id: ``vector_class`` (``"module:Class"``) in this process,
     or over ``ray_actors`` Ray actors (with ``ray_options``, ``ray_placement``, ``ray_address``,
-    ``ray_max_restarts``: see ``RayVectorEnv``)."""
+    ``ray_max_restarts`` and the deadlines ``ray_step_timeout_s``, ``ray_reset_timeout_s``,
+    ``ray_restart_timeout_s``: see ``RayVectorEnv``)."""
     if ray_actors is None:
         given = [k for k in RAY_KWARGS if k in kwargs]
         if given:

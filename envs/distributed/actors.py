@@ -1,11 +1,21 @@
 """The Ray plumbing the Ray-actor vector envs share: joining the cluster, placing one actor per share
-of the envs in a placement group, mapping env indices to actors, releasing them. Ray is imported
-only when an ``ActorSet`` is built."""
+of the envs in a placement group, mapping env indices to actors, waiting for their answers under a
+deadline, restarting a lost one, releasing them. Ray is imported only when an ``ActorSet`` is built.
+
+Every call on an actor has a deadline (``gather``): an actor that died, or has not answered by then
+(hung, or stopped with SIGSTOP), is lost: a silent one is killed (``ray.kill``), Ray starts a fresh
+one with the same arguments, and the next call on it first waits until the fresh one answers
+(``host``). The envs decide what a lost actor means for their episodes (truncated with
+``worker_restarted``, as the local worker pool does).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -32,13 +42,33 @@ def import_ray() -> Any:
     return ray
 
 
+class FreshActor(RuntimeError):
+    """A call reached an actor that Ray restarted since the driver last heard from it: the envs'
+    state it held is gone (the driver reports them lost, as for an actor that died in a call)."""
+
+
+def needs_state(method: Callable) -> Callable:
+    """An actor method that works on the envs' state: refused (``FreshActor``) by an actor that
+    Ray restarted on its own until the driver has taken it up (``describe``)."""
+
+    @functools.wraps(method)
+    def call(self: ActorHost, *args: Any, **kwargs: Any) -> Any:
+        if not self.adopted:
+            raise FreshActor(f"Ray restarted this actor (pid {os.getpid()}) since the driver's last call")
+        return method(self, *args, **kwargs)
+
+    return call
+
+
 class ActorHost:
     """Base of what runs inside an actor: the env ``build()`` makes, or the exception it raised,
     re-raised by ``describe`` (the driver's first call), so a bad argument reaches the caller as
-    the env's own error instead of a dead actor."""
+    the env's own error instead of a dead actor. ``describe`` is also how the driver takes up the
+    actor (at the start, after a restart): until then, methods marked ``needs_state`` refuse."""
 
     def __init__(self, build: Callable[[], Any]) -> None:
         self.error: Exception | None = None
+        self.adopted = False
         try:
             self.env = build()
         except Exception as e:
@@ -47,7 +77,10 @@ class ActorHost:
     def describe(self) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
-        return {}
+        import ray
+
+        self.adopted = True
+        return {"worker": ray.get_runtime_context().get_worker_id()}  # a new one after a restart
 
     def pid(self) -> int:
         return os.getpid()
@@ -99,6 +132,10 @@ class ActorSet:
         _check_resources(ray, name, self.bundle, num_actors, placement)
         self.group = ray.util.placement_group([self.bundle] * num_actors, strategy=PLACEMENTS[placement])
         self.hosts: list[Any] = []
+        self.workers: list[str | None] = [None] * num_actors  # each actor's Ray worker, from describe
+        self.restarting: dict[int, list] = {}  # lost actor -> [the worker it had, killed], until it answers
+        self.restart_timeout_s = 300.0
+        self.after_restart: Callable[[int], None] | None = None  # the env's hook once a lost actor is back
         try:
             ray.get(self.group.ready(), timeout=ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -108,9 +145,11 @@ class ActorSet:
                 f"({placement}) within {ready_timeout_s:g} s"
             ) from None
 
-    def start(self, cls: type, args: list[tuple]) -> list[Any]:
-        """One actor of ``cls`` per bundle, actor j built with ``args[j]``. Ray restarts a dead one
-        (``max_restarts``) and never retries a call on it: the env decides what a lost call means."""
+    def start(self, cls: type, args: list[tuple], timeout_s: float) -> list[dict[str, Any]]:
+        """One actor of ``cls`` per bundle, actor j built with ``args[j]``; returns their ``describe()``
+        once all have built their envs (within ``timeout_s``, which also bounds a restart). Ray
+        restarts a dead one (``max_restarts``) and never retries a call on it: the env decides what a
+        lost call means."""
         remote = self.ray.remote(cls)
         strategy = self.ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
         for j, actor_args in enumerate(args):
@@ -123,7 +162,109 @@ class ActorSet:
                 "scheduling_strategy": strategy(self.group, placement_group_bundle_index=j),
             }
             self.hosts.append(remote.options(**options).remote(*actor_args))
-        return self.hosts
+        self.restart_timeout_s = timeout_s
+        try:  # an env that fails to build raises its own error here
+            descs = self.ray.get([host.describe.remote() for host in self.hosts], timeout=timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"{self.name}: the Ray actors did not build their envs within {timeout_s:g} s"
+            ) from None
+        self.workers = [desc["worker"] for desc in descs]
+        return descs
+
+    def host(self, j: int) -> Any:
+        """Actor j's handle, once it answers: a lost actor is first waited for until Ray has started
+        its fresh one (at most ``restart_timeout_s``), then the env's ``after_restart`` hook runs."""
+        if j in self.restarting:
+            self._wait_restarted(j)
+        return self.hosts[j]
+
+    def gather(
+        self, refs: dict[int, Any], timeout_s: float
+    ) -> tuple[dict[int, Any], dict[int, tuple[bool, str]], BaseException | None]:
+        """Wait for one call per actor (``{actor: ObjectRef}``), all under one deadline ``timeout_s``
+        seconds from now. Returns the results, the actors lost on the way as ``{actor: (hung,
+        what)}`` (died, or no answer by the deadline: hung or stopped), and the first error an env
+        raised, for the caller to raise once it has dealt with the lost actors."""
+        ray = self.ray
+        results: dict[int, Any] = {}
+        lost: dict[int, tuple[bool, str]] = {}
+        error: BaseException | None = None
+        deadline = time.monotonic() + timeout_s
+        waiting = list(refs.values())
+        while waiting and time.monotonic() < deadline:
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=deadline - time.monotonic())
+        silent = {ref.hex() for ref in waiting}
+        exc = ray.exceptions
+        died = (exc.RayActorError, exc.WorkerCrashedError, exc.OutOfMemoryError)
+        for j, ref in refs.items():
+            if ref.hex() in silent:
+                lost[j] = (True, f"did not answer within {timeout_s:g} s (hung or stopped)")
+                continue
+            try:
+                results[j] = ray.get(ref, timeout=max(10.0, deadline - time.monotonic()))
+            except ray.exceptions.ActorUnavailableError as e:  # restarting, or up but unreachable
+                lost[j] = (False, f"became unavailable ({type(e).__name__})")
+            except died as e:
+                lost[j] = (False, f"died ({type(e).__name__})")
+            except ray.exceptions.GetTimeoutError:
+                lost[j] = (True, f"did not answer within {timeout_s:g} s (hung or stopped)")
+            except FreshActor:
+                lost[j] = (False, "was restarted by Ray since the last call (its envs' state is gone)")
+            except Exception as e:  # the env raised: the actor is fine
+                error = error or e
+        return results, lost, error
+
+    def lose(self, j: int, hung: bool, what: str, call: str) -> None:
+        """Actor j was lost during ``call`` (``gather``'s verdict): kill it if it is hung or stopped,
+        so that Ray starts a fresh one, and warn. The next ``host(j)`` waits for the fresh one
+        (and kills the actor then if it still answers as the old one). With ``max_restarts=0``
+        nothing is restarted: ``RuntimeError``."""
+        restart = self.max_restarts != 0
+        if hung:
+            self.ray.kill(self.hosts[j], no_restart=not restart)
+        lo, hi = int(self.offsets[j]), int(self.offsets[j + 1])
+        warnings.warn(
+            f"{self.name}: Ray actor {j} (envs {lo}-{hi - 1}) {what} during {call}; "
+            + ("killed it; " if hung else "")
+            + "its envs are truncated (worker_restarted) and start again on a fresh actor",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        if not restart:
+            raise RuntimeError(f"{self.name}: Ray actor {j} was lost during {call} (ray_max_restarts=0)")
+        self.restarting.setdefault(j, [self.workers[j], hung])
+
+    def _wait_restarted(self, j: int) -> None:
+        old, killed = self.restarting[j]
+        deadline = time.monotonic() + self.restart_timeout_s
+        errors = (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"{self.name}: Ray actor {j} did not come back within {self.restart_timeout_s:g} s "
+                    f"(max_restarts={self.max_restarts})"
+                )
+            try:  # a fresh actor's env that fails to build raises its own error here
+                worker = self.ray.get(self.hosts[j].describe.remote(), timeout=left)["worker"]
+            except errors:  # the old one is still going down, or the fresh one is starting
+                worker, killed = old, True
+            if worker != old:
+                break
+            if not killed:  # still the old one (unreachable for a while, not restarted): restart it
+                self.ray.kill(self.hosts[j], no_restart=False)
+                killed = True
+            time.sleep(0.2)
+        self.workers[j] = worker
+        del self.restarting[j]
+        if self.after_restart is not None:
+            try:
+                self.after_restart(j)
+            except BaseException:  # not usable as the env needs it: the next call waits for another
+                self.ray.kill(self.hosts[j], no_restart=False)
+                self.restarting[j] = [worker, True]
+                raise
 
     def split(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(actor, positions in env_ids, the actor's own env indices)`` for every actor involved."""
@@ -136,15 +277,17 @@ class ActorSet:
 
     def pids(self) -> list[int]:
         """Process ids of the actors (on their nodes); the actor classes have a ``pid`` method."""
-        return self.ray.get([host.pid.remote() for host in self.hosts])
+        refs = [self.host(j).pid.remote() for j in range(len(self.hosts))]
+        return self.ray.get(refs, timeout=self.restart_timeout_s)
 
     def release(self) -> None:
         """Close the actors' envs, kill the actors, remove the placement group."""
         ray = self.ray
         hosts, self.hosts = self.hosts, []
+        restarting, self.restarting = self.restarting, {}
         if hosts and ray.is_initialized():
-            try:
-                ray.get([host.close.remote() for host in hosts], timeout=30)
+            try:  # lost ones are not waited for
+                ray.get([h.close.remote() for j, h in enumerate(hosts) if j not in restarting], timeout=30)
             except Exception:  # a dead or hung actor: killed below anyway
                 pass
             for host in hosts:

@@ -7,8 +7,13 @@ initial frames. So for the same initial frames and actions the observations, rew
 are those of the local vector env. Per step, every actor gets one call (its envs' chunks) and all
 run concurrently; arrays come back through Ray's object store.
 
-An actor that dies is restarted by Ray (``max_restarts``); its envs are truncated with
-``worker_restarted`` (as the local worker pool does) and start again at their next reset.
+Every call on an actor has a deadline (``step_timeout_s`` for a step, ``reset_timeout_s`` for a
+reset and every other call; by default a margin over the backend's own deadlines for its workers,
+so LIBERO's ``step_timeout_s`` bounds a step on Ray too). An actor that dies, or has not answered
+by then (hung, or stopped with SIGSTOP), is lost, as a local worker is: a silent one is killed,
+Ray starts a fresh one with the same arguments (``max_restarts``), the call returns with the other
+actors' results, and the lost actor's envs are truncated with ``worker_restarted`` and start again
+at their next reset (the next call on the actor first waits until the fresh one answers).
 
 Seeding: ``reset(seed=s)`` seeds the frame draws here, and actor j's own streams (a world model's
 noise, LIBERO's ``scene_seed=None`` layouts) with ``s + j``: with one actor, everything equals the
@@ -22,8 +27,6 @@ is refused before this process or any actor changes.
 from __future__ import annotations
 
 import io
-import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +35,10 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
-from envs.core.errors import bad_input, describe
+from envs.core.errors import bad_input, check_float, describe
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
-from envs.distributed.actors import ActorHost, ActorSet
+from envs.distributed.actors import ActorHost, ActorSet, needs_state
 
 STATE_KIND = "RayVectorEnv"  # marks get_state's bytes, told apart from a local env's
 
@@ -50,10 +53,11 @@ class EnvHost(ActorHost):
         self._backup: bytes | None = None  # the state before stage_state, until finish_state
 
     def describe(self) -> dict[str, Any]:
-        super().describe()
+        base = super().describe()
         env = self.env
         overrides = type(env)._episode_stats is not ChunkedVectorEnv._episode_stats
         return {
+            **base,
             "env_id": env.env_id,
             "observation_space": env.single_observation_space,
             "action_space": env.single_action_space,
@@ -65,11 +69,16 @@ class EnvHost(ActorHost):
             "backend": f"{type(env).__module__}.{type(env).__qualname__}",
             "has_state": callable(getattr(env, "get_state", None))
             and callable(getattr(env, "load_state", None)),
+            # the backend's own deadlines for its workers (LIBERO), which the driver's allow for
+            "step_timeout_s": getattr(env, "step_timeout_s", None),
+            "reset_timeout_s": getattr(env, "reset_timeout_s", None),
         }
 
+    @needs_state
     def check_frames(self, frames: list[InitialFrame]) -> list[str | None]:
         return [self.env._check_frame(f) for f in frames]
 
+    @needs_state
     def reset_envs(
         self, env_ids: np.ndarray, frames: list[InitialFrame], seed: int | None
     ) -> tuple[dict[str, np.ndarray], list[int]]:
@@ -78,15 +87,19 @@ class EnvHost(ActorHost):
         obs = self.env._reset_envs(env_ids, frames)
         return obs, [int(self.env._max_episode_steps(f)) for f in frames]
 
+    @needs_state
     def step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
         return self.env._step_envs(env_ids, actions, max_steps)
 
+    @needs_state
     def episode_stats(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
         return self.env._episode_stats(env_ids)
 
+    @needs_state
     def get_state(self) -> bytes:
         return self.env.get_state()
 
+    @needs_state
     def stage_state(self, data: bytes) -> str | None:
         """Load ``data``, keeping the state before it until ``finish_state``. If it does not load,
         return why (a ``ValueError``'s message) or re-raise, with this actor back where it was."""
@@ -102,20 +115,24 @@ class EnvHost(ActorHost):
         self._backup = backup
         return None
 
+    @needs_state
     def finish_state(self, keep: bool) -> None:
         """Keep the staged state, or (``keep=False``) go back to the state before it."""
         backup, self._backup = self._backup, None
         if not keep and backup is not None:
             self.env.load_state(backup)
 
+    @needs_state
     def seed(self, seed: int) -> None:
         self.env._np_random, self.env._np_random_seed = gym.utils.seeding.np_random(seed)
         self.env._seed_backend(seed)
 
+    @needs_state
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         attr = getattr(self.env, name)
         return attr(*args, **kwargs) if callable(attr) else attr
 
+    @needs_state
     def set_attr(self, name: str, value: Any) -> None:
         setattr(self.env, name, value)
 
@@ -143,9 +160,16 @@ class RayVectorEnv(ChunkedVectorEnv):
         address: the Ray cluster to join when Ray is not yet initialized in this process (``"auto"``,
             ``"host:port"``, ``"ray://host:port"``, ``"local"``: always a new one on this machine);
             None: Ray's default (the cluster ``ray start`` started on this node, else a new local one).
-        max_restarts: how often Ray restarts a dead actor (-1: always).
+        max_restarts: how often Ray restarts a lost actor (-1: always; 0: a lost actor is an error).
         ready_timeout_s: how long to wait for the cluster to place the actors.
-        restart_timeout_s: how long to wait for Ray to restart a dead actor before giving up.
+        restart_timeout_s: how long an actor may take to build its env, at the start and after a
+            restart, before it is given up (``RuntimeError``).
+        step_timeout_s: how long an actor may take to answer a step before it counts as hung or
+            stopped: killed and restarted, its envs truncated with ``worker_restarted``. Default:
+            the backend's own ``step_timeout_s`` plus half of it (at least 10 s) where it has one
+            (LIBERO: its deadline for its workers runs out first), else 120 s.
+        reset_timeout_s: the same for a reset and every other call (default: the backend's
+            ``reset_timeout_s`` plus half of it, at least 30 s, else 600 s).
     """
 
     def __init__(
@@ -160,20 +184,26 @@ class RayVectorEnv(ChunkedVectorEnv):
         address: str | None = None,
         max_restarts: int = -1,
         ready_timeout_s: float = 60.0,
-        restart_timeout_s: float = 120.0,
+        restart_timeout_s: float = 300.0,
+        step_timeout_s: float | None = None,
+        reset_timeout_s: float | None = None,
     ) -> None:
         env_kwargs = dict(env_kwargs or {})
         name = str(env_kwargs.get("env_id") or vector_class)
         autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
+        check_float(name, "ray_restart_timeout_s", restart_timeout_s, low=0.01)
+        for what, value in (("ray_step_timeout_s", step_timeout_s), ("ray_reset_timeout_s", reset_timeout_s)):
+            if value is not None:
+                check_float(name, what, value, low=0.01)
         self.actors = ActorSet(
             name, num_envs, num_actors, actor_options, placement, address, max_restarts, ready_timeout_s
         )
         ray = self.actors.ray
         try:
-            self._hosts = self.actors.start(
-                EnvHost, [(vector_class, n, env_kwargs) for n in self.actors.sizes]
-            )
-            desc = ray.get([host.describe.remote() for host in self._hosts])[0]
+            desc = self.actors.start(
+                EnvHost, [(vector_class, n, env_kwargs) for n in self.actors.sizes], restart_timeout_s
+            )[0]
+            self._hosts = self.actors.hosts
             space = desc["action_space"]
             chunked = desc["chunk_size"] is not None
             super().__init__(
@@ -195,6 +225,9 @@ class RayVectorEnv(ChunkedVectorEnv):
         self.num_actors = num_actors
         self.offsets = self.actors.offsets
         self.max_restarts, self.restart_timeout_s = max_restarts, restart_timeout_s
+        self.step_timeout_s = float(step_timeout_s or _deadline(desc["step_timeout_s"], 120.0, 10.0))
+        self.reset_timeout_s = float(reset_timeout_s or _deadline(desc["reset_timeout_s"], 600.0, 30.0))
+        self.actors.after_restart = self._after_restart
         self._ray = ray
         self._has_episode_stats = desc["has_episode_stats"]
         self._backend, self._has_state = desc["backend"], desc["has_state"]
@@ -224,7 +257,7 @@ class RayVectorEnv(ChunkedVectorEnv):
         given = [item for item in items if isinstance(item, InitialFrame)]
         if given:  # checked by the backend in one call, not one round trip per frame
             self._check_open("reset")
-            reasons = self._ray.get(self._hosts[0].check_frames.remote(given))
+            reasons = self._ask(0, "check_frames", given)
             self._checked = {id(f): why for f, why in zip(given, reasons)}
         try:
             return super()._resolve_frames(spec, count)
@@ -234,7 +267,7 @@ class RayVectorEnv(ChunkedVectorEnv):
     def _check_frame(self, frame: InitialFrame) -> str | None:
         if id(frame) in self._checked:
             return self._checked[id(frame)]
-        return self._ray.get(self._hosts[0].check_frames.remote([frame]))[0]
+        return self._ask(0, "check_frames", [frame])[0]
 
     def _max_episode_steps(self, frame: InitialFrame) -> int:
         return self._limits.pop(0)  # the backend's limits, in reset order (see _reset_envs)
@@ -244,29 +277,28 @@ class RayVectorEnv(ChunkedVectorEnv):
         parts = self._split(env_ids)
         calls = {j: (local, [frames[p] for p in pos]) for j, pos, local in parts}
         results: dict[int, Any] = {}
+        host = self.actors.host  # waits for an actor being restarted
         try:
             for attempt in range(2):  # a restarted actor gets one more try
                 refs = {
-                    j: self._hosts[j].reset_envs.remote(local, fr, None if seed is None else seed + j)
+                    j: host(j).reset_envs.remote(local, fr, None if seed is None else seed + j)
                     for j, (local, fr) in calls.items()
                     if j not in results
                 }
                 if seed is not None and attempt == 0:  # actors without envs in this reset follow the seed
-                    for j in set(range(self.num_actors)) - set(calls):
-                        refs[j] = self._hosts[j].seed.remote(seed + j)
-                died = []
-                for j, ref in refs.items():
-                    try:
-                        results[j] = self._ray.get(ref)
-                    except self._ray.exceptions.RayActorError:
-                        died.append(j)
-                for j in died:
-                    self._actor_died(j, "reset")
-                    results.pop(j, None)
-                if not [j for j in died if j in calls]:
+                    for j in sorted(set(range(self.num_actors)) - set(calls)):
+                        refs[j] = host(j).seed.remote(seed + j)
+                got, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+                results.update({j: r for j, r in got.items() if j in calls})
+                for j, (hung, what) in lost.items():
+                    self._lose(j, hung, what, "reset")
+                if error is not None:
+                    raise error
+                died = [j for j in lost if j in calls]
+                if not died:
                     break
             else:
-                raise RuntimeError(f"{self.env_id}: Ray actors {died} died twice in one reset")
+                raise RuntimeError(f"{self.env_id}: Ray actors {died} were lost twice in one reset")
         except BaseException:
             # some actors may be at their new starts, others not: none is where the bookkeeping says
             self._lost[env_ids] = True
@@ -288,12 +320,13 @@ class RayVectorEnv(ChunkedVectorEnv):
     def _step_envs(self, env_ids: np.ndarray, actions: np.ndarray, max_steps: np.ndarray) -> ChunkResult:
         n, k = actions.shape[:2]
         crashed = self._lost[env_ids].copy()
-        refs = {}
+        where, refs = {}, {}
         for j, pos, local in self._split(env_ids):
-            live = ~crashed[pos]  # lost envs (dead actor, failed reset) wait for their next reset
+            live = ~crashed[pos]  # lost envs (lost actor, failed reset) wait for their next reset
             if live.any():
-                pos, local = pos[live], local[live]
-                refs[j] = (pos, self._hosts[j].step_envs.remote(local, actions[pos], max_steps[pos]))
+                where[j], local = pos[live], local[live]
+                refs[j] = self.actors.host(j).step_envs.remote(local, actions[where[j]], max_steps[where[j]])
+        results, lost, error = self.actors.gather(refs, self.step_timeout_s)  # all actors at once
         out = ChunkResult(
             obs={key: self._obs[key][env_ids].copy() for key in self._array_keys},  # kept where crashed
             rewards=np.zeros((n, k), np.float32),
@@ -303,13 +336,13 @@ class RayVectorEnv(ChunkedVectorEnv):
             crashed=crashed,
             cut=np.zeros(n, bool),
         )
-        for j, (pos, ref) in refs.items():
-            try:
-                res: ChunkResult = self._ray.get(ref)
-            except self._ray.exceptions.RayActorError:
-                self._actor_died(j, "step")
-                out.crashed[pos] = True
-                continue
+        for j, (hung, what) in lost.items():  # the others' results are kept
+            self._lose(j, hung, what, "step")
+            out.crashed[where[j]] = True
+        if error is not None:
+            raise error
+        for j, res in results.items():
+            pos = where[j]
             for key in self._array_keys:
                 out.obs[key][pos] = res.obs[key]
             out.rewards[pos], out.valid[pos], out.success[pos] = res.rewards, res.valid, res.success
@@ -329,42 +362,51 @@ class RayVectorEnv(ChunkedVectorEnv):
         if not self._has_episode_stats:
             return {}
         stats: dict[str, np.ndarray] = {}
+        where, refs = {}, {}
         for j, pos, local in self._split(env_ids):
-            if self._lost[env_ids[pos]].any():
-                continue
-            for key, value in self._ray.get(self._hosts[j].episode_stats.remote(local)).items():
+            if not self._lost[env_ids[pos]].any():
+                where[j], refs[j] = pos, self.actors.host(j).episode_stats.remote(local)
+        results, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+        for j, (hung, what) in lost.items():
+            self._lose(j, hung, what, "episode statistics")
+        if error is not None:
+            raise error
+        for j, part in results.items():
+            for key, value in part.items():
                 value = np.asarray(value)
-                stats.setdefault(key, np.zeros((len(env_ids), *value.shape[1:]), value.dtype))[pos] = value
+                stat = stats.setdefault(key, np.zeros((len(env_ids), *value.shape[1:]), value.dtype))
+                stat[where[j]] = value
         return stats
 
     # ---------------------------------------------------------------- helpers
     def _split(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         return self.actors.split(env_ids)
 
-    def _actor_died(self, j: int, call: str) -> None:
-        """Mark actor j's envs lost, warn, and wait until Ray has restarted it."""
-        ids = np.arange(self.offsets[j], self.offsets[j + 1])
-        self._lost[ids] = True
-        warnings.warn(
-            f"{self.env_id}: Ray actor {j} (envs {ids[0]}-{ids[-1]}) died during {call}; Ray restarts it "
-            "and its envs are truncated (worker_restarted) and start again at their next reset",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        if self.max_restarts == 0:
-            raise RuntimeError(f"{self.env_id}: Ray actor {j} died during {call} (max_restarts=0)")
-        deadline = time.monotonic() + self.restart_timeout_s
-        while True:
-            try:
-                self._ray.get(self._hosts[j].pid.remote(), timeout=self.restart_timeout_s)
-                return
-            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{self.env_id}: Ray actor {j} did not come back within {self.restart_timeout_s:g} s "
-                        f"(max_restarts={self.max_restarts})"
-                    ) from None
-                time.sleep(0.2)
+    def _lose(self, j: int, hung: bool, what: str, call: str) -> None:
+        """Actor j was lost (died, hung or stopped): its envs are lost (truncated with
+        ``worker_restarted`` at the next step, until their next reset) and a fresh actor is started;
+        the next call on it waits for it (``ActorSet.host``)."""
+        self._lost[self.offsets[j] : self.offsets[j + 1]] = True
+        self.actors.lose(j, hung, what, call)
+
+    def _after_restart(self, j: int) -> None:
+        """A fresh actor takes this env's settings that are not constructor arguments."""
+        if self._record_frames:
+            host = self.actors.hosts[j]
+            self._ray.get(host.set_attr.remote("record_frames", True), timeout=self.reset_timeout_s)
+
+    def _ask(self, j: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` on actor j under the reset deadline; an actor lost on the way is
+        restarted (its envs lost) and asked once more."""
+        for _ in range(2):
+            ref = getattr(self.actors.host(j), method).remote(*args)
+            results, lost, error = self.actors.gather({j: ref}, self.reset_timeout_s)
+            if error is not None:
+                raise error
+            if j in results:
+                return results[j]
+            self._lose(j, *lost[j], method)
+        raise RuntimeError(f"{self.env_id}: Ray actor {j} was lost twice in {method}")
 
     # ---------------------------------------------------------------- saving and restoring episodes
     def get_state(self) -> bytes:
@@ -377,14 +419,13 @@ class RayVectorEnv(ChunkedVectorEnv):
         self._check_state_support("get_state")
         import torch  # here, not at import: `import envs` stays light
 
-        refs = [host.get_state.remote() for host in self._hosts]  # all actors at once
-        parts = []
-        for j, ref in enumerate(refs):
-            try:
-                parts.append(self._ray.get(ref))
-            except self._ray.exceptions.RayActorError:
-                self._actor_died(j, "get_state")  # its envs are lost: saved as lost, with the new actor
-                parts.append(self._ray.get(self._hosts[j].get_state.remote()))
+        refs = {j: self.actors.host(j).get_state.remote() for j in range(self.num_actors)}  # all at once
+        results, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+        for j, (hung, what) in lost.items():
+            self._lose(j, hung, what, "get_state")  # its envs are lost: saved as lost, with the new actor
+        if error is not None:
+            raise error
+        parts = [results[j] if j in results else self._ask(j, "get_state") for j in range(self.num_actors)]
         state = {
             "kind": STATE_KIND,
             "env_id": self.env_id,
@@ -408,26 +449,17 @@ class RayVectorEnv(ChunkedVectorEnv):
         self._check_state_support("load_state")
         state = self._read_state(data)
         parts = [part.numpy().tobytes() for part in state["actors"]]
-        refs = [host.stage_state.remote(part) for host, part in zip(self._hosts, parts)]
-        staged, refused, died = [], {}, []
-        error: BaseException | None = None
-        for j, ref in enumerate(refs):
-            try:
-                why = self._ray.get(ref)
-            except self._ray.exceptions.RayActorError:
-                died.append(j)
-                continue
-            except Exception as e:  # the actor's backend failed and went back; the others go back too
-                error = error or e
-                continue
-            if why is None:
-                staged.append(j)
-            else:
-                refused[j] = why
-        if refused or died or error is not None:
-            self._ray.get([self._hosts[j].finish_state.remote(False) for j in staged])
-            for j in died:
-                self._actor_died(j, "load_state")
+        host = self.actors.host
+        refs = {j: host(j).stage_state.remote(part) for j, part in enumerate(parts)}
+        # an actor whose backend failed went back by itself; the others go back too
+        results, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+        staged = [j for j, why in results.items() if why is None]
+        refused = {j: why for j, why in results.items() if why is not None}
+        if refused or lost or error is not None:
+            back = {j: host(j).finish_state.remote(False) for j in staged}
+            _, lost_back, _ = self.actors.gather(back, self.reset_timeout_s)
+            for j, (hung, what) in {**lost, **lost_back}.items():
+                self._lose(j, hung, what, "load_state")
             if error is not None:
                 raise error
             if refused:
@@ -435,10 +467,15 @@ class RayVectorEnv(ChunkedVectorEnv):
                 raise ValueError(
                     f"{self.env_id}: bad state: actor {j}'s part does not load ({why}); nothing was loaded"
                 )
-            raise RuntimeError(f"{self.env_id}: Ray actors {died} died during load_state; nothing was loaded")
-        self._ray.get([host.finish_state.remote(True) for host in self._hosts])
+            raise RuntimeError(
+                f"{self.env_id}: Ray actors {sorted(lost)} were lost during load_state; nothing was loaded"
+            )
+        keep = {j: host(j).finish_state.remote(True) for j in range(self.num_actors)}
+        _, lost, _ = self.actors.gather(keep, self.reset_timeout_s)
         self._load_episode_state(state["episode"])  # checked in _read_state: cannot fail
-        self._lost = state["lost"]
+        self._lost = state["lost"].copy()
+        for j, (hung, what) in lost.items():  # its envs are lost, as after any lost actor
+            self._lose(j, hung, what, "load_state")
 
     def _check_state_support(self, call: str) -> None:
         if not self._has_state:
@@ -497,7 +534,18 @@ class RayVectorEnv(ChunkedVectorEnv):
         """Call method ``name`` (or read attribute ``name``) of every actor's backend env; one
         result per actor (e.g. ``offload`` / ``onload`` of world-model envs)."""
         self._check_open(name)
-        return self._ray.get([host.call.remote(name, args, kwargs) for host in self._hosts])
+        refs = {j: self.actors.host(j).call.remote(name, args, kwargs) for j in range(self.num_actors)}
+        results, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+        for j, (hung, what) in lost.items():
+            self._lose(j, hung, what, name)
+        if error is not None:
+            raise error
+        if lost:
+            raise RuntimeError(
+                f"{self.env_id}: Ray actors {sorted(lost)} were lost during {name}() and restarted (their "
+                "envs are truncated with worker_restarted at the next step); call it again"
+            )
+        return [results[j] for j in range(self.num_actors)]
 
     @property
     def record_frames(self) -> bool:
@@ -507,8 +555,16 @@ class RayVectorEnv(ChunkedVectorEnv):
     @record_frames.setter
     def record_frames(self, value: bool) -> None:
         self._check_open("record_frames")
-        self._ray.get([host.set_attr.remote("record_frames", bool(value)) for host in self._hosts])
-        self._record_frames = bool(value)
+        self._record_frames = bool(value)  # a restarted actor takes it too (_after_restart)
+        refs = {
+            j: self.actors.host(j).set_attr.remote("record_frames", bool(value))
+            for j in range(self.num_actors)
+        }
+        _, lost, error = self.actors.gather(refs, self.reset_timeout_s)
+        for j, (hung, what) in lost.items():
+            self._lose(j, hung, what, "record_frames")
+        if error is not None:
+            raise error
 
     def actor_pids(self) -> list[int]:
         """Process ids of the actors (on their nodes)."""
@@ -516,6 +572,12 @@ class RayVectorEnv(ChunkedVectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self.actors.release()
+
+
+def _deadline(backend_s: float | None, default_s: float, slack_s: float) -> float:
+    """The driver's deadline for a call: the backend's own (for its workers) with room for the
+    restart that follows it, else ``default_s``."""
+    return default_s if backend_s is None else float(backend_s) + max(slack_s, float(backend_s) / 2)
 
 
 def _equal(value: Any, expected: str | list[int]) -> bool:
