@@ -1084,6 +1084,8 @@ def settings(probe: Probe) -> dict[str, Callable[[], None]]:
     ``ValueError`` naming the setting, what it expects and what came, before any work (issue 32)."""
     import json
 
+    import torch
+
     from trainers.config import parse
     from trainers.ppo import PPOConfig
     from trainers.run import RunConfig
@@ -1111,8 +1113,6 @@ def settings(probe: Probe) -> dict[str, Callable[[], None]]:
         "--clip-low -1": flags(["--clip-low", "-1"], "clip_low"),
         "--target-kl -1": flags(["--target-kl", "-1"], "target_kl", "> 0"),
     }
-    import torch
-
     if not torch.cuda.is_available():
         cases["--device cuda without CUDA"] = flags(["--device", "cuda"], "CUDA is not available")
     return cases

@@ -268,10 +268,8 @@ class Torso(nn.Module):
             obs = {"obs": obs}
         for key, kind in self.kinds.items():
             if kind == "vector" and key in obs:
-                x = torch.as_tensor(
-                    np.asarray(obs[key]) if not isinstance(obs[key], torch.Tensor) else obs[key]
-                )
-                self.encoders[key].update_stats(x.to(self.device, torch.float32))
+                x = torch.as_tensor(obs[key], dtype=torch.float32, device=self.device)
+                self.encoders[key].update_stats(x)
 
 
 def _encoder_for(

@@ -218,6 +218,12 @@ class Pi05Policy(ActionChunkPolicy):
         embeds, valid = self.model.embed_prefix(pixels, prepared["tokens"], prepared["token_mask"])
         return self.model.prefix_cache(embeds, valid)
 
+    def _trained_prefix(self, prepared: dict[str, torch.Tensor]) -> PrefixCache:
+        """The prefix for a loss: without gradients when PaliGemma is frozen (``train_expert_only``)."""
+        frozen = not any(p.requires_grad for p in self.model.paligemma_with_expert.paligemma.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+            return self._prefix(prepared)
+
     def _value(self, cache: PrefixCache) -> torch.Tensor | None:
         if self.value_head is None:
             return None
@@ -296,10 +302,7 @@ class Pi05Policy(ActionChunkPolicy):
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Log-probs of the stored chain's stochastic steps under the current weights (the prefix is
         recomputed; without gradients when PaliGemma is frozen)."""
-        prepared = {k: replay[k] for k in ("images", "tokens", "token_mask")}
-        frozen = not any(p.requires_grad for p in self.model.paligemma_with_expert.paligemma.parameters())
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-            cache = self._prefix(prepared)
+        cache = self._trained_prefix({k: replay[k] for k in ("images", "tokens", "token_mask")})
         transition = self._transition(cache, replay["noise_level"])
         inds = replay["denoise_inds"].long()
         log_probs, entropy = score_chain(
@@ -318,10 +321,7 @@ class Pi05Policy(ActionChunkPolicy):
         The squared error counts the chunk's K steps and D env dims (the padding is not data),
         summed over D and averaged over the executed sub-steps (``mask``). With
         ``train_expert_only`` the PaliGemma prefix runs without gradients."""
-        prepared = self._prepare(obs)
-        frozen = not any(p.requires_grad for p in self.model.paligemma_with_expert.paligemma.parameters())
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-            cache = self._prefix(prepared)
+        cache = self._trained_prefix(self._prepare(obs))
         device, k, d = cache.hidden.device, self.chunk_size, self.action_dim
         b = actions.shape[0]
         a = torch.zeros((b, self.horizon, self.model_action_dim), device=device)
