@@ -3,6 +3,7 @@ bad input. Short runs on CartPole (seconds); learning-curve figures live in benc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -509,6 +510,44 @@ def test_user_callbacks_see_every_hook_in_order_and_add_metrics(tmp_path):
     assert calls[-1] == ("finish", 4, True) and final["custom/done"] == 1.0
     rows = read_metrics(tmp_path / "run")
     assert [r.get("custom/twice") for r in rows if "custom/twice" in r] == [2, 4, 6, 8]
+
+
+def test_a_callback_returning_false_stops_the_run_cleanly(tmp_path):
+    """SB3's rule: a hook returning False stops training. The iteration's other hooks still run,
+    then the run finishes as at its last step: one final evaluation (not a second one at the step
+    just evaluated), the final checkpoint, summary.md, the folder's lock released; it resumes."""
+    from trainers.callbacks import Callback, RunContext
+    from trainers.ppo.train import train
+
+    class StopAt(Callback):
+        def __init__(self, iteration):
+            self.iteration, self.logged = iteration, []
+
+        def on_iteration_end(self, run: RunContext, row):
+            return run.counters["iteration"] < self.iteration  # False at `iteration`: stop
+
+        def on_row_logged(self, run, row):
+            self.logged.append(row["iteration"])  # None: carry on
+
+    cfg = RunConfig(
+        env="CartPole-v1", num_envs=2, total_steps=100_000, run_dir=str(tmp_path / "run"), eval_every=2,
+        eval_episodes=2, video=False, tensorboard=False, progress=False, torch_threads=1, checkpoint_every=0,
+    )  # fmt: skip
+    stop = StopAt(2)
+    final = train(cfg, PPOConfig(n_steps=64, batch_size=64), callbacks=[stop])
+    assert stop.logged == [1, 2] and final["iteration"] == 2 and "eval/return" in final
+    run_dir = tmp_path / "run"
+    assert [p.name for p in ckpt.checkpoint_paths(run_dir)] == ["iter_000002.pt"]
+    assert ckpt.latest_checkpoint(run_dir)[1]["counters"]["env_steps"] == 256
+    assert "| iterations | 2 |" in (run_dir / "summary.md").read_text()
+    episodes = [json.loads(line) for line in (run_dir / "eval_episodes.jsonl").read_text().splitlines()]
+    assert [ep["env_step"] for ep in episodes] == [256, 256]  # evaluated once at the stop
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [1, 2]
+
+    # the stop is not saved with the run: a resume goes on (here to the next stop)
+    resumed = dataclasses.replace(cfg, run_dir=None, resume=str(run_dir))
+    final = train(resumed, PPOConfig(n_steps=64, batch_size=64), callbacks=[StopAt(3)])
+    assert final["iteration"] == 3 and ckpt.latest_checkpoint(run_dir)[0].name == "iter_000003.pt"
 
 
 def test_a_sampled_evaluation_of_training_starts_leaves_training_unchanged_and_resumes(tmp_path):

@@ -1,6 +1,8 @@
 """What a run does besides collecting and updating, as callbacks (SB3's ``BaseCallback`` is the model).
 
-A ``Run`` calls each of its callbacks, in list order, at four points:
+A ``Run`` (``trainers/run.py``) calls each of its callbacks, in list order, at four points, with
+its ``RunContext`` (``trainers/run_context.py``: settings, folder, counters, policy, logs,
+checkpoints):
 
 * ``on_training_start(run)``: once the run's state is attached and its logs are open (fresh or
   resumed);
@@ -11,13 +13,18 @@ A ``Run`` calls each of its callbacks, in list order, at four points:
 * ``on_training_end(run, final)``: at the end, while the logs are still open (add entries to
   ``final``).
 
+``on_iteration_end`` or ``on_row_logged`` returning ``False`` stops the run (as SB3's ``on_step``):
+the iteration's hooks all run, then the loop ends and the run finishes as at its last step (final
+evaluation, final checkpoint, report). None, what a hook without ``return`` gives, goes on.
+
 The run's list: ``Evaluation`` (``eval_every``, ``eval_at_start``, ...), ``Checkpointing``
 (``checkpoint_every`` and the final checkpoint), the user's callbacks
 (``train(run_config, algo_config, callbacks=[...])``), then ``Report`` (the summary table,
 ``summary.md`` and ``learning_curve.png``, from everything the others added to ``final``).
 
 With several ranks (torchrun) every rank calls every callback, at the same points: evaluation
-is split over the ranks, and what writes files asks ``run.is_main`` (rank 0).
+is split over the ranks, what writes files asks ``run.is_main`` (rank 0), and a stop asked on any
+rank stops every rank.
 """
 
 from __future__ import annotations
@@ -27,36 +34,37 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from trainers import distributed
+from trainers import distributed, report
 from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
 from trainers.files import open_append, write_atomic
 from trainers.metrics import named_metrics, read_jsonl
 from trainers.report import EVAL_EPISODES_FILE
 from trainers.rollout import episode_summary
+from trainers.run_context import RunContext
 
-if TYPE_CHECKING:
-    from trainers.run import Run
+__all__ = ["Callback", "Checkpointing", "Evaluation", "Report", "RunContext"]
 
 
 class Callback:
-    """Base class: override the hooks you need (each does nothing by default)."""
+    """Base class: override the hooks you need (each does nothing by default). ``on_iteration_end``
+    and ``on_row_logged`` may return ``False`` to stop the run."""
 
-    def on_training_start(self, run: Run) -> None:
+    def on_training_start(self, run: RunContext) -> None:
         pass
 
-    def on_iteration_end(self, run: Run, row: dict[str, Any]) -> None:
+    def on_iteration_end(self, run: RunContext, row: dict[str, Any]) -> bool | None:
         pass
 
-    def on_row_logged(self, run: Run, row: dict[str, Any]) -> None:
+    def on_row_logged(self, run: RunContext, row: dict[str, Any]) -> bool | None:
         pass
 
-    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+    def on_training_end(self, run: RunContext, final: dict[str, Any]) -> None:
         pass
 
 
@@ -104,8 +112,9 @@ class Evaluation(Callback):
         self.file = EVAL_EPISODES_FILE if name == "eval" else f"{name}_episodes.jsonl"
         self.env: Any = None
         self.last: dict[str, float] = {}
+        self.step: int | None = None  # the env step of the last evaluation
 
-    def settings(self, run: Run) -> dict[str, Any]:
+    def settings(self, run: RunContext) -> dict[str, Any]:
         """Every, at_start, episodes, num_envs and video: this evaluation's, else the run's."""
         cfg = run.config
         episodes = self._episodes or cfg.eval_episodes
@@ -118,8 +127,9 @@ class Evaluation(Callback):
             "video": cfg.video if self._video is None else self._video,
         }
 
-    def on_training_start(self, run: Run) -> None:
-        if self.file != EVAL_EPISODES_FILE and run.is_main:  # the run's own file is the run's to keep
+    def on_training_start(self, run: RunContext) -> None:
+        self.step = None  # this run has not evaluated yet (the callback may be reused)
+        if run.is_main:  # a resumed run drops the episodes logged after its checkpoint
             resumed = run.config.resume is not None
             _keep_until(run.dir / self.file, run.counters["env_steps"] if resumed else None)
         s = self.settings(run)
@@ -128,18 +138,20 @@ class Evaluation(Callback):
             if s["every"] == 0:  # not needed again until the end
                 self.close()
 
-    def on_iteration_end(self, run: Run, row: dict[str, Any]) -> None:
+    def on_iteration_end(self, run: RunContext, row: dict[str, Any]) -> None:
         every = self.settings(run)["every"]
         if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
             row.update(self.evaluate(run))
 
-    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+    def on_training_end(self, run: RunContext, final: dict[str, Any]) -> None:
         if self.settings(run)["every"] >= 0:
-            final.update(self.evaluate(run))
-            run.log({"iteration": run.counters["iteration"], **self.last})
+            if self.step != run.counters["env_steps"]:  # else a callback stopped the run right after one
+                self.evaluate(run)
+                run.log({"iteration": run.counters["iteration"], **self.last})
+            final.update(self.last)
         self.close()
 
-    def evaluate(self, run: Run) -> dict[str, float]:
+    def evaluate(self, run: RunContext) -> dict[str, float]:
         step = run.counters["env_steps"]
         with run.gathered():  # fsdp: whole parameters (every rank, also one without a share)
             episodes = self._episodes_of(run, step)
@@ -149,9 +161,10 @@ class Evaluation(Callback):
                 for ep in episodes:
                     f.write(json.dumps({"env_step": step, **ep}, default=float) + "\n")
         self.last = named_metrics(self.name, episode_summary(episodes))
+        self.step = step
         return self.last
 
-    def _episodes_of(self, run: Run, step: int) -> list[dict[str, float]]:
+    def _episodes_of(self, run: RunContext, step: int) -> list[dict[str, float]]:
         """This rank's share of the evaluation episodes."""
         cfg, s = run.config, self.settings(run)
         episodes: list[dict[str, float]] = []
@@ -181,10 +194,10 @@ class Evaluation(Callback):
                 )
         return episodes
 
-    def _env(self, run: Run, s: dict[str, Any]) -> Any:
+    def _env(self, run: RunContext, s: dict[str, Any]) -> Any:
         """This rank's eval envs, made at the first evaluation and kept until ``close``."""
         if self.env is None:
-            self.env = run.make_env(
+            self.env = run.config.make_env(
                 math.ceil(s["num_envs"] / run.world_size),
                 autoreset="disabled_native",
                 render_mode="rgb_array" if s["video"] else None,
@@ -232,7 +245,8 @@ def _keep_until(path: Path, env_step: int | None) -> None:
     if env_step is None or not path.exists():
         path.unlink(missing_ok=True)
         return
-    kept = [r for r in read_jsonl(path, missing_ok=True, drop_torn_tail=True) if r["env_step"] <= env_step]
+    rows = read_jsonl(path, missing_ok=True, drop_torn_tail=True)  # a torn last line: dropped, with a warning
+    kept = [r for r in rows if float(r.get("env_step", math.inf)) <= env_step]
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
@@ -240,21 +254,32 @@ class Checkpointing(Callback):
     """A checkpoint every ``RunConfig.checkpoint_every`` iterations, and one at the end
     (``run.final_checkpoint``)."""
 
-    def on_row_logged(self, run: Run, row: dict[str, Any]) -> None:
+    def on_row_logged(self, run: RunContext, row: dict[str, Any]) -> None:
         every = run.config.checkpoint_every
         if every > 0 and run.counters["iteration"] % every == 0 and not run.finished:
             run.save()
 
-    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+    def on_training_end(self, run: RunContext, final: dict[str, Any]) -> None:
         run.final_checkpoint = run.save()
 
 
 class Report(Callback):
-    """At the end: the summary table on stdout, ``summary.md`` and ``learning_curve.png``."""
+    """At the end: the summary table on stdout, ``summary.md`` and ``learning_curve.png``
+    (``trainers/report.py``)."""
 
-    def on_training_end(self, run: Run, final: dict[str, Any]) -> None:
+    def on_training_end(self, run: RunContext, final: dict[str, Any]) -> None:
         run.close_progress()  # the table prints below a finished bar
         checkpoint = run.final_checkpoint or run.save()
         if run.is_main:
-            print(run.summary(final, checkpoint))
-            run.write_report(final, checkpoint)
+            spec = run.checkpoints.spec
+            rows = report.summary_rows(
+                env=run.config.env,
+                policy=spec["name"] if spec else run.config.policy,
+                init_policy=run.config.init_policy,
+                counters=run.counters,
+                elapsed=run.elapsed(),
+                final=final,
+                run_dir=run.dir,
+                checkpoint=checkpoint,
+            )
+            report.write_report(run.dir, run.algo, run.config.env, rows, checkpoint)

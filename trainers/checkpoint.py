@@ -23,18 +23,31 @@ import hashlib
 import random
 import warnings
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
+from trainers import distributed
 from trainers.files import write_atomic
 
 FORMAT = "vla-gym-checkpoint"
 VERSION = 2  # 2: with "sha256" (version 1 files, without it, only with allow_unverified=True)
 READABLE_VERSIONS = (1, 2)
+
+
+def seed_all(seed: int, generators: Collection[torch.Generator | None] = ()) -> None:
+    """Seed torch's, numpy's and python's global RNGs, and ``generators``, with ``seed``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    for g in generators:
+        if g is not None:
+            g.manual_seed(seed)
 
 
 def rng_state(generators: dict[str, torch.Generator | None]) -> dict[str, Any]:
@@ -393,6 +406,77 @@ def export_policy(
         "note": note or {},
     }
     return save_checkpoint(path, payload)
+
+
+@dataclass
+class RunCheckpoints:
+    """A training run's checkpoints: ``save`` writes everything needed to continue exactly from
+    the current iteration, ``restore`` loads a checkpoint back into the run's state.
+
+    The state is attached as the run starts: ``spec`` by ``Run.make_policy``, ``sharded`` by
+    ``Run.shard``, ``policy``, ``optimizer`` and ``generators`` by ``Run.restore``. ``extra`` is
+    what the loop saves besides them (GRPO: the group starts and the reference policy; SAC: the
+    critics and the replay buffer).
+
+    With several ranks, rank 0 writes (the ranks hold the same weights and optimizer state, and its
+    RNG states are the ones kept) while the others wait at a barrier, so that no rank runs ahead
+    of a checkpoint; with FSDP every rank first takes part in gathering the full state.
+    """
+
+    run_dir: Path
+    algo: str
+    configs: dict[str, dict[str, Any]]  # the run's settings as saved (``config.to_dict``)
+    keep: int  # newest checkpoints kept; 0: all
+    is_main: bool = True
+    spec: dict[str, Any] | None = None  # how to rebuild the policy (``build_policy``)
+    policy: Any = None
+    optimizer: torch.optim.Optimizer | None = None
+    generators: dict[str, torch.Generator | None] = field(default_factory=dict)
+    sharded: nn.Module | None = None  # fsdp over several ranks: the shard's root module
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, counters: dict[str, Any]) -> Path:
+        """Write ``<run>/checkpoints/iter_<NNNNNN>.pt`` for ``counters`` (iteration, env steps,
+        episodes, elapsed) and prune the old ones; returns its path (on every rank)."""
+        if self.spec is None:
+            raise RuntimeError("Run.save needs a policy built with Run.make_policy (its class and arguments)")
+        policy, optimizer = self.policy, self.optimizer
+        path = self.run_dir / "checkpoints" / f"iter_{counters['iteration']:06d}.pt"
+        if self.sharded is not None:  # every rank takes part in gathering the full state (to rank 0)
+            full = distributed.full_state(self.sharded, policy, optimizer)
+        if not self.is_main:
+            distributed.barrier()
+            return path
+        if self.sharded is not None:
+            state, omitted = policy_state(policy, full[0])
+            optimizer_state = full[1]
+        else:
+            state, omitted = policy_state(policy)
+            optimizer_state = optimizer.state_dict()
+        payload = {
+            "algo": self.algo,
+            "config": self.configs,
+            "policy": {**self.spec, "state_dict": state, "omitted": omitted},
+            "optimizer": optimizer_state,
+            "rng": rng_state({"policy": policy.generator, **self.generators}),
+            "counters": counters,
+            "extra": self.extra,
+        }
+        save_checkpoint(path, payload)
+        prune_checkpoints(self.run_dir, self.keep)
+        distributed.barrier()
+        return path
+
+    def restore(self, path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Load checkpoint ``data`` (read from ``path``) into the attached policy, optimizer and
+        generators; returns its counters and ``extra``."""
+        if self.sharded is not None:  # the weights were loaded before sharding (Run.shard)
+            distributed.load_optimizer_state(self.sharded, self.policy, self.optimizer, data["optimizer"])
+        else:
+            load_policy_state(self.policy, data["policy"], path)
+            self.optimizer.load_state_dict(data["optimizer"])
+        restore_rng_state(data["rng"], {"policy": self.policy.generator, **self.generators})
+        return data["counters"], data["extra"]
 
 
 def main(argv: list[str] | None = None) -> None:

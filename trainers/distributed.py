@@ -204,6 +204,20 @@ def average(rows: list[Mapping[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([row[k] for row in rows if k in row])) for k in keys}
 
 
+def gather_iteration(
+    env_steps: int, episodes: list[dict[str, float]], metrics: dict[str, float], num_envs: int
+) -> tuple[int, list[dict[str, float]], dict[str, float]]:
+    """One iteration over every rank: the env steps summed, the episodes gathered (each rank's
+    ``env`` index made global: rank r's env i is env ``r * num_envs / world size + i``) and the
+    metrics averaged; the arguments themselves at world size 1."""
+    if world_size() == 1:
+        return env_steps, episodes, metrics
+    parts = all_gather((int(env_steps), episodes, metrics))
+    local = num_envs // world_size()
+    episodes = [{**ep, "env": ep["env"] + r * local} for r, (_, eps, _) in enumerate(parts) for ep in eps]
+    return sum(steps for steps, _, _ in parts), episodes, average([m for _, _, m in parts])
+
+
 def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank."""
     if world_size() == 1:

@@ -1,19 +1,33 @@
-"""What a finished run leaves for a person: ``learning_curve.png`` and ``summary.md``.
+"""What a finished run leaves for a person: the summary table on stdout, ``learning_curve.png`` and
+``summary.md`` (``write_report``, called by the ``Report`` callback at the end of a run).
 
-Both are drawn from the run directory's files (``metrics.jsonl``, ``eval_episodes.jsonl``) and
-written atomically (``trainers.files.write_atomic``).
+Both files are drawn from the run directory's files (``metrics.jsonl``, ``eval_episodes.jsonl``)
+and written atomically (``trainers.files.write_atomic``).
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trainers.files import write_atomic
-from trainers.metrics import fmt, mcnemar_p, read_jsonl, read_metrics, wilson_interval
+from trainers.metrics import fmt, format_table, mcnemar_p, read_jsonl, read_metrics, wilson_interval
 
 EVAL_EPISODES_FILE = "eval_episodes.jsonl"  # one row per evaluation episode, with the env step
+# the final metrics shown in the summary table, where the run has them
+SUMMARY_METRICS = (
+    "env/return",
+    "env/success_once",
+    "eval/return",
+    "eval/success_once",
+    "eval/success",
+    "eval/episode_len",
+    "train/approx_kl",
+    "train/clip_fraction",
+    "train/entropy",
+)
 
 
 def _moving_average(values: list[float], width: int) -> list[float]:
@@ -123,3 +137,46 @@ def write_summary(
         lines += [f"- {name}: [`{path}`]({path})" for name, path in files.items()]
     lines += ["", f"TensorBoard: `tensorboard --logdir {run_dir / 'tb'}`", ""]
     return write_atomic(run_dir / "summary.md", "\n".join(lines))
+
+
+def summary_rows(
+    *,
+    env: str,
+    policy: str,
+    init_policy: str | None,
+    counters: Mapping[str, Any],
+    elapsed: float,
+    final: Mapping[str, float],
+    run_dir: Path,
+    checkpoint: Path,
+) -> list[tuple[str, Any]]:
+    """The summary table of a finished run: what it trained, how long, its final metrics
+    (``SUMMARY_METRICS``) and where its files are."""
+    rows: list[tuple[str, Any]] = [
+        ("env", env),
+        ("policy", policy),
+        ("initial policy", init_policy or "new"),
+        ("env steps", counters["env_steps"]),
+        ("iterations", counters["iteration"]),
+        ("episodes", counters["episodes"]),
+        ("wall time (s)", float(elapsed)),
+        ("env steps / s", counters["env_steps"] / max(elapsed, 1e-9)),
+    ]
+    rows += [(key, float(final[key])) for key in SUMMARY_METRICS if key in final]
+    return rows + [("run directory", str(run_dir)), ("checkpoint", checkpoint.name)]
+
+
+def write_report(run_dir: Path, algo: str, env: str, rows: list[tuple[str, Any]], checkpoint: Path) -> Path:
+    """Print the summary table, then write ``learning_curve.png`` and ``summary.md`` (listing the
+    run's files: final checkpoint, config, curve, evaluation videos, metrics); returns the summary."""
+    print(format_table(rows, title=f"{algo} summary"))
+    files = {"checkpoint": str(checkpoint.relative_to(run_dir)), "config": "config.json"}
+    plot = plot_learning_curve(run_dir)
+    if plot is not None:
+        files["learning curve"] = plot.name
+    for video in sorted((run_dir / "videos").glob("eval_*.mp4")):
+        files[f"evaluation video at env step {int(video.stem[5:])}"] = str(video.relative_to(run_dir))
+    files["metrics (one row per iteration)"] = "metrics.jsonl"
+    path = write_summary(run_dir, f"{algo} on {env}", rows, files)
+    print(f"summary: {path}")
+    return path

@@ -173,11 +173,11 @@ def train(
                 evaluator=evaluator,
             )
             update_running_obs_stats(policy, batch)
-            run.extra = {"starts": starts.state_dict()}  # checkpointed with the run
+            run.checkpoints.extra = {"starts": starts.state_dict()}  # checkpointed with the run
             if ref_policy is not None:
-                run.extra["ref_policy"] = ref_policy.state_dict()
+                run.checkpoints.extra["ref_policy"] = ref_policy.state_dict()
             if sil is not None:
-                run.extra["sil"] = sil.state_dict()
+                run.checkpoints.extra["sil"] = sil.state_dict()
             run.end_iteration(
                 env_steps, episodes, {**sampling, **{f"train/{k}": v for k, v in metrics.items()}}
             )

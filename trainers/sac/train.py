@@ -166,7 +166,11 @@ def train(
                     steps_metrics += [update() for _ in range(config.gradient_steps)]
             updates += len(steps_metrics)
             metrics = {**_mean(steps_metrics), "updates": updates, "buffer_size": len(buffer)}
-            run.extra = {"learner": learner.state_dict(), "buffer": buffer.state_dict(), "updates": updates}
+            run.checkpoints.extra = {
+                "learner": learner.state_dict(),
+                "buffer": buffer.state_dict(),
+                "updates": updates,
+            }
             run.end_iteration(env_steps, episodes, {f"train/{k}": v for k, v in metrics.items()})
         env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()

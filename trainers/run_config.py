@@ -1,0 +1,132 @@
+"""``RunConfig``: the settings every trainer shares (``--env``, ``--num-envs``, ``--run-dir``,
+``--eval-every``, ...), and the envs they describe (``RunConfig.make_env``). The algorithms' own
+settings are their dataclasses (``PPOConfig``, ``GRPOConfig``, ``SACConfig``, ``BCConfig``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import torch
+
+from trainers import distributed
+from trainers.env_factory import AUTORESET, make_vec_env
+
+
+@dataclass
+class RunConfig:
+    """Settings every trainer shares.
+
+    ``env`` is a gymnasium id; ``"module:Env-v0"`` imports ``module`` first (``envs:Libero-Spatial-v0``
+    registers this project's envs; the trainers never import them themselves).
+    """
+
+    env: str = "CartPole-v1"  # a gymnasium id; "module:Env-v0" imports module first (envs:Libero-Spatial-v0)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gym.make_vec
+    num_envs: int = 8  # over all ranks (torchrun): each rank steps num_envs / world size of them
+    # auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync
+    vectorization: Literal["auto", "native", "sync", "async"] = "auto"
+    autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"  # auto: the trainer picks
+    # a registered policy (gaussian, categorical, binned, flow, residual, dsrl, openvla_oft, pi05,
+    # cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or module:Class
+    policy: str = "auto"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON object: the policy's arguments
+    total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)
+    max_iterations: int = 0  # also stop after this many iterations (0: no limit)
+    seed: int = 0  # seeds the envs, the policy's sampling, the minibatch order and torch
+    device: str = "cpu"  # cuda with several ranks: cuda:LOCAL_RANK
+    torch_threads: int = 0  # 0: torch's default
+    run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
+    # a run directory (its newest checkpoint) or the newest checkpoint file in its checkpoints/: the
+    # same algorithm and env; run_dir is then that directory
+    resume: str | None = None
+    # a new run in a run_dir that holds another run's files: remove them first (only a run's own
+    # files, inside the folder: anything else there is refused). Without it such a folder is
+    # refused (a new run never mixes its files with another's); --resume continues the run instead.
+    # Never saved as true: an overwrite comes only from your own command line or call
+    overwrite: bool = False
+    # start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its
+    # policy class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic,
+    # override them) and --policy is ignored, except --policy residual: a ResidualPolicy learns a
+    # correction over that policy, kept frozen as its base
+    init_policy: str | None = None
+    # evaluate on another env, e.g. train in a world model and evaluate in the simulator; the
+    # kwargs default to env_kwargs when eval_env is unset, else to none
+    eval_env: str | None = None
+    eval_env_kwargs: dict[str, Any] | None = None  # JSON object (see eval_env)
+    eval_every: int = 0  # iterations between evaluations; 0: only at the end; -1: never
+    eval_at_start: bool = False  # also evaluate the initial policy, before training
+    eval_episodes: int = 10  # episodes per evaluation (deterministic actions)
+    eval_num_envs: int = 0  # 0: min(eval_episodes, num_envs)
+    video: bool = True  # an mp4 of the first eval round (needs an env that renders rgb_array)
+    video_fps: int = 20  # frames per second of the eval videos
+    checkpoint_every: int = 10  # iterations between checkpoints; 0: only at the end
+    keep_checkpoints: int = 3  # newest checkpoints kept; 0: all
+    tensorboard: bool = True  # TensorBoard event files in RUN/tb
+    wandb_project: str | None = None  # also log to this Weights & Biases project (wandb installed)
+    progress: bool = True  # a tqdm progress bar over env steps
+    # several ranks (torchrun): ddp keeps a whole copy of the model on every rank; fsdp shards
+    # parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard). At world size 1
+    # fsdp changes nothing (no process group, no sharding; the two options below are then unused)
+    data_parallel: Literal["ddp", "fsdp"] = "ddp"
+    fsdp_param_dtype: str | None = None  # fsdp: compute in this dtype (bfloat16, float16), reduce in float32
+    activation_checkpointing: bool = False  # fsdp: recompute activations in backward
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "total_steps", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_iterations", "seed", "torch_threads", "eval_num_envs", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
+            raise ValueError(
+                "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
+                f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
+            )
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: CUDA is not available on this machine (use cpu)")
+        if self.autoreset_mode not in ("auto", *AUTORESET):
+            raise ValueError(
+                f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
+            )
+        if self.data_parallel not in distributed.DATA_PARALLEL:
+            raise ValueError(
+                f"data_parallel must be one of {list(distributed.DATA_PARALLEL)}, got {self.data_parallel!r}"
+            )
+        distributed.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
+        if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
+            raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
+        if self.resume and self.overwrite:
+            raise ValueError("resume continues the run in its folder, overwrite clears the folder: give one")
+
+    def make_env(
+        self,
+        num_envs: int,
+        *,
+        autoreset: str = "same_step",
+        render_mode: str | None = None,
+        evaluation: bool = False,
+        train_env_kwargs: dict[str, Any] | None = None,
+    ) -> gym.vector.VectorEnv:
+        """``make_vec_env`` of the configured env (``evaluation``: of the eval env); ``autoreset`` is
+        the mode used when the config says ``auto``. ``train_env_kwargs``: the training env made
+        with these kwargs instead (e.g. a fixed subset of its starts to evaluate on)."""
+        env_id, env_kwargs = self.env, self.env_kwargs
+        if evaluation and self.eval_env is not None:
+            env_id, env_kwargs = self.eval_env, self.eval_env_kwargs or {}
+        elif evaluation and self.eval_env_kwargs is not None:
+            env_kwargs = self.eval_env_kwargs
+        if train_env_kwargs is not None:
+            env_id, env_kwargs = self.env, train_env_kwargs
+        return make_vec_env(
+            env_id,
+            num_envs,
+            env_kwargs,
+            self.vectorization,
+            self.autoreset_mode if self.autoreset_mode != "auto" else autoreset,
+            autoreset_required=self.autoreset_mode != "auto",
+            render_mode=render_mode,
+        )
