@@ -308,6 +308,16 @@ def test_grpo_killed_run_resumes_exactly(tmp_path, monkeypatch):
     rows = read_metrics(tmp_path / "killed")
     assert [r["iteration"] for r in rows if "train/loss" in r] == list(range(1, n_iter + 1))
 
+    # resuming the finished run trains nothing and keeps the loop's state in its last checkpoint
+    grpo_train.main(["--resume", str(tmp_path / "killed"), *FAST])
+    again = ckpt.latest_checkpoint(tmp_path / "killed")[1]
+    for key in ("iteration", "env_steps", "episodes"):
+        assert again["counters"][key] == resumed["counters"][key], key
+    assert set(again["extra"]) == set(resumed["extra"]) and "sil" in again["extra"]
+    assert torch.equal(
+        torch.as_tensor(again["extra"]["sil"]["valid"]), torch.as_tensor(resumed["extra"]["sil"]["valid"])
+    )
+
 
 def test_grpo_lifts_cartpole(tmp_path):
     final = grpo_train.main(

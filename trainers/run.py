@@ -212,6 +212,7 @@ class Run:
             path, data = self._resumed
             self._resumed = None  # not kept in memory for the whole run
             counters, extra = state.restore(path, data)
+            state.extra = extra  # a loop that runs no iteration (a finished run) saves it unchanged
             self.counters.update(counters)
             if self.is_main:
                 c = self.counters
