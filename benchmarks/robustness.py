@@ -1,6 +1,6 @@
-"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints, run folders and dataset
-files that declare sizes or paths they do not hold: cases tried and handled as README promises, per
-category, as one table.
+"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints, run folders, dataset
+files that declare sizes or paths they do not hold, and files cut short or of the wrong shape: cases
+tried and handled as README promises, per category, as one table.
 
     python -m benchmarks.robustness                         # every category (~3 min on 2 cores)
     python -m benchmarks.robustness --categories checkpoints "untrusted files"
@@ -12,8 +12,10 @@ deadline), its envs truncated with ``worker_restarted`` and reset later; a damag
 refused or skipped for the one before it, never loaded wrong; a run folder is left as it was by a
 refused start, holds whole files only, one run at a time, and is never written through a link; a
 dataset file that declares sizes or paths it does not hold is refused with a ``ValueError`` naming
-the file, before anything large is allocated or anything outside it is read. Each failing case is
-printed with what happened instead.
+the file, before anything large is allocated or anything outside it is read; a file cut short or of
+the wrong shape is a ``ValueError`` naming it, what was expected and what came, and a reward model of
+NaN weights is neither trained from nor written. Each failing case is printed with what happened
+instead.
 (Every case is also a test under ``tests/``; this script keeps the figures re-measurable.)
 """
 
