@@ -1,6 +1,6 @@
-"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints, run folders and dataset
-files that declare sizes or paths they do not hold: cases tried and handled as README promises, per
-category, as one table.
+"""How vla-gym takes bad input, faults, untrusted files, damaged checkpoints, run folders, dataset
+files that declare sizes or paths they do not hold, and files cut short or of the wrong shape: cases
+tried and handled as README promises, per category, as one table.
 
     python -m benchmarks.robustness                         # every category (~3 min on 2 cores)
     python -m benchmarks.robustness --categories checkpoints "untrusted files"
@@ -12,8 +12,10 @@ deadline), its envs truncated with ``worker_restarted`` and reset later; a damag
 refused or skipped for the one before it, never loaded wrong; a run folder is left as it was by a
 refused start, holds whole files only, one run at a time, and is never written through a link; a
 dataset file that declares sizes or paths it does not hold is refused with a ``ValueError`` naming
-the file, before anything large is allocated or anything outside it is read. Each failing case is
-printed with what happened instead.
+the file, before anything large is allocated or anything outside it is read; a file cut short or of
+the wrong shape is a ``ValueError`` naming it, what was expected and what came, and a reward model of
+NaN weights is neither trained from nor written. Each failing case is printed with what happened
+instead.
 (Every case is also a test under ``tests/``; this script keeps the figures re-measurable.)
 """
 
@@ -103,10 +105,8 @@ class Probe:
 
         import envs  # noqa: F401
 
-        kwargs = {"image_size": (32, 48), **kwargs}
-        return gym.make_vec(
-            "CosmosWM-LiberoSpatial-v0", num_envs=1, model_dir=bundle or self.bundle, **kwargs
-        )
+        kwargs = {"num_envs": 1, "image_size": (32, 48), **kwargs}
+        return gym.make_vec("CosmosWM-LiberoSpatial-v0", model_dir=bundle or self.bundle, **kwargs)
 
     def close(self) -> None:
         if self._libero is not None:
@@ -273,6 +273,13 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
     cases["LIBERO task_ids=[99]"] = lambda: raises(ValueError, "task_ids must be in")(
         lambda: probe.libero(task_ids=[99])
     )
+    # a bool is an int to Python: num_envs=True used to make one env (issue 32 item 8)
+    cases["LIBERO num_envs=True"] = lambda: raises(ValueError, "bad num_envs: expected an int >= 1", "True")(
+        lambda: probe.libero(num_envs=True)
+    )
+    cases["LIBERO task_ids=[True]"] = lambda: raises(ValueError, "task_ids must be in", "[True]")(
+        lambda: probe.libero(task_ids=[True])
+    )
     world_model = {
         "image_size": (0, 0),
         "success_threshold": "x",
@@ -286,6 +293,9 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
     cases["world model image_size=(-32, 48)"] = lambda: raises(ValueError, "bad image_size")(
         lambda: probe.world_model(image_size=(-32, 48))
     )
+    cases["world model num_envs=True"] = lambda: raises(ValueError, "bad num_envs", "True")(
+        lambda: probe.world_model(num_envs=True)
+    )
     return cases
 
 
@@ -296,6 +306,36 @@ def _with_state(env: Any, value: float) -> Any:
     state = frame.sim_state.copy()
     state[5] = value
     return InitialFrame(frame.instruction, task=frame.task, sim_state=state)
+
+
+def libero_object_frame(image: bool = False) -> Any:
+    """Init state 0 of LIBERO-Object's first task as an ``InitialFrame`` (``image``: with a black
+    32 x 48 image, as a frame exported to a world model)."""
+    from envs.core.frames import InitialFrame
+    from envs.libero.env import task_key
+    from envs.libero.suites import load_init_states, suite_tasks
+
+    task = suite_tasks("object")[0]
+    return InitialFrame(
+        task.instruction,
+        task=task_key(task),
+        sim_state=load_init_states(task)[0],
+        image=np.zeros((32, 48, 3), np.uint8) if image else None,
+    )
+
+
+def _world_model_refuses_another_suite(probe: Probe) -> None:
+    wm = probe.world_model()
+    try:
+        wm.reset(seed=0)
+        before = wm.unwrapped.get_state()
+        raises(ValueError, "bad initial frame", "a libero_spatial task", "got a libero_object frame")(
+            lambda: wm.reset(options={"initial_frames": [libero_object_frame(image=True)]})
+        )
+        if wm.unwrapped.get_state() != before:
+            raise AssertionError("the env changed")
+    finally:
+        wm.close()
 
 
 def call_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
@@ -340,6 +380,12 @@ def call_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
             lambda: probe.world_model().unwrapped.load_state(b"junk")
         ),
         "Ray-v0 action out of range": _ray_v0_bad_action,
+        "LIBERO-Object frame to a Spatial env": unchanged(
+            lambda e: e.reset(options={"initial_frames": [0, libero_object_frame()]}),
+            "a libero_spatial task",
+            "got a libero_object frame",
+        ),
+        "LIBERO-Object frame to a Spatial world model": lambda: _world_model_refuses_another_suite(probe),
     }
 
 
@@ -1079,6 +1125,112 @@ def declared_sizes(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def truncated(path: Path, keep: float = 0.5) -> Path:
+    """Cut ``path`` to ``keep`` of its bytes (what a full disk or an interrupted copy leaves)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Files cut short or of the wrong shape, and a reward model of NaN weights (issue 32 item 8):
+    each a ``ValueError`` naming the file, what was expected and what came, before any work; no NaN
+    reward model is ever written."""
+    import json
+    import shutil
+
+    import torch
+
+    from envs.core.frames import InitialFrame, load_initial_frames, save_initial_frames
+    from nets.resnet_rm import ResnetRewardModel
+    from trainers.datasets import load_demos
+
+    root = probe.root / "malformed"
+
+    def lerobot(name: str, change: Callable[[Path], Any], *words: str) -> Callable[[], None]:
+        def case() -> None:
+            from trainers.datasets import write_lerobot
+
+            out = write_lerobot(tiny_demos(), root / name, progress=False)
+            change(out)
+            raises(ValueError, *words)(lambda: load_demos(out, progress=False))
+
+        return case
+
+    def features_as_list(out: Path) -> None:
+        info = json.loads((out / "meta" / "info.json").read_text())
+        info["features"] = list(info["features"])
+        (out / "meta" / "info.json").write_text(json.dumps(info))
+
+    def frames_npy() -> None:
+        frame = InitialFrame("pick", image=np.zeros((4, 4, 3), np.uint8))
+        folder = save_initial_frames([frame], root / "frames")
+        truncated(folder / "frame_00000.npy", 0.8)
+        raises(ValueError, "frame_00000.npy", "expected a whole pickle", "truncated")(
+            lambda: load_initial_frames(folder)
+        )
+
+    def bundle_npy() -> None:
+        bundle = shutil.copytree(probe.bundle, root / "bundle")
+        truncated(sorted((bundle / "dataset").glob("*.npy"))[0], 0.9)
+        raises(ValueError, ".npy", "truncated")(lambda: probe.world_model(bundle))
+
+    def plain_npy() -> None:
+        from nets.safe_load import load_npy
+
+        path = root / "plain.npy"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, np.zeros((10, 10)))
+        raises(ValueError, "plain.npy", "(10, 10)", "truncated")(lambda: load_npy(truncated(path, 0.9)))
+
+    def nan_reward_model() -> None:
+        from trainers.reward_model.train import build_model
+
+        model = ResnetRewardModel(width=2)
+        with torch.no_grad():
+            model.net[-1].weight.fill_(float("nan"))
+        path = root / "nan_rm.pth"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+        raises(ValueError, "init_from", "nan_rm.pth", "finite weights", "net.7.weight")(
+            lambda: build_model(None, str(path))
+        )
+
+    def nan_model_not_written() -> None:
+        from trainers.reward_model.train import save_reward_model
+
+        model = ResnetRewardModel(width=2)
+        with torch.no_grad():
+            model.net[0][0].bias.fill_(float("inf"))
+        path = root / "out" / "resnet_rm.pth"
+        raises(ValueError, "not written", "finite weights")(lambda: save_reward_model(model, path))
+        if path.exists():
+            raise AssertionError(f"{path} written")
+
+    info = "meta/info.json"
+    data = "data/chunk-000/file-000.parquet"
+    episodes = "meta/episodes/chunk-000/file-000.parquet"
+    return {
+        "LeRobot info.json truncated": lerobot(
+            "info", lambda o: truncated(o / info), "info.json", "expected a JSON object", "truncated"
+        ),
+        "LeRobot info.json features as a list": lerobot(
+            "features", features_as_list, "info.json", "features as a JSON object", "got a JSON list"
+        ),
+        "LeRobot data parquet truncated": lerobot(
+            "data", lambda o: truncated(o / data), "file-000.parquet", "expected a parquet file", "truncated"
+        ),
+        "LeRobot episodes parquet truncated": lerobot(
+            "episodes", lambda o: truncated(o / episodes), "meta/episodes", "expected a parquet file"
+        ),
+        "frame set .npy truncated": frames_npy,
+        "world-model bundle dataset .npy truncated": bundle_npy,
+        "plain .npy array truncated": plain_npy,
+        "reward model started from NaN weights": nan_reward_model,
+        "reward model of inf weights never written": nan_model_not_written,
+    }
+
+
 def settings(probe: Probe) -> dict[str, Callable[[], None]]:
     """Trainer settings of the wrong type or out of range, from a config file or flags: a
     ``ValueError`` naming the setting, what it expects and what came, before any work (issue 32)."""
@@ -1115,7 +1267,67 @@ def settings(probe: Probe) -> dict[str, Callable[[], None]]:
     }
     if not torch.cuda.is_available():
         cases["--device cuda without CUDA"] = flags(["--device", "cuda"], "CUDA is not available")
+    cases.update(resume_flags(probe))
     return cases
+
+
+def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
+    """``--resume`` with a setting the run keeps from its checkpoint given another value: a
+    ``ValueError`` naming the flag, the run's value and the given one, the folder untouched; the
+    same values given again are accepted (issue 32 item 8)."""
+    import contextlib
+    import hashlib
+    import json
+
+    from trainers.__main__ import main
+
+    fast = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
+    folder = probe.root / "runs" / "resume-flags"
+
+    def quiet(argv: list[str]) -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main([*argv, *fast])
+
+    def run() -> Path:
+        if not folder.exists():
+            quiet(["--algo", "ppo", "--env", "CartPole-v1", "--num-envs", "2", "--n-steps", "32",
+                   "--batch-size", "64", "--total-steps", "128", "--checkpoint-every", "1", "--eval-every",
+                   "-1", "--policy-kwargs", '{"hidden_sizes": [16]}', "--run-dir", str(folder)])  # fmt: skip
+        return folder
+
+    def digest(path: Path) -> dict[str, str]:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in path.rglob("*") if p.is_file()}
+
+    def refused(flag: str, value: str, *words: str) -> Callable[[], None]:
+        def case() -> None:
+            before = digest(run())
+            raises(ValueError, flag, *words, "a resumed run keeps it")(
+                lambda: quiet(["--resume", str(folder), "--total-steps", "192", flag, value])
+            )
+            if digest(folder) != before:
+                raise AssertionError(f"{folder} changed")
+
+        return case
+
+    def same_values() -> None:
+        run()
+        quiet(["--resume", str(folder), "--total-steps", "192", "--seed", "0", "--run-dir", str(folder),
+               "--policy-kwargs", "{}", "--adam-eps", "1e-5"])  # fmt: skip
+        saved = json.loads((folder / "config.json").read_text())
+        if saved["run"]["policy_kwargs"] != {"hidden_sizes": [16]} or saved["run"]["total_steps"] != 192:
+            raise AssertionError(f"config.json has {saved['run']}")
+
+    return {
+        "--resume with another --seed": refused("--seed", "3", "seed 0"),
+        "--resume with another --policy": refused("--policy", "gaussian", "policy 'auto'"),
+        "--resume with other --policy-kwargs": refused(
+            "--policy-kwargs", '{"hidden_sizes": [32]}', "{'hidden_sizes': [16]}"
+        ),
+        "--resume with an --init-policy": refused("--init-policy", "runs/other", "init_policy None"),
+        "--resume with another --run-dir": refused("--run-dir", "runs/other", str(folder)),
+        "--resume with another --adam-eps": refused("--adam-eps", "0.1", "adam_eps 1e-05"),
+        "--resume with the run's own values": same_values,
+    }
 
 
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
@@ -1129,6 +1341,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "run folders": run_folders,
     "process traps": process_traps,
     "declared sizes": declared_sizes,
+    "malformed files": malformed_files,
     "settings": settings,
 }
 

@@ -122,6 +122,12 @@ class ResnetRewardModel(nn.Module):
             )
         if width is not None and width != found:
             raise ValueError(f"{path}: reward model of width {found}, expected width {width}")
+        bad = nonfinite_entries(state)
+        if bad:
+            raise ValueError(
+                f"{path}: expected a reward model with finite weights, got NaN or inf in {bad[:4]}"
+                f"{' and more' if len(bad) > 4 else ''}; it would score every frame NaN (refused)"
+            )
         model = cls(width=found)
         try:
             model.load_state_dict(state, strict=True)
@@ -130,6 +136,12 @@ class ResnetRewardModel(nn.Module):
                 f"{path} is not a ResnetRM checkpoint ({NUM_KEYS} 'net.*' keys expected): {e}"
             ) from e
         return model.to(device)
+
+
+def nonfinite_entries(state: dict) -> list[str]:
+    """The names of the floating-point tensors of ``state`` holding a NaN or an inf."""
+    floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    return [name for name, value in floats.items() if not bool(torch.isfinite(value).all())]
 
 
 def checkpoint_width(state: dict) -> int | None:

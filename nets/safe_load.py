@@ -260,15 +260,29 @@ def restricted_unpickle(
     if isinstance(file, (str, os.PathLike)):
         with open(file, "rb") as f:
             return restricted_unpickle(f, trust_pickle=trust_pickle, opt_in=opt_in)
-    if trust_pickle:
-        return pickle.load(file)  # noqa: S301  (the caller's explicit opt-in)
     source = getattr(file, "name", file)
+    if trust_pickle:
+        try:
+            return pickle.load(file)  # noqa: S301  (the caller's explicit opt-in)
+        except (pickle.UnpicklingError, EOFError) as e:
+            raise _unreadable_pickle(source, e) from None
     try:
         return _RestrictedUnpickler(
             file, allowed=_plain_pickle_globals(), source=source, opt_in=opt_in
         ).load()
+    except UnsafeFileError:
+        raise
     except _NotPlainDataError as e:
         raise _refusal(source, str(e), opt_in) from None
+    except Exception as e:  # a truncated or damaged stream: whatever the unpickler tripped on
+        raise _unreadable_pickle(source, e) from None
+
+
+def _unreadable_pickle(source: Any, error: Exception) -> ValueError:
+    return ValueError(
+        f"{source}: expected a whole pickle of plain data, got one that stops or breaks before its end "
+        f"({type(error).__name__}: {str(error)[:200]}); is the file truncated or damaged?"
+    )
 
 
 def load_npy(
@@ -288,7 +302,13 @@ def load_npy(
             raise ValueError(f"{path}: not a .npy file ({e})") from None
         if not dtype.hasobject:
             f.seek(0)
-            return np.load(f, allow_pickle=False)
+            try:
+                return np.load(f, allow_pickle=False)
+            except (ValueError, EOFError) as e:  # numpy: "Failed to read all data for array"
+                raise ValueError(
+                    f"{path}: expected the {shape} {dtype} array its header declares, got fewer bytes "
+                    f"({e}); is the file truncated?"
+                ) from None
         array = restricted_unpickle(f, trust_pickle=trust_pickle, opt_in=opt_in)
     if not isinstance(array, np.ndarray) or array.shape != shape:
         raise ValueError(f"{path}: the pickled array does not match its header (shape {shape})")

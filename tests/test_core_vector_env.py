@@ -154,6 +154,12 @@ def test_a_seed_no_stream_takes_is_refused_before_any_reseeding(seed):
     env.reset(seed=[2**70, 0])  # list entries of any size: reduced by SeedSequence
 
 
+@pytest.mark.parametrize("num_envs", [True, False, np.bool_(True), 2.0, 0, "2"])
+def test_a_number_of_envs_that_is_no_positive_int_is_refused(num_envs):
+    with pytest.raises(ValueError, match=r"bad num_envs: expected an int >= 1, received"):
+        CountingVectorEnv(num_envs=num_envs)
+
+
 def test_step_before_reset_is_an_error():
     with pytest.raises(RuntimeError, match="reset"):
         CountingVectorEnv().step(np.zeros((3, 4, 2), np.float32))

@@ -23,6 +23,7 @@ from benchmarks.robustness import (
     lerobot_declaring,
     lerobot_reaching_out,
     libero_file,
+    truncated,
 )
 from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame
 from envs.core.frames import load_initial_frames
@@ -555,6 +556,56 @@ def test_bad_lerobot_folders_are_refused_clearly(tmp_path):
         read_lerobot(bad)
 
 
+EPISODES_PARQUET = "meta/episodes/chunk-000/file-000.parquet"
+
+
+def _edit_info(out: Path, change) -> None:
+    info = json.loads((out / "meta/info.json").read_text())
+    change(info)
+    (out / "meta/info.json").write_text(json.dumps(info))
+
+
+@requires_pyarrow
+@pytest.mark.parametrize(
+    "case, change, message",
+    [
+        ("truncated info.json", lambda o: truncated(o / "meta/info.json"),
+         r"meta/info.json: expected a JSON object .*got a file that does not parse as JSON .*truncated"),
+        ("info.json a list", lambda o: (o / "meta/info.json").write_text("[1, 2]"),
+         r"meta/info.json: expected a JSON object, got a JSON list"),
+        ("features as a list", lambda o: _edit_info(o, lambda i: i.update(features=list(i["features"]))),
+         r"info.json: expected features as a JSON object \{name: \{dtype, shape, ...\}\}, got a JSON list "
+         r"\(\['observation.images.image'"),
+        ("a feature as a string", lambda o: _edit_info(o, lambda i: i["features"].update(action="float32")),
+         r"expected each feature as a JSON object with a dtype, got features\['action'\] = 'float32'"),
+        ("fps a string", lambda o: _edit_info(o, lambda i: i.update(fps="x")),
+         r"info.json: expected fps as a positive number, got 'x'"),
+        ("truncated data parquet", lambda o: truncated(o / "data/chunk-000/file-000.parquet"),
+         r"data/chunk-000/file-000.parquet: expected a parquet file \(the dataset's data file\), got one "
+         r"pyarrow cannot read \(ArrowInvalid: .*truncated"),
+        ("truncated episodes parquet", lambda o: truncated(o / EPISODES_PARQUET, 0.9),
+         r"meta/episodes/chunk-000/file-000.parquet: expected a parquet file \(the dataset's episodes"),
+        ("truncated tasks parquet", lambda o: truncated(o / "meta/tasks.parquet"),
+         r"meta/tasks.parquet: expected a parquet file \(the dataset's task list\)"),
+    ],
+)  # fmt: skip
+def test_truncated_or_malformed_lerobot_files_are_refused_clearly(tmp_path, case, change, message):
+    """Issue 32 item 8: each a ValueError naming the file, what was expected and what came (they
+    were a raw JSONDecodeError, ArrowInvalid without the file, TypeError or AttributeError)."""
+    out = write_lerobot(_demos(), tmp_path / "ds", video=False, progress=False)
+    change(out)
+    with pytest.raises(ValueError, match=message):
+        load_demos(out, progress=False)
+
+
+def test_a_truncated_world_model_dataset_file_is_named(tmp_path):
+    out = write_world_model_dataset(_demos(), tmp_path / "bundle")
+    path = sorted(out.glob("*.npy"))[1]
+    truncated(path, 0.7)
+    with pytest.raises(ValueError, match=rf"{path}: expected a whole pickle of plain data.*truncated"):
+        load_initial_frames(out)
+
+
 def test_a_missing_optional_dependency_names_the_extra(tmp_path):
     """Without pyarrow: the package imports, the other formats work, LeRobot says which extra."""
     write_demos(tmp_path / "d.h5", _demos().episodes, {})
@@ -847,6 +898,15 @@ def test_the_robustness_probe_counts_every_declared_size_case_handled(tmp_path):
 
     results = probe_all(["declared sizes"], tmp_path)["declared sizes"]
     assert len(results) == 16 and not any(results.values()), results
+
+
+@requires_pyarrow
+def test_the_robustness_probe_counts_every_malformed_file_case_handled(tmp_path):
+    """``python -m benchmarks.robustness --categories "malformed files"`` (issue 32 item 8)."""
+    from benchmarks.robustness import probe_all
+
+    results = probe_all(["malformed files"], tmp_path)["malformed files"]
+    assert len(results) == 9 and not any(results.values()), results
 
 
 # ------------------------------------------------------------------------------ behaviour cloning

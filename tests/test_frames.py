@@ -113,3 +113,26 @@ def test_frame_problem_checks_an_unpickled_frame_field_by_field(fields, why):
     frame = _frame(1)
     frame.__dict__.update(fields)
     assert re.search(why, frame_problem(frame))
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.99])
+def test_a_truncated_frame_file_is_named_not_a_raw_unpickling_error(tmp_path, keep):
+    """Issue 32 item 8: a ``.npy`` cut short (a full disk, an interrupted copy) is a ValueError naming it."""
+    folder = save_initial_frames([_frame(0), _frame(1)], tmp_path)
+    path = folder / "frame_00001.npy"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError, match=rf"{path}: (expected a whole pickle of plain data|not a .npy file)"):
+        load_initial_frames(tmp_path)
+
+
+def test_a_truncated_plain_array_is_named(tmp_path):
+    from nets.safe_load import load_npy
+
+    path = tmp_path / "states.npy"
+    np.save(path, np.zeros((10, 10)))
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(
+        ValueError, match=r"states.npy: expected the \(10, 10\) float64 array its header declares"
+    ):
+        load_npy(path)

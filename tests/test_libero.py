@@ -399,12 +399,30 @@ def test_suite_tasks_match_liberos_benchmark_and_leave_stdout_alone():
         ({"image_size": -8}, "image_size", "a positive int or"),
         ({"autoreset_mode": "sometimes"}, "autoreset_mode", "one of"),
         ({"task_ids": [0.5]}, None, r"task_ids must be in \[0, 10\)"),
+        ({"task_ids": [True]}, None, r"task_ids must be in \[0, 10\), got \[True\]"),
+        ({"num_envs": True}, "num_envs", "an int >= 1, received True"),
     ],
 )
 def test_bad_constructor_arguments_are_named_before_any_worker_starts(kwargs, name, expected):
     match = f"Libero-Spatial-v0: bad {name}: expected {expected}" if name else expected
     with pytest.raises(ValueError, match=match):
-        gym.make_vec("Libero-Spatial-v0", num_envs=1, cameras=[], **kwargs)
+        gym.make_vec("Libero-Spatial-v0", **{"num_envs": 1, "cameras": [], **kwargs})
+
+
+def test_a_frame_of_another_suite_is_refused_and_changes_nothing(vec):
+    """A LIBERO-Object frame given to LIBERO-Spatial: a ValueError naming both suites, raised before
+    any env is reset (issue 32 item 8); a frame of the env's own suite still starts."""
+    from benchmarks.robustness import libero_object_frame
+
+    obs, _ = vec.reset(options={"initial_frames": [2, 52]})
+    with pytest.raises(
+        ValueError,
+        match=r"Libero-Spatial-v0: bad initial frame: expected a frame of a libero_spatial task \(this "
+        r"env's suite\), got a libero_object frame, received 'libero_object/",
+    ):
+        vec.reset(options={"initial_frames": [0, libero_object_frame()]})
+    assert np.array_equal(vec.unwrapped._observations()["proprio"], obs["proprio"])
+    vec.reset(options={"initial_frames": [0, vec.unwrapped.initial_frames[60]]})
 
 
 def test_bad_reset_arguments_are_named(vec):

@@ -281,6 +281,50 @@ def test_a_width_that_does_not_match_the_starting_model(tmp_path):
     assert report["training"]["width"] == 4
 
 
+def _nan_model(path, value=float("nan")):
+    model = ResnetRewardModel(width=2)
+    with torch.no_grad():
+        model.net[-1].weight.fill_(value)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_start_of_non_finite_weights_is_refused_before_any_collection(tmp_path, value):
+    """Issue 32 item 8: a reward model started from NaN weights used to train and write a NaN model."""
+    start = _nan_model(tmp_path / "nan.pth", value)
+    with pytest.raises(
+        ValueError,
+        match=r"init_from: .*nan.pth: expected a reward model with finite weights, got NaN or inf in "
+        r"\['net.7.weight'\]",
+    ):
+        run(counting_config(tmp_path, init_from=str(start), width=None))
+    assert not (tmp_path / "out").exists()  # refused before the frames were collected
+    with pytest.raises(ValueError, match="finite weights"):  # also where the envs load it
+        ResnetRewardModel.from_checkpoint(start)
+
+
+def test_a_model_that_diverges_is_never_written(tmp_path, monkeypatch):
+    from trainers.reward_model import train as train_module
+
+    with pytest.raises(
+        ValueError,
+        match=r"resnet_rm.pth: not written: .*finite weights, got NaN or inf in \['net.7.weight'\]",
+    ):
+        model = ResnetRewardModel(width=2)
+        with torch.no_grad():
+            model.net[-1].weight.fill_(float("nan"))
+        train_module.save_reward_model(model, tmp_path / "resnet_rm.pth")
+    assert not (tmp_path / "resnet_rm.pth").exists()
+    real = train_module.F.binary_cross_entropy_with_logits
+    monkeypatch.setattr(
+        train_module.F, "binary_cross_entropy_with_logits", lambda *a, **k: real(*a, **k) * np.nan
+    )
+    with pytest.raises(FloatingPointError, match=r"the loss of step 0 is nan .*no model is written"):
+        run(counting_config(tmp_path))
+    assert not (tmp_path / "out" / "resnet_rm.pth").exists()
+
+
 # ---------------------------------------------------------------------------- in a world model
 def test_world_model_envs_take_a_reward_model_path(tmp_path):
     bundle = write_tiny_bundle("opensora", tmp_path / "bundle")  # its own model never says success

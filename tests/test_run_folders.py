@@ -120,6 +120,70 @@ def test_a_resume_that_fails_while_loading_keeps_config_json(run_dir, monkeypatc
     assert saved["run"]["total_steps"] == 256 and saved["ppo"]["learning_rate"] == PPOConfig().learning_rate
 
 
+# ---------------------------------------------------------------------- settings a resume keeps
+@pytest.mark.parametrize(
+    "flag, value, theirs",
+    [
+        ("--seed", "3", "seed 0"),
+        ("--policy", "gaussian", "policy 'auto'"),
+        ("--policy-kwargs", '{"hidden_sizes": [8]}', "policy_kwargs {}"),
+        ("--init-policy", "runs/other", "init_policy None"),
+        ("--run-dir", "runs/other", "run_dir '{run_dir}'"),
+        ("--adam-eps", "0.1", "adam_eps 1e-05"),
+    ],
+)
+def test_flags_a_resumed_run_would_not_apply_are_refused_and_write_nothing(run_dir, flag, value, theirs):
+    """Issue 32 item 8: a setting the resumed run takes from its checkpoint, given again with another
+    value, is refused naming the flag, the run's value and the given one (it used to be written to
+    config.json without taking effect)."""
+    before = _files(run_dir)
+    theirs = theirs.replace("{run_dir}", str(run_dir))
+    with pytest.raises(ValueError) as refused:
+        main(["--resume", str(run_dir), "--total-steps", "256", flag, value, *FAST])
+    message = str(refused.value)
+    assert message.startswith(f"{flag} ")  # then the value given, as parsed
+    assert f"has {theirs} ({run_dir / 'config.json'}), and a resumed run keeps it" in message
+    assert f"--init-policy {run_dir}" in message
+    assert _files(run_dir) == before
+    assert not Path("runs/other").exists()
+
+
+def test_the_runs_own_values_are_accepted_on_resume(run_dir):
+    same = ["--seed", "0", "--run-dir", str(run_dir), "--adam-eps", "1e-5", "--policy", "auto"]
+    ppo_train.main(["--resume", str(run_dir), "--total-steps", "256", *same, "--policy-kwargs", "{}", *FAST])
+    assert _iterations(run_dir) == [1, 2, 3, 4]
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["run"]["total_steps"] == 256 and saved["run"]["seed"] == 0
+
+
+def test_settings_a_resume_keeps_per_algorithm_and_from_a_config_file(tmp_path):
+    """The check on the command line alone (``parse_cli``): GRPO's optimizer settings, a --config file's
+    entries, and --policy-kwargs with an opt-in only (the run's arguments are kept, plus the opt-in)."""
+    from trainers.config import parse_cli
+    from trainers.grpo import GRPOConfig
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    kept = {"hidden_sizes": [16], "trust_pickle": True}
+    save_config(folder / "config.json", {"run": RunConfig(policy_kwargs=kept), "grpo": GRPOConfig()})
+    classes = {"run": RunConfig, "grpo": GRPOConfig}
+    resume = ["--resume", str(folder)]
+    with pytest.raises(ValueError, match=r"^--learning-rate 0.001: the run in .* has learning_rate 2e-05"):
+        parse_cli(classes, [*resume, "--learning-rate", "1e-3"])
+    with pytest.raises(ValueError, match=r"^--weight-decay 0.5: .* has weight_decay 0.01"):
+        parse_cli(classes, [*resume, "--weight-decay", "0.5"])
+    assert parse_cli(classes, [*resume, "--learning-rate", "2e-5"])["grpo"].learning_rate == 2e-5
+    with pytest.warns(RuntimeWarning, match="trust_pickle"):  # the file's opt-in is not the user's
+        run = parse_cli(classes, [*resume, "--policy-kwargs", '{"download": false}'])["run"]
+    assert run.policy_kwargs == {"hidden_sizes": [16], "download": False}
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"run": {"seed": 5}}))
+    with pytest.raises(ValueError, match=r"^run.seed = 5 in .*recipe.json: the run in .* has seed 0"):
+        parse_cli(classes, [*resume, "--config", str(recipe)])
+    recipe.write_text(json.dumps({"run": {"seed": 0, "total_steps": 10}}))
+    assert parse_cli(classes, [*resume, "--config", str(recipe)])["run"].total_steps == 10
+
+
 # ---------------------------------------------------------------------- torn and damaged logs
 def test_torn_last_lines_are_dropped_on_resume_and_damage_before_them_is_named(tmp_path):
     run_dir = tmp_path / "run"

@@ -300,6 +300,32 @@ def test_bad_constructor_arguments_are_named(bundles, kwargs, name):
         gym.make_vec(IDS["cosmos"], num_envs=1, **options)
 
 
+@pytest.mark.parametrize("num_envs", [True, False, np.bool_(True)])
+def test_a_bool_is_no_number_of_envs(bundles, num_envs):
+    """``num_envs=True`` used to make one env (a bool is an int to Python): issue 32 item 8."""
+    with pytest.raises(ValueError, match=r"CosmosWM-LiberoSpatial-v0: bad num_envs: expected an int >= 1"):
+        make(bundles, "cosmos", num_envs=num_envs)
+
+
+def test_a_frame_of_another_libero_suite_is_refused_and_changes_nothing(bundles):
+    """A LIBERO-Object frame given to a model of LIBERO-Spatial: a ValueError naming both suites,
+    before anything is reset; frames of its own suite, and frames without a LIBERO task key, start."""
+    env = make(bundles, "cosmos")
+    env.reset(seed=0)
+    before = env.unwrapped.get_state()
+    image = synthetic_image(np.random.default_rng(0), SIZES["cosmos"])
+    other = InitialFrame("pick up the soup", task="libero_object/pick_up_the_soup", image=image)
+    with pytest.raises(
+        ValueError,
+        match=r"bad initial frame: expected a frame of a libero_spatial task .*got a libero_object frame",
+    ):
+        env.reset(options={"initial_frames": [0, other]})
+    assert env.unwrapped.get_state() == before
+    own = InitialFrame("pick up the bowl", task="libero_spatial/pick_up_the_bowl", image=image)
+    env.reset(options={"initial_frames": [own, InitialFrame("no task key", image=image)]})
+    env.close()
+
+
 def test_an_empty_frame_image_is_refused():
     with pytest.raises(ValueError, match=r"H, W >= 1, got shape \(0, 0, 3\)"):
         InitialFrame(instruction="pick", image=np.zeros((0, 0, 3), np.uint8))

@@ -186,11 +186,14 @@ def parse(
 
     Values come, by priority, from the flags, the ``--config`` JSON file (keys: the same as in
     ``classes``, each an object of field values; sections named in ``ignore`` are skipped), and
-    the dataclass defaults. Without ``--config``, ``run_config`` (a resumed run's ``config.json``)
-    is the file: a file being loaded, not the user's own settings (``untrusted_settings``).
+    the dataclass defaults. ``run_config`` is a resumed run's ``config.json``: without ``--config``
+    it is the file, as a file being loaded, not the user's own settings (``untrusted_settings``);
+    with or without, a setting of ``FIXED_ON_RESUME`` given (a flag or a ``--config`` entry) with
+    another value than the run's is refused (``keep_resumed``).
     """
     parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter  # examples keep lines
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # examples keep lines
     )
     parser.add_argument("--config", type=Path, default=None, help="JSON file of settings (flags override it)")
     for key, cls in classes.items():
@@ -199,15 +202,19 @@ def parse(
     base: dict[str, dict[str, Any]] = {key: {} for key in classes}
     config_file = args.pop("config")
     given = args  # only the flags on the command line (absent ones are suppressed)
+    saved = None if run_config is None else load_config(run_config, classes, ignore)
     if config_file is not None:
         base.update(load_config(config_file, classes, ignore))
-    elif run_config is not None:
-        base.update(untrusted_settings(load_config(run_config, classes, ignore), given, run_config))
+    elif saved is not None:
+        base.update(untrusted_settings(saved, given, run_config))
     out = {}
     for key, cls in classes.items():
         names = {f.name for f in dataclasses.fields(cls)}
         values = {**base.get(key, {}), **{k: v for k, v in given.items() if k in names}}
         out[key] = build(cls, values)
+    if saved is not None:
+        from_file = {} if config_file is None else {k: (set(v), config_file) for k, v in base.items()}
+        out = keep_resumed(out, saved, given, from_file, run_config)
     return out
 
 
@@ -284,6 +291,98 @@ def untrusted_settings(
     return out
 
 
+_OPTIMIZER = "the optimizer's state, its hyperparameters included, is restored from the checkpoint"
+_CRITICS = "the critics are restored from the checkpoint"
+# Settings a resumed run takes from its checkpoint whatever is given: a new value would be written to
+# config.json without taking effect (or only partly). On --resume, one given again with another value
+# (a flag or a --config entry) is a ValueError; with the run's value it is accepted.
+FIXED_ON_RESUME: dict[str, dict[str, str]] = {
+    "run": {
+        "policy": "the policy is rebuilt as the run built it",
+        "policy_kwargs": "the policy is rebuilt with the run's arguments (only opt-ins such as "
+        "trust_pickle can be added)",
+        "init_policy": "the weights come from the run's own checkpoint",
+        "seed": "the random streams are restored from the checkpoint and the envs are reseeded from "
+        "the run's seed",
+        "run_dir": "a resumed run stays in its folder",
+    },
+    "ppo": {"adam_eps": _OPTIMIZER},  # PPO sets the learning rate anew every iteration: not fixed
+    "grpo": {"learning_rate": _OPTIMIZER, "weight_decay": _OPTIMIZER},
+    "bc": {"learning_rate": _OPTIMIZER, "weight_decay": _OPTIMIZER},
+    "sac": {
+        "learning_rate": _OPTIMIZER,
+        "init_alpha": "the temperature is restored from the checkpoint",
+        **dict.fromkeys(
+            ("n_critics", "critic_hidden_sizes", "critic_layer_norm", "critic_activation"), _CRITICS
+        ),
+    },
+}
+
+
+def keep_resumed(
+    configs: dict[str, Any],
+    saved: dict[str, dict[str, Any]],
+    flags: Collection[str],
+    from_file: dict[str, tuple[set[str], Path]],
+    source: Path,
+) -> dict[str, Any]:
+    """``configs`` (parsed for ``--resume``) checked against the resumed run's settings ``saved``
+    (read from its ``config.json``, ``source``): a setting of ``FIXED_ON_RESUME`` given in ``flags``
+    or ``from_file`` (``{section: (names, --config file)}``) must have the run's value, else a
+    ``ValueError`` names it, the run's value and the given one. ``policy_kwargs`` given with opt-ins
+    only (or a part of the run's) become the run's plus those opt-ins. Returns the configs."""
+    from nets.safe_load import OPT_IN_KEYS, strip_opt_ins
+
+    folder = Path(source).parent
+    out = dict(configs)
+    for key, fixed in FIXED_ON_RESUME.items():
+        if key not in out:
+            continue
+        cfg, cls = out[key], type(out[key])
+        hints = typing.get_type_hints(cls)
+        defaults = {f.name: f for f in dataclasses.fields(cls)}
+        names, config_file = from_file.get(key, (set(), None))
+        for name, why in fixed.items():
+            if name not in defaults or (name not in flags and name not in names):
+                continue
+            value = getattr(cfg, name)
+            if name in saved.get(key, {}):
+                try:
+                    theirs = check_value(hints[name], saved[key][name])
+                except ValueError:
+                    theirs = saved[key][name]
+            else:  # a config.json of an older version: the run had the default
+                f = defaults[name]
+                theirs = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            if name == "run_dir":
+                theirs, same = str(folder), value is None or Path(value).resolve() == folder.resolve()
+            elif name == "init_policy":
+                same = value == theirs or (
+                    value is not None
+                    and theirs is not None
+                    and Path(value).resolve() == Path(theirs).resolve()
+                )
+            elif name == "policy_kwargs" and isinstance(theirs, dict):
+                theirs = strip_opt_ins(theirs, f"{source}: {key}.{name}")
+                own = {k: v for k, v in value.items() if k not in OPT_IN_KEYS}
+                same = all(k in theirs and theirs[k] == v for k, v in own.items())
+                if same:  # the run's arguments, with the opt-ins given (what the policy is built with)
+                    out[key] = cfg = dataclasses.replace(cfg, **{name: {**theirs, **value}})
+            else:
+                same = value == theirs
+            if same:
+                continue
+            flag = "--" + name.replace("_", "-")
+            where = f"{flag} {value!r}" if name in flags else f"{key}.{name} = {value!r} in {config_file}"
+            raise ValueError(
+                f"{where}: the run in {folder} has {name} {theirs!r} ({source}), and a resumed run keeps "
+                f"it ({why}), so the value given would be written without taking effect. Give the run's "
+                f"value or leave {flag} out; for another {name}, start a new run from this one's policy "
+                f"(--init-policy {folder})"
+            )
+    return out
+
+
 def parse_cli(
     classes: dict[str, type],
     argv: list[str] | None = None,
@@ -302,7 +401,7 @@ def parse_cli(
         elif arg.startswith("--resume="):
             resume = Path(arg.split("=", 1)[1])
     run_config = None
-    if resume is not None and not any(a == "--config" or a.startswith("--config=") for a in argv):
+    if resume is not None:
         run_dir = resume.parent.parent if resume.is_file() else resume
         if (run_dir / "config.json").is_file():
             run_config = run_dir / "config.json"

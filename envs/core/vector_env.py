@@ -89,10 +89,8 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         render_mode: str | None = "rgb_array",
     ) -> None:
-        if not isinstance(num_envs, int | np.integer) or num_envs < 1:
-            raise bad_input(env_id, "num_envs", "a positive int", describe(num_envs))
         self.env_id = env_id
-        self.num_envs = int(num_envs)
+        self.num_envs = check_int(env_id, "num_envs", num_envs, low=1)  # a bool is no count: refused
         chunk_size = check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True)
         self.chunk_size = chunk_size
         try:

@@ -15,7 +15,7 @@ from envs.core.frames import InitialFrame
 from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
-from envs.libero.suites import LiberoTask, load_init_states, suite_tasks
+from envs.libero.suites import SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
@@ -234,7 +234,11 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 check_float(env_id, name, value, low=0.01)
         tasks = suite_tasks(suite)
         if task_ids is not None:
-            bad = [i for i in task_ids if not isinstance(i, int | np.integer) or not 0 <= i < len(tasks)]
+            bad = [
+                i
+                for i in task_ids
+                if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < len(tasks)
+            ]
             if bad:
                 raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
@@ -252,6 +256,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         )
         if task_state:
             obs_space.spaces["task_state"] = FieldBox(-1e4, 1e4, TASK_STATE_FIELDS)
+        self.suite = suite  # before the base class: it checks frames with it
         super().__init__(
             env_id=env_id,
             num_envs=num_envs,
@@ -263,7 +268,6 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             autoreset_mode=autoreset_mode,
             render_mode=render_mode,
         )
-        self.suite = suite
         sub_steps = (self.chunk_size or 1) * envs_per_worker  # chunk_size checked by the base class
         self.step_timeout_s = float(step_timeout_s or 20 + 0.5 * sub_steps)
         self.reset_timeout_s = float(reset_timeout_s or 120 + 30 * envs_per_worker)
@@ -300,6 +304,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         task = _all_tasks().get(frame.task)
         if task is None:
             return "a frame whose task is a LIBERO task key '<suite>/<task name>'"
+        suites = SUITES[self.suite]
+        if task.suite not in suites:
+            return f"a frame of a {' or '.join(suites)} task (this env's suite), got a {task.suite} frame"
         expected = load_init_states(task).shape[1]
         if frame.sim_state is None or frame.sim_state.shape != (expected,):
             got = None if frame.sim_state is None else frame.sim_state.shape

@@ -88,6 +88,13 @@ def bundle_parts(
     return reward, load_initial_frames(root / "dataset", trust_pickle=trust_pickle)
 
 
+def libero_suite(sim_env_id: str | None) -> str | None:
+    """The LIBERO suite (task key prefix) of a LIBERO env id: ``"Libero-Spatial-v0"`` -> ``"libero_spatial"``;
+    None for another id (or none)."""
+    parts = (sim_env_id or "").split(":")[-1].split("-")
+    return f"libero_{parts[1].lower()}" if len(parts) == 3 and parts[0] == "Libero" else None
+
+
 class WorldModelVectorEnv(ChunkedVectorEnv):
     """A video world model as a chunked gymnasium vector env (see the module docstring).
 
@@ -135,6 +142,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         if not initial_frames:
             raise bad_input(env_id, "initial_frames", "at least one frame", 0)
         self.model, self.resize_frames = model, resize_frames
+        self.sim_env_id = sim_env_id  # before the frames are checked: a frame of another suite is refused
         for i, frame in enumerate(initial_frames):  # checked once here, so resets cannot fail on them
             why = self._check_frame(frame)
             if why:
@@ -158,7 +166,6 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         self.relative_reward = relative_reward
         self.success_threshold = float(success_threshold)
         self.reset_all_on_done = reset_all_on_done
-        self.sim_env_id = sim_env_id
         self.record_frames = False  # True: info["frames"] holds every imagined frame of the step
         self._generator = torch.Generator().manual_seed(seed)
         self._model_state: dict[str, torch.Tensor] = {}  # per-env tensors, leading dim num_envs
@@ -181,6 +188,9 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
     def _check_frame(self, frame: InitialFrame) -> str | None:
         if frame.image is None:
             return "a frame with an image (export frames with current_frames() after a reset)"
+        suite, theirs = libero_suite(self.sim_env_id), frame.task.partition("/")[0]
+        if suite and theirs.startswith("libero_") and "/" in frame.task and theirs != suite:
+            return f"a frame of a {suite} task (the suite this model imagines), got a {theirs} frame"
         if not self.resize_frames and frame.image.shape[:2] != tuple(self.model.image_size):
             h, w = self.model.image_size
             return f"a {h}x{w} image (resize_frames=False), got {frame.image.shape[0]}x{frame.image.shape[1]}"

@@ -44,7 +44,15 @@ def read_info(root: Path) -> dict[str, Any]:
     path = inside(root, fmt.INFO_PATH, "metadata file")
     if not path.is_file():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset folder: {fmt.INFO_PATH} is missing")
-    info = json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path}: expected a JSON object (a LeRobot dataset's metadata), got a file that does not "
+            f"parse as JSON ({e}); is it truncated?"
+        ) from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: expected a JSON object, got a JSON {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
     if not version.startswith("v3."):
         raise ValueError(
@@ -55,7 +63,43 @@ def read_info(root: Path) -> dict[str, Any]:
     missing = [k for k in ("fps", "features", "data_path") if k not in info]
     if missing:
         raise ValueError(f"{path}: missing entries {missing}")
+    features = info["features"]
+    if not isinstance(features, dict):
+        raise ValueError(
+            f"{path}: expected features as a JSON object {{name: {{dtype, shape, ...}}}}, got a "
+            f"JSON {type(features).__name__} ({_short(features)})"
+        )
+    bad = {n: spec for n, spec in features.items() if not isinstance(spec, dict) or "dtype" not in spec}
+    if bad:
+        name, spec = next(iter(bad.items()))
+        raise ValueError(
+            f"{path}: expected each feature as a JSON object with a dtype, got features[{name!r}] = "
+            f"{_short(spec)}"
+        )
+    fps = info["fps"]
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
+        raise ValueError(f"{path}: expected fps as a positive number, got {_short(fps)}")
     return info
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _parquet(path: Path, what: str, columns: list[str] | None = None, schema: bool = False) -> Any:
+    """``pq.read_table(path, columns=columns)`` (``schema``: only ``pq.read_schema``); a file pyarrow
+    cannot read (truncated, not parquet) is a ``ValueError`` naming it."""
+    pa, pq = pyarrow()
+    try:
+        return pq.read_schema(path) if schema else pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"{path}: expected a parquet file (the dataset's {what}), got one pyarrow cannot read "
+            f"({type(e).__name__}: {e}); is it truncated?"
+        ) from None
 
 
 def feature_mapping(info: dict[str, Any], keys: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,11 +132,10 @@ def feature_mapping(info: dict[str, Any], keys: dict[str, str] | None = None) ->
 
 
 def _task_strings(root: Path) -> dict[int, str]:
-    pa, pq = pyarrow()
     path = inside(root, fmt.TASKS_PATH, "metadata file")
     if not path.is_file():
         raise FileNotFoundError(f"{root}: {fmt.TASKS_PATH} is missing")
-    table = pq.read_table(path)
+    table = _parquet(path, "task list")
     index_cols = [
         c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)
     ]
@@ -105,14 +148,14 @@ def _task_strings(root: Path) -> dict[int, str]:
 
 
 def _episodes_table(root: Path) -> dict[str, list]:
-    pa, pq = pyarrow()
+    pa, _ = pyarrow()
     files = [
         inside(root, f.relative_to(root), "episodes metadata file")
         for f in sorted((root / fmt.EPISODES_DIR).glob("*/*.parquet"))
     ]
     if not files:
         raise FileNotFoundError(f"{root}: no episodes metadata ({fmt.EPISODES_DIR}/chunk-*/file-*.parquet)")
-    tables = [pq.read_table(f) for f in files]
+    tables = [_parquet(f, "episodes metadata") for f in files]
     names = [c for c in tables[0].column_names if not c.startswith("stats/")]
     table = pa.concat_tables(
         [t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default"
@@ -224,7 +267,7 @@ def read_lerobot(
     """Read a LeRobot v3 dataset folder (all episodes, or those of ``episodes``)."""
     from tqdm.auto import tqdm
 
-    pa, pq = pyarrow()
+    pa, _ = pyarrow()
     root = Path(path)
     info = read_info(root)
     features, fps = info["features"], float(info["fps"])
@@ -258,11 +301,11 @@ def read_lerobot(
         if not fpath.is_file():
             raise FileNotFoundError(f"{root}: data file {rel} is missing")
         cols = [*parquet, "episode_index", "frame_index", "task_index"]
-        schema = pq.read_schema(fpath)
+        schema = _parquet(fpath, "data file", schema=True)
         absent = [c for c in cols if c not in schema.names]
         if absent:
             raise ValueError(f"{fpath}: missing columns {absent}")
-        data = pq.read_table(fpath, columns=cols)
+        data = _parquet(fpath, "data file", cols)
         # sort by (episode, frame) once, then each episode is one slice
         order = np.lexsort((data["frame_index"].to_numpy(), data["episode_index"].to_numpy()))
         data = data.take(pa.array(order))

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from nets.files import write_atomic
-from nets.resnet_rm import DEFAULT_WIDTH, ResnetRewardModel, check_width
+from nets.resnet_rm import DEFAULT_WIDTH, ResnetRewardModel, check_width, nonfinite_entries
 from trainers.reward_model.augment import Augment, augment, resize_frames, to_model_input
 from trainers.reward_model.collect import FrameSet
 
@@ -116,7 +116,10 @@ def build_model(width: int | None, init_from: str | None, seed: int = 0) -> Resn
             torch.manual_seed(seed)
             model = ResnetRewardModel(width=width or DEFAULT_WIDTH, frozen=False)
     else:
-        model = ResnetRewardModel.from_checkpoint(init_from, width=width)
+        try:  # refused there if any weight is NaN or inf: training would only spread it
+            model = ResnetRewardModel.from_checkpoint(init_from, width=width)
+        except ValueError as e:
+            raise ValueError(f"init_from: {e}") from None
         model.frozen = False
     return model
 
@@ -167,6 +170,11 @@ def train_reward_model(
             group["lr"] = lr_at(step)
         logits = model.logits(x)
         loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=pos_weight)
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(
+                f"reward model training: the loss of step {step} is {loss.item()} (expected a finite "
+                f"number); the weights have diverged (try a lower lr than {cfg.lr}); no model is written"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -298,6 +306,12 @@ def save_reward_model(model: ResnetRewardModel, path: str | Path) -> Path:
     temporary file fsynced and renamed into place, ``nets.files.write_atomic``: a reader never sees
     half a file)."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    bad = nonfinite_entries(state)
+    if bad:
+        raise ValueError(
+            f"{path}: not written: expected a reward model with finite weights, got NaN or inf in "
+            f"{bad[:4]}{' and more' if len(bad) > 4 else ''}"
+        )
     return write_atomic(path, lambda f: torch.save(state, f))
 
 
@@ -431,6 +445,9 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
     specs = check_config(cfg)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
+    training = cfg.frames is not None or not cfg.collect_only
+    # built before minutes of collection: an init_from that cannot start training is refused first
+    model = build_model(cfg.width, cfg.init_from, cfg.seed) if training else None
     out = Path(cfg.out)
     if cfg.frames is not None:
         fs = read_frames(cfg.frames)
@@ -441,7 +458,8 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
         if cfg.collect_only:
             return {"frames": str(out / FRAMES_FILE), "collect_s": fs.meta["collect_s"]}
     train_eps, held_eps = split_episodes(fs, cfg.held_out, cfg.seed)
-    model = build_model(cfg.width, cfg.init_from, cfg.seed)
+    if model is None:  # not reached: without frames to train on, collect_only returned above
+        model = build_model(cfg.width, cfg.init_from, cfg.seed)
     size = tuple(int(s) for s in cfg.frame_size)
     frames = torch.from_numpy(resize_frames(fs.frames, size))
     in_train, in_held = np.isin(fs.episode, train_eps), np.isin(fs.episode, held_eps)
