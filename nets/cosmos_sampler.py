@@ -40,24 +40,29 @@ def karras_sigmas(
 def rf_x0(
     dit: CosmosDiT,
     x_sigma: torch.Tensor,
-    sigma: float,
+    sigma: float | torch.Tensor,
     x0_cond: torch.Tensor,
     cond_mask: torch.Tensor,
     action: torch.Tensor | None,
     context: torch.Tensor | None = None,
     sigma_conditional: float = SIGMA_CONDITIONAL,
 ) -> torch.Tensor:
-    """One denoiser evaluation: the x0 estimate ``[B, C, T, H, W]`` (fp32) at noise level ``sigma``.
+    """One denoiser evaluation: the x0 estimate ``[B, C, T, H, W]`` (fp32) at noise level ``sigma``
+    (a float for the whole batch, or a ``[B]`` tensor of per-sample levels, as training draws them).
 
     ``cond_mask [B, T]`` marks latent frames that are replaced by ``x0_cond`` (frame-replace
     conditioning), labelled with the timestep of ``sigma_conditional`` (the Cosmos Policy: 0). The
     DiT runs in its own dtype (inputs and per-frame timesteps are cast to it).
     """
-    t = sigma / (1.0 + sigma)
+    if isinstance(sigma, torch.Tensor):  # per sample: [B] -> broadcast over [B, C, T, H, W] and [B, T]
+        t_b = (sigma / (1.0 + sigma)).to(x_sigma.device, torch.float32)
+        t, t_bt = t_b.reshape(-1, 1, 1, 1, 1), t_b[:, None]
+    else:
+        t = t_bt = sigma / (1.0 + sigma)
     t_cond = sigma_conditional / (1.0 + sigma_conditional)
     mask = cond_mask[:, None, :, None, None].to(x_sigma.dtype)
     net_in = mask * x0_cond + (1 - mask) * ((1 - t) * x_sigma)
-    t_frame = cond_mask * t_cond + (1 - cond_mask) * t  # [B, T]
+    t_frame = cond_mask * t_cond + (1 - cond_mask) * t_bt  # [B, T]
     out = dit(net_in.to(dit.dtype), t_frame.to(dit.dtype), action, context, cond_mask).float()
     x0 = (1 - t) * x_sigma - t * out
     return mask * x0_cond + (1 - mask) * x0

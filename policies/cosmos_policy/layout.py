@@ -10,7 +10,8 @@ after encoding). A vector ``v`` (length n) is written by tiling: the frame's ``C
 flattened channel-major, become ``v[i mod n]``; it is read back as the mean over its copies (index
 ``i mod n`` groups). Actions ``[16, 7]`` are flattened row-major; the value is a scalar filling the frame.
 Policy mode conditions on frames 0-3 (clean) and generates 4-8; actions, future state and value come
-out of one denoising run.
+out of one denoising run. The world model conditions on 0-4 (state and action) and generates 5-8; the
+value function conditions on 0-7 and generates 8 (``CONDITION_FRAMES``, also the training split).
 """
 
 from __future__ import annotations
@@ -33,11 +34,19 @@ NUM_VIDEO_FRAMES = 1 + 4 * (NUM_LATENT_FRAMES - 1)  # 33
 PIXELS_PER_LATENT = 4
 POLICY_CONDITION_FRAMES = 4  # blank, proprio, wrist, primary
 INDEX = {name: i for i, name in enumerate(FRAMES)}
+# clean leading frames of each conditional distribution: p(a, s', V | s), p(s', V | s, a), p(V | s, a, s')
+CONDITION_FRAMES = {"policy": POLICY_CONDITION_FRAMES, "world_model": 5, "value": 8}
 
 
-def build_video(wrist: torch.Tensor, primary: torch.Tensor) -> torch.Tensor:
+def build_video(
+    wrist: torch.Tensor,
+    primary: torch.Tensor,
+    future_wrist: torch.Tensor | None = None,
+    future_primary: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Pixel video ``[B, 3, 33, S, S]`` in [-1, 1] from uint8 images ``[B, S, S, 3]``: black blank /
-    vector frames, each image 4 times, the future image slots holding copies of the current ones."""
+    vector frames, each image 4 times; the future image slots hold ``future_*`` (training targets)
+    or, when not given, copies of the current images (what the sampler starts from)."""
 
     def frames(image: torch.Tensor) -> torch.Tensor:
         x = image.permute(0, 3, 1, 2).float() / 127.5 - 1  # [B, 3, S, S]
@@ -45,8 +54,10 @@ def build_video(wrist: torch.Tensor, primary: torch.Tensor) -> torch.Tensor:
 
     b, s = wrist.shape[0], wrist.shape[1]
     black = torch.full((b, 3, PIXELS_PER_LATENT, s, s), -1.0, device=wrist.device)
-    content = {"wrist": frames(wrist), "primary": frames(primary), "future_wrist": frames(wrist),
-               "future_primary": frames(primary)}  # fmt: skip
+    future_wrist = wrist if future_wrist is None else future_wrist
+    future_primary = primary if future_primary is None else future_primary
+    content = {"wrist": frames(wrist), "primary": frames(primary), "future_wrist": frames(future_wrist),
+               "future_primary": frames(future_primary)}  # fmt: skip
     parts = [black[:, :, :1]] + [content.get(name, black) for name in FRAMES[1:]]
     return torch.cat(parts, dim=2)
 

@@ -22,11 +22,16 @@ Critic (``use_critic``, for PPO): the model's own value frame. The value of a st
 from the x0 estimate of the stochastic step (which ``evaluate`` recomputes, so the value loss trains
 the DiT's value frame); ``value(obs)`` runs a deterministic pass and reads its final x0. The last
 call's V(s') is also kept in ``predicted_value`` ``[B]``.
+
+SFT (``imitation_loss``): the recipe's denoising loss over the injected frames, with its split of
+samples between policy (frames 0-3 clean), world model (0-4) and value function (0-7) and its noise
+levels (``sft.py``), through the sampler's own denoiser so training and sampling agree.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +46,7 @@ from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
 from ..images import resize_images
 from ..pretrained import check_observation_space, find_checkpoint, require_vla_extra, resolve_dtype
 from ..torso_policy import box_chunk_shape
-from . import layout
+from . import layout, sft
 from .checkpoint import load_stats, load_t5_embeddings, locate
 
 SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
@@ -118,6 +123,9 @@ class CosmosPolicy(ActionChunkPolicy):
         flip_lr: bool = True,
         center_crop: float | None = 0.9,
         use_critic: bool = True,
+        sft_noise: str = "auto",
+        sft_split: Sequence[float] = sft.SPLIT,
+        sft_loss_weighting: str = "rf",
         dtype: str = "auto",
         download: bool = False,
         trust_pickle: bool = False,
@@ -140,6 +148,15 @@ class CosmosPolicy(ActionChunkPolicy):
             )
         self.image_keys, self.proprio_key = tuple(image_keys), proprio_key
         check_observation_space(observation_space, self.image_keys)
+        self._image_shapes = {k: tuple(observation_space.spaces[k].shape) for k in self.image_keys}
+        if sft_noise not in ("auto", *sft.NOISE_KINDS):
+            raise ValueError(f"sft_noise must be 'auto' or one of {sft.NOISE_KINDS}, got {sft_noise!r}")
+        if sft_loss_weighting not in sft.WEIGHTINGS:
+            raise ValueError(
+                f"sft_loss_weighting must be one of {sft.WEIGHTINGS}, got {sft_loss_weighting!r}"
+            )
+        self.sft_split, self.sft_loss_weighting = sft.check_split(sft_split), sft_loss_weighting
+        self._warned_targets: set[str] = set()
         if proprio_key not in observation_space.spaces:
             raise ValueError(f"observations lack the proprio key {proprio_key!r}")
         self.image_size, self.flip_lr, self.center_crop = int(image_size), flip_lr, center_crop
@@ -180,28 +197,56 @@ class CosmosPolicy(ActionChunkPolicy):
                 f"{self.dit.config.crossattn_emb_channels}-D"
             )
         self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype, trust_pickle=trust_pickle)
+        # a Predict2.5 backbone (Reason1 text projection) trains with its logit-normal times, Predict2
+        # with the hybrid log-normal / uniform sigmas
+        backbone = "predict2.5" if self.dit.config.crossattn_proj_in_channels is not None else "predict2"
+        self.sft_noise = backbone if sft_noise == "auto" else sft_noise
 
     # ------------------------------------------------------------------ inputs
-    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
-        """Clean latents of frames 0-3 ``[B, 16, 4, h, w]`` and the instructions' T5 table ids."""
-        device = self.text_table.device
+    def _images(self, obs: Any) -> list[torch.Tensor]:
+        """The (wrist, primary) images, flipped, cropped and resized to the model's size."""
         images = [torch.as_tensor(np.asarray(obs[k])) for k in self.image_keys]
         if self.flip_lr:
             images = [img.flip(-2) for img in images]
-        wrist, primary = (
+        device = self.text_table.device
+        return [
             resize_images(img[:, None], self.image_size, self.center_crop)[:, 0].to(device) for img in images
+        ]
+
+    def _normalized_proprio(self, obs: Any) -> torch.Tensor:
+        """The model's 9-D proprio ``[B, 9]``, min/max normalized to [-1, 1]."""
+        proprio = torch.as_tensor(
+            np.asarray(obs[self.proprio_key]), dtype=torch.float32, device=self.text_table.device
         )
-        video = layout.build_video(wrist, primary)
-        latents = self.vae.encode(video)
-        proprio = torch.as_tensor(np.asarray(obs[self.proprio_key]), dtype=torch.float32, device=device)
         if self._proprio_fields is not None:
             field = {name: proprio[:, where] for name, where in self._proprio_fields.items()}
             quat = axis_angle_to_quat_xyzw(field["eef_axis_angle"])
             proprio = torch.cat([field["gripper_qpos"], field["eef_pos"], quat], dim=-1)
         if proprio.shape[-1] != PROPRIO_DIM:
             raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
-        normed = layout.minmax_normalize(proprio, self.proprio_low, self.proprio_high)
-        latents = layout.write_vector(latents, layout.INDEX["proprio"], normed)
+        return layout.minmax_normalize(proprio, self.proprio_low, self.proprio_high)
+
+    @torch.no_grad()
+    def _encode(self, obs: Any, next_obs: Any = None) -> torch.Tensor:
+        """All 9 latent frames ``[B, 16, 9, h, w]`` (float32): the encoded video with the proprio
+        written into frame 1; with ``next_obs``, the future images are the next observation's and its
+        proprio is written into frame 5 (the frames 0-3 do not depend on it: the VAE is causal)."""
+        future = self._images(next_obs) if next_obs is not None else [None, None]
+        latents = self.vae.encode(layout.build_video(*self._images(obs), *future)).float()
+        latents = layout.write_vector(latents, layout.INDEX["proprio"], self._normalized_proprio(obs))
+        if next_obs is not None:
+            normed = self._normalized_proprio(next_obs)
+            latents = layout.write_vector(latents, layout.INDEX["future_proprio"], normed)
+        return latents
+
+    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        """Clean latents of frames 0-3 ``[B, 16, 4, h, w]`` and the instructions' T5 table ids."""
+        latents = self._encode(obs)
+        return {"cond": latents[:, :, : layout.POLICY_CONDITION_FRAMES], "text": self._text_ids_of(obs)}
+
+    def _text_ids_of(self, obs: Any) -> torch.Tensor:
+        """The instructions' rows ``[B]`` in the T5 table."""
+        device = self.text_table.device
         ids = []
         for text in obs["instruction"]:
             if str(text) not in self._text_ids:
@@ -210,8 +255,7 @@ class CosmosPolicy(ActionChunkPolicy):
                     f"no T5 embedding for instruction {str(text)!r} in the checkpoint (e.g. {known})"
                 )
             ids.append(self._text_ids[str(text)])
-        cond = latents[:, :, : layout.POLICY_CONDITION_FRAMES].float()
-        return {"cond": cond, "text": torch.tensor(ids, dtype=torch.long, device=device)}
+        return torch.tensor(ids, dtype=torch.long, device=device)
 
     def _x0_fn(self, x0_cond: torch.Tensor, num_cond: int, text: torch.Tensor):
         """The denoiser ``x0(x, sigma)`` with the first ``num_cond`` latent frames clean."""
@@ -333,6 +377,155 @@ class CosmosPolicy(ActionChunkPolicy):
             raise RuntimeError("CosmosPolicy was built with use_critic=False")
         self.act(obs, deterministic=True)
         return self.predicted_value[:, None].float()
+
+    # ------------------------------------------------------------------ supervised fine-tuning
+    def imitation_loss(
+        self,
+        obs: Any,
+        actions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        next_obs: Any = None,
+        returns: torch.Tensor | np.ndarray | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Cosmos Policy's denoising loss over the injected latent frames (its SFT recipe).
+
+        The clean latent sequence ``x0`` holds the current state (frames 1-3), the demonstrated chunk
+        (frame 4, min/max normalized, tiled), and with ``next_obs`` the future state (frames 5-7) and
+        with ``returns`` the value (frame 8, ``2 V - 1``). Each sample is one of three conditional
+        distributions, drawn with ``sft_split`` (50/25/25): the policy (frames 0-3 clean, 4-8
+        denoised), the world model (0-4 clean, 5-8 denoised) or the value function (0-7 clean, 8
+        denoised). It gets one noise level ``sigma`` (``sft_noise``: Predict2's 70% log-normal / 30%
+        uniform [1, 85], or Predict2.5's logit-normal times with shift 5; ``sft.py``) and the loss is
+        ``w(sigma) (D(x0 + sigma eps, sigma) - x0)^2`` with ``D`` the sampler's own denoiser
+        (``nets.cosmos_sampler.rf_x0``: rectified-flow preconditioning, clean frames replaced and at
+        timestep 0) and ``w = (1 + sigma)^2 / sigma^2`` (``sft_loss_weighting``). Only denoised frames
+        with a known target are charged; the sum is divided by the number of latent values in the batch
+        (the recipe's mean). Action entries of sub-steps where ``mask`` ``[B, K]`` is False, and of the
+        model's steps beyond the K given, are not charged; their slots repeat the last executed action.
+
+        Args:
+            obs: observations (the policy's keys), batch B.
+            actions: demonstrated chunks ``[B, K, 7]`` in env units, K the policy's chunk size or 16.
+            mask: executed sub-steps ``[B, K]`` (None: all).
+            next_obs: the observation after the chunk (same keys), for the future-state targets and
+                the world-model and value samples.
+            returns: V(s') ``[B]`` in [0, 1], the (discounted) return from ``next_obs`` on: the value
+                target. Value-function samples need both ``next_obs`` and ``returns``.
+            generator: draws modes, noise levels and noise (default: the policy's ``seed`` generator,
+                else torch's global one).
+
+        Without ``next_obs`` (or ``returns``) the modes that need them are dropped (the split
+        renormalised over the rest; without ``next_obs`` all samples are policy samples) and the frames
+        without targets are not charged; a warning says so once per policy.
+        """
+        device = self.text_table.device
+        actions = torch.as_tensor(actions, dtype=torch.float32, device=device)
+        b = self._check_sft_batch(obs, actions, mask, next_obs, returns)
+        k = actions.shape[1]
+        rng = generator if generator is not None else self._rng(device)
+        have_future, have_value = next_obs is not None, returns is not None
+        self._warn_missing_targets(have_future, have_value)
+
+        x0 = self._encode(obs, next_obs)
+        if mask is not None:  # a masked sub-step repeats the last executed action (its target is unknown)
+            valid = torch.as_tensor(mask, device=device).bool()
+            index = torch.arange(k, device=device).expand(b, -1)
+            last = torch.where(valid, index, torch.full_like(index, -1)).cummax(1).values
+            last = torch.where(last < 0, index, last)
+            actions = actions.gather(1, last[:, :, None].expand(-1, -1, actions.shape[2]))
+        steps = torch.cat([actions, actions[:, -1:].expand(-1, CHUNK - k, -1)], dim=1)  # pad to 16 steps
+        normed = layout.minmax_normalize(steps, self.actions_low, self.actions_high)
+        x0 = layout.write_vector(x0, layout.INDEX["action"], normed.flatten(1))
+        if have_value:
+            value = torch.as_tensor(returns, dtype=torch.float32, device=device).reshape(b, 1)
+            x0 = layout.write_vector(x0, layout.INDEX["value"], 2 * value - 1)
+
+        available = (True, have_future, have_future and have_value)
+        modes = sft.sample_modes(b, self.sft_split, available, rng, device)
+        num_cond = torch.tensor([layout.CONDITION_FRAMES[m] for m in sft.MODES], device=device)[modes]
+        frames = torch.arange(layout.NUM_LATENT_FRAMES, device=device)
+        cond_mask = (frames[None] < num_cond[:, None]).float()  # [B, T]
+        known = torch.ones(layout.NUM_LATENT_FRAMES, dtype=torch.bool, device=device)
+        known[[layout.INDEX[f] for f in ("future_proprio", "future_wrist", "future_primary")]] = have_future
+        known[layout.INDEX["value"]] = have_value
+        charged = (cond_mask == 0) & known[None]  # [B, T]
+
+        sigma = sft.sample_sigma(self.sft_noise, b, rng, device)
+        eps = torch.randn(x0.shape, generator=rng, device=device)
+        x_sigma = x0 + sigma.reshape(-1, 1, 1, 1, 1) * eps
+        context = self.text_table[self._text_ids_of(obs)]
+        denoised = rf_x0(self.dit, x_sigma, sigma, x0, cond_mask, None, context, sigma_conditional=0.0)
+        error = (denoised - x0) ** 2  # [B, C, T, H, W]
+        weight = charged.float()[:, None, :, None, None].expand_as(error).clone()
+        step_valid = torch.zeros(b, CHUNK, dtype=torch.bool, device=device)
+        step_valid[:, :k] = True if mask is None else torch.as_tensor(mask, device=device).bool()
+        per_value = step_valid[:, :, None].expand(-1, -1, ACTION_DIM).reshape(b, -1)  # [B, 112]
+        c, _, h, w = x0.shape[1:]
+        tiled = per_value[:, torch.arange(c * h * w, device=device) % (CHUNK * ACTION_DIM)]
+        weight[:, :, layout.INDEX["action"]] *= tiled.reshape(b, c, h, w).float()
+        weight = weight * sft.loss_weight(sigma, self.sft_loss_weighting).reshape(-1, 1, 1, 1, 1)
+        self.last_sft_batch = {"mode": modes, "sigma": sigma, "charged": charged}  # for logging and tests
+        return (weight * error).sum() / error.numel()
+
+    def _check_sft_batch(
+        self, obs: Any, actions: torch.Tensor, mask: Any, next_obs: Any, returns: Any
+    ) -> int:
+        """Clear errors for demonstrations that do not fit the model; returns the batch size."""
+        if (
+            actions.ndim != 3
+            or actions.shape[1] not in (self.chunk_size, CHUNK)
+            or actions.shape[2] != self.action_dim
+        ):
+            raise ValueError(
+                f"demonstrated actions have shape {tuple(actions.shape)}; the Cosmos Policy wants "
+                f"[B, {self.chunk_size}, {self.action_dim}] (its env chunk x action dim) or "
+                f"[B, {CHUNK}, {self.action_dim}] (the model's whole chunk)"
+            )
+        b = actions.shape[0]
+        for name, batch in (("obs", obs), ("next_obs", next_obs)):
+            if batch is None:
+                continue
+            if name == "obs" and len(batch["instruction"]) != b:
+                raise ValueError(
+                    f"obs has {len(batch['instruction'])} instructions for {b} demonstrated chunks"
+                )
+            for key, expected in self._image_shapes.items():
+                got = tuple(np.shape(batch[key]))
+                if got != (b, *expected):
+                    raise ValueError(
+                        f"{name}[{key!r}] has shape {got}; the policy was built for images {expected} "
+                        f"(batch of {b} chunks: [{b}, {', '.join(map(str, expected))}])"
+                    )
+        if mask is not None and tuple(np.shape(mask)) != tuple(actions.shape[:2]):
+            raise ValueError(
+                f"mask has shape {tuple(np.shape(mask))}, the actions {tuple(actions.shape[:2])}"
+            )
+        if returns is not None:
+            values = torch.as_tensor(returns, dtype=torch.float32).reshape(-1)
+            if values.numel() != b:
+                raise ValueError(f"returns has {values.numel()} entries for {b} demonstrated chunks")
+            if not bool(((values >= 0) & (values <= 1)).all()):
+                raise ValueError(
+                    f"returns must be values V(s') in [0, 1] (the value frame holds 2 V - 1), got "
+                    f"min {float(values.min()):.3g} / max {float(values.max()):.3g}"
+                )
+        return b
+
+    def _warn_missing_targets(self, have_future: bool, have_value: bool) -> None:
+        missing = [what for what, ok in (("next_obs", have_future), ("returns", have_value)) if not ok]
+        key = ",".join(missing)
+        if not missing or key in self._warned_targets:
+            return
+        self._warned_targets.add(key)
+        dropped = "world-model and value" if not have_future else "value"
+        warnings.warn(
+            f"CosmosPolicy.imitation_loss without {' and '.join(missing)}: the {dropped} samples of the "
+            f"recipe's 50/25/25 split are dropped and the frames without targets are not charged"
+            + (" (policy-only target: the action chunk)" if not have_future else ""),
+            stacklevel=3,
+        )
 
     # ------------------------------------------------------------------ planning
     def _plan(self, cond: torch.Tensor, text: torch.Tensor) -> ActionChunk:
