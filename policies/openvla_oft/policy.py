@@ -36,6 +36,7 @@ from ..binned import normalize, normalized_to_tokens, tempered_log_softmax, toke
 from ..heads import ValueHead
 from ..images import resize_images
 from ..pretrained import (
+    add_lora,
     check_observation_space,
     empty_model,
     find_checkpoint,
@@ -48,7 +49,7 @@ from ..pretrained import (
 )
 from ..torso_policy import box_chunk_shape
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
-from .config import OpenVLAConfig, action_stats
+from .config import OpenVLAConfig, action_stats, dataset_statistics
 from .modeling import OpenVLAModel
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
@@ -136,7 +137,10 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         max_prompt_tokens: fixed prompt length (padding), so replays from different calls stack.
         use_critic, value_type: RLinf's value head on the last prompt token's hidden state, one value
             per chunk (``"chunk"``) or per step (``"step"``); GRPO builds the policy without it.
-        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights.
+        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights
+            (the L1 action head and the value head stay fully trained).
+        lora_targets: module names (or suffixes) LoRA adapts; default RLinf's list (``LORA_LANGUAGE``,
+            plus ``LORA_VISION`` unless ``freeze_vision``). A name the model lacks is an error.
         freeze_vision: keep the vision towers fixed (and without LoRA).
         dtype: weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32),
             ``"float32"`` or ``"bfloat16"``. Log-probs are always computed in float32.
@@ -173,6 +177,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         use_critic: bool = True,
         value_type: str = "chunk",
         lora_rank: int = 0,
+        lora_targets: Sequence[str] | None = None,
         freeze_vision: bool = False,
         dtype: str = "auto",
         append_stop: bool = True,
@@ -231,7 +236,32 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         if freeze_vision:
             self.model.vision_backbone.requires_grad_(False)
         if lora_rank > 0:
-            add_lora(self.model, lora_rank, LORA_LANGUAGE + (() if freeze_vision else LORA_VISION))
+            if lora_targets is None:
+                lora_targets = LORA_LANGUAGE + (() if freeze_vision else LORA_VISION)
+            add_lora(self.model, lora_rank, tuple(lora_targets), "OpenVLA-OFT")
+
+    @classmethod
+    def norm_stats_from_demos(
+        cls, actions: np.ndarray, obs: dict[str, np.ndarray], num_episodes: int, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Statistics of demonstrations for fine-tuning (``trainers.bc``): the ``policy_kwargs`` to add
+        (``norm_stats`` ``{key: dataset_statistics(...)}`` over the demonstrated ``actions`` ``[N, D]``,
+        env units, and ``obs["proprio"]`` when the demos have it; ``unnorm_key`` = ``key``, the given
+        ``unnorm_key`` or ``"demos"``) and the files to save beside the checkpoint
+        (``{"dataset_statistics.json": {key: ...}}``, OpenVLA's layout). With the LIBERO gripper the
+        last dim is stored as 0 / 1 and not normalized (mask False), as OpenVLA's LIBERO statistics."""
+        key = kwargs.get("unnorm_key") or "demos"
+        a = np.asarray(actions, np.float64)
+        libero = kwargs.get("gripper", "libero") == "libero"
+        if libero:
+            a = np.concatenate([a[:, :-1], (1 - a[:, -1:]) / 2], axis=1)
+        mask = [True] * (a.shape[1] - 1) + [not libero]
+        entry = dataset_statistics(a, obs.get("proprio"), mask=mask, num_trajectories=num_episodes)
+        return {"norm_stats": {key: entry}, "unnorm_key": key}, {"dataset_statistics.json": {key: entry}}
+
+    def required_observation_keys(self) -> tuple[str, ...]:
+        """The observation keys this policy reads (demonstrations for it must have them)."""
+        return (*self.image_keys, "instruction")
 
     def fsdp_units(self) -> list[torch.nn.Module]:
         """What FSDP2 shards on its own (``trainers/distributed.py``), each run through its forward:
@@ -404,17 +434,3 @@ def load_model(folder: Path, config: OpenVLAConfig, dtype: torch.dtype) -> OpenV
     model = empty_model(lambda: OpenVLAModel(config))
     load_strict(model, read_state_dict(folder, dtype), f"OpenVLA checkpoint {folder}")
     return model.eval()
-
-
-def add_lora(model: torch.nn.Module, rank: int, targets: Sequence[str]) -> None:
-    """Wrap the ``targets`` linears in LoRA adapters (peft) and train only those."""
-    try:
-        from peft import LoraConfig, inject_adapter_in_model
-    except ImportError as e:
-        raise ImportError('LoRA needs peft: pip install "vla-gym[vla]"') from e
-    config = LoraConfig(
-        r=rank, lora_alpha=rank, lora_dropout=0.0, init_lora_weights="gaussian", target_modules=list(targets)
-    )
-    inject_adapter_in_model(config, model)
-    for name, param in model.named_parameters():
-        param.requires_grad_("lora_" in name)
