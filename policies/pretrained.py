@@ -244,3 +244,26 @@ def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> N
         ):
             have = sorted(space.spaces)
             raise ValueError(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
+
+
+def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "the model") -> None:
+    """Wrap the ``targets`` modules (names or name suffixes, as peft matches them) of ``model`` in LoRA
+    adapters (peft; alpha = rank, Gaussian init) and train only those. A target that names no
+    module is an error naming it and the linear layers there are."""
+    names = [name for name, _ in model.named_modules()]
+    unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if unknown:
+        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"LoRA target modules {unknown} are not in {what}; its linear layers are named {linears}"
+        )
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError('LoRA needs peft: pip install "vla-gym[vla]"') from e
+    config = LoraConfig(
+        r=rank, lora_alpha=rank, lora_dropout=0.0, init_lora_weights="gaussian", target_modules=list(targets)
+    )
+    inject_adapter_in_model(config, model)
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)

@@ -17,14 +17,35 @@ observation keys and action chunk must be in the demonstrations (e.g. demos reco
 One iteration is one epoch; ``--total-steps`` is ignored (the run counts demonstrated sub-steps).
 Episodes are split into training and held-out sets (``val_fraction``) for ``train/val_loss``.
 The checkpoint starts RL: ``python -m trainers.grpo --init-policy RUN_DIR ...``.
+
+VLAs (``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the same way,
+with their recipe's loss (OpenVLA-OFT: token cross-entropy, or L1 with ``"action_head": "l1"``;
+pi0.5: flow matching). A policy class with ``norm_stats_from_demos`` gets its action (and proprio)
+normalisation statistics computed from the training demos (``--norm-stats demos``, the default for
+a new policy) in the format its checkpoints carry: OpenVLA's ``dataset_statistics.json``
+(``{unnorm_key: {"action": {q01, q99, mask, ...}, "proprio": {...}}}``, key ``unnorm_key`` or
+``"demos"``), openpi's ``norm_stats.json`` (mean, std, q01, q99 of ``actions`` and ``state``). They go
+into the policy's arguments (``norm_stats``), so the run's checkpoints carry them and the result
+loads anywhere with ``--init-policy`` or ``benchmarks.evaluate --checkpoint``, and are written in
+that format beside them (``RUN/checkpoints/dataset_statistics.json`` / ``norm_stats.json``).
+``--norm-stats checkpoint`` keeps the model's own statistics.
+
+    python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \
+        --env-kwargs '{"image_size": 224, "cameras": ["agentview"], "chunk_size": 8}' \
+        --policy openvla_oft --policy-kwargs '{"model_path": "ckpts/openvla-7b-oft", "action_head": "l1",
+        "new_action_head": true, "lora_rank": 32}' --learning-rate 5e-4 --batch-size 8 --bf16
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -35,6 +56,7 @@ from trainers.datasets import load_demos
 from trainers.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
+from trainers.files import write_atomic
 from trainers.optim import BadUpdateGuard, step_optimizer
 from trainers.run import Run, RunConfig
 
@@ -50,6 +72,11 @@ class BCConfig:
     val_fraction: float = 0.1  # held-out episodes (at least one when there are 2+ and this is > 0)
     image_shift: int = 4  # random shift augmentation of uint8 images, in pixels (0: off)
     max_bad_updates: int = 10  # stop after this many non-finite updates in a row
+    # action / proprio normalisation statistics of policies that have them (VLAs): "demos" computes
+    # them from the training demos, "checkpoint" keeps the model's own; "auto": demos for a new
+    # policy, the checkpoint's with --init-policy or --resume
+    norm_stats: Literal["auto", "demos", "checkpoint"] = "auto"
+    bf16: bool = False  # run the policy's forward and loss under bfloat16 autocast
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -75,6 +102,39 @@ def split_episodes(demos: Demos, val_fraction: float, seed: int) -> tuple[Demos,
     train = [ep for i, ep in enumerate(demos.episodes) if i not in val]
     held = [ep for i, ep in enumerate(demos.episodes) if i in val]
     return Demos(demos.meta, train), Demos(demos.meta, held)
+
+
+def policy_class(name: str, action_space: Any) -> type:
+    """The class ``--policy`` names (nothing is built)."""
+    from policies.registry import resolve_policy
+
+    module, _, cls = resolve_policy(name, action_space).partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def check_observation_keys(
+    policy: ActionChunkPolicy, demo_keys: list[str], obs_keys: list[str], path: str
+) -> None:
+    """The observations the policy reads (``required_observation_keys``, VLAs; else every key of the
+    env's observations) must be in the demonstrations."""
+    reads = getattr(policy, "required_observation_keys", None)
+    required = list(reads()) if reads is not None else obs_keys
+    missing = [k for k in required if k not in demo_keys]
+    if missing:
+        raise ValueError(
+            f"{path}: the policy ({type(policy).__name__}) reads the observations {list(required)}; the "
+            f"demos have no {missing} (they have {demo_keys}): record the demos with those cameras / "
+            "keys, or build the policy on the ones they have"
+        )
+
+
+def demo_statistics(demos: Demos, policy_cls: type, kwargs: dict[str, Any]) -> tuple[dict, dict]:
+    """``policy_cls.norm_stats_from_demos`` over the executed actions ``[N, D]`` and every recorded
+    non-image observation of ``demos``: the policy kwargs to add and the files to write."""
+    actions = np.concatenate([ep.actions[ep.valid.astype(bool)] for ep in demos.episodes])
+    keys = [k for k, v in demos.episodes[0].obs.items() if not (v.dtype == np.uint8 and v.ndim == 4)]
+    obs = {k: np.concatenate([ep.obs[k] for ep in demos.episodes]).astype(np.float64) for k in keys}
+    return policy_cls.norm_stats_from_demos(actions, obs, len(demos.episodes), kwargs)
 
 
 def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space: Any, path: str) -> None:
@@ -115,15 +175,54 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     env.close()
     obs_space = env.single_observation_space
     obs_keys = list(getattr(obs_space, "spaces", {"obs": obs_space}))
+    demo_keys = [*demos.episodes[0].obs, "instruction"] if demos.episodes else []
     k = chunk_size(env) or 1
-    train = train_demos.chunks(obs_keys, k)
-    val = val_demos.chunks(obs_keys, k) if val_demos is not None else None
+    keys = [key for key in obs_keys if key in demo_keys]  # the policy's needs are checked once built
+    train = train_demos.chunks(keys, k)
+    val = val_demos.chunks(keys, k) if val_demos is not None else None
     sub_steps = int(train["valid"].sum())
     run_cfg = dataclasses.replace(run_cfg, total_steps=max(1, cfg.epochs * sub_steps))
+    stats_mode = cfg.norm_stats
+    if stats_mode == "auto":
+        stats_mode = "checkpoint" if run_cfg.init_policy or run_cfg.resume else "demos"
+    cls = policy_class(run_cfg.policy, env.single_action_space)
+    stats_files: dict[str, Any] = {}
+    if cfg.norm_stats == "demos" and (run_cfg.init_policy or run_cfg.resume):
+        raise ValueError(
+            "--norm-stats demos with --init-policy / --resume: that policy was trained with its own "
+            "statistics, which its checkpoint carries (--norm-stats checkpoint or auto keeps them)"
+        )
+    if hasattr(cls, "norm_stats_from_demos") and stats_mode == "demos":
+        if "norm_stats" in run_cfg.policy_kwargs:
+            raise ValueError(
+                "--norm-stats demos computes the statistics from the demos; policy_kwargs gives norm_stats "
+                "as well: drop one (or --norm-stats checkpoint to use the ones given)"
+            )
+        d = int(np.shape(train["actions"])[-1])
+        space = env.single_action_space
+        if isinstance(space, gym.spaces.Box) and space.shape and space.shape[-1] != d:
+            raise ValueError(
+                f"{cfg.demos}: the demonstrated actions are {d}-D, the env's actions {space.shape[-1]}-D "
+                f"({run_cfg.env}): demos and env must have the same action space"
+            )
+        added, stats_files = demo_statistics(train_demos, cls, run_cfg.policy_kwargs)
+        run_cfg = dataclasses.replace(run_cfg, policy_kwargs={**run_cfg.policy_kwargs, **added})
     run = Run("bc", run_cfg, cfg)
     try:
-        policy = run.make_policy(env, use_critic=False)
+        try:
+            policy = run.make_policy(env, use_critic=False)
+        except ValueError as e:
+            if hasattr(cls, "norm_stats_from_demos") and stats_mode == "checkpoint":
+                raise ValueError(
+                    f"{e} (--norm-stats checkpoint: the policy normalizes with its model's own statistics; "
+                    f"--norm-stats demos computes them from {cfg.demos})"
+                ) from None
+            raise
+        check_observation_keys(policy, demo_keys, obs_keys, cfg.demos)
         check_compatible(train, policy, obs_space, cfg.demos)
+        for name, content in stats_files.items():  # in the model's own format, with the checkpoints
+            (run.dir / "checkpoints").mkdir(exist_ok=True)
+            write_atomic(run.dir / "checkpoints" / name, json.dumps(content, indent=2))
         optimizer = torch.optim.AdamW(
             policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
@@ -149,7 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 obs = batch_obs(train["obs"], idx)
                 for key in images:
                     obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
-                loss = policy.imitation_loss(obs, actions[idx], valid[idx])
+                with autocast(cfg.bf16, run.device):
+                    loss = policy.imitation_loss(obs, actions[idx], valid[idx])
                 stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
                 if stepped:
                     losses.append(loss.detach())
@@ -159,12 +259,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
             }
             if val is not None:
-                metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
+                with autocast(cfg.bf16, run.device):
+                    metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
             run.end_iteration(sub_steps, [], metrics)
         policy.eval()
         return run.finish()
     finally:
         run.close()  # releases the folder on an error too (a no-op after finish)
+
+
+def autocast(bf16: bool, device: Any) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on ``device`` when ``bf16``, else nothing."""
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 @torch.no_grad()

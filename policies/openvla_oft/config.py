@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..pretrained import read_json
@@ -144,3 +145,31 @@ def action_stats(
             f"statistics {unnorm_key!r} are for {len(q01)}-D actions, the env's actions are {action_dim}-D"
         )
     return unnorm_key, ActionStats(q01, q99, mask)
+
+
+def dataset_statistics(
+    actions: np.ndarray, proprio: np.ndarray | None, *, mask: list[bool], num_trajectories: int
+) -> dict[str, Any]:
+    """One dataset's entry of ``dataset_statistics.json`` computed from data, in the layout OpenVLA's
+    data pipeline writes: ``action`` (and ``proprio``) with ``mean``, ``std``, ``max``, ``min``,
+    ``q01``, ``q99`` per dim (``action`` also the ``mask`` of dims to normalize), plus
+    ``num_transitions`` and ``num_trajectories``. ``actions`` ``[N, D]`` are in the model's action
+    space (the LIBERO gripper as 0 / 1: ``OpenVLAOFTPolicy.actions_to_normalized``'s input side)."""
+    out: dict[str, Any] = {"action": {**_moments(actions), "mask": [bool(m) for m in mask]}}
+    if proprio is not None:
+        out["proprio"] = _moments(proprio)
+    out["num_transitions"] = int(len(actions))
+    out["num_trajectories"] = int(num_trajectories)
+    return out
+
+
+def _moments(x: np.ndarray) -> dict[str, list[float]]:
+    x = np.asarray(x, np.float64)
+    return {
+        "mean": x.mean(0).tolist(),
+        "std": x.std(0).tolist(),
+        "max": x.max(0).tolist(),
+        "min": x.min(0).tolist(),
+        "q01": np.quantile(x, 0.01, axis=0).tolist(),
+        "q99": np.quantile(x, 0.99, axis=0).tolist(),
+    }

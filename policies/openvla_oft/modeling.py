@@ -15,7 +15,8 @@ alone. Placeholder embeddings are zeroed; the STOP token (``</s>``) is kept, as 
 SimpleVLA-RL train and decode (RLinf drops it: ``stop_id=None``). Attention is fully bidirectional
 over the real tokens: that is what the OpenVLA-OFT transformers fork does (its SDPA path drops the
 causal mask; openvla_facts: bc339d9a "Full bidirectional attention"). Element j of the chunk is
-read from the logits one position before its placeholder.
+read from the logits one position before its placeholder; the L1 action head reads the hidden
+states at those same positions (OpenVLA-OFT's slice starts at the prompt's last token).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class OpenVLAModel(nn.Module):
         pixel_values: torch.Tensor,
         num_actions: int,
         stop_id: int | None = None,
+        output: str = "logits",
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One parallel-decoding pass.
 
@@ -80,11 +82,16 @@ class OpenVLAModel(nn.Module):
             pixel_values: ``[B, n_images, 3 * n_towers, S, S]`` (``VisionBackbone.pixel_values``).
             num_actions: A, the number of action placeholders.
             stop_id: the token appended after the placeholders (None: none).
+            output: ``"logits"``, or ``"hidden"`` for the last hidden states at the same positions
+                (what OpenVLA-OFT's L1 action head reads; the LM head is then not run).
 
         Returns:
-            logits ``[B, A, vocab]`` (float32) predicting each action element, and the last hidden
-            state ``[B, hidden]`` at the last prompt token (the value-head feature).
+            logits ``[B, A, vocab]`` (float32) predicting each action element (or, with ``output``
+            ``"hidden"``, the hidden states ``[B, A, hidden]``), and the last hidden state
+            ``[B, hidden]`` at the last prompt token (the value-head feature).
         """
+        if output not in ("logits", "hidden"):
+            raise ValueError(f"output must be 'logits' or 'hidden', got {output!r}")
         lm = self.language_model.model
         patches = self.projector(self.vision_backbone(pixel_values))
         b, device = input_ids.shape[0], input_ids.device
@@ -109,5 +116,7 @@ class OpenVLAModel(nn.Module):
         mask = mask.masked_fill(~valid[:, None, None, :], torch.finfo(embeds.dtype).min)  # pad keys only
         hidden = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids).last_hidden_state
         first = hidden.shape[1] - tail - num_actions  # first placeholder
-        logits = self.language_model.lm_head(hidden[:, first - 1 : first - 1 + num_actions]).float()
-        return logits, hidden[:, first - 1]
+        at_actions = hidden[:, first - 1 : first - 1 + num_actions]
+        if output == "hidden":
+            return at_actions, hidden[:, first - 1]
+        return self.language_model.lm_head(at_actions).float(), hidden[:, first - 1]

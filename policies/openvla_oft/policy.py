@@ -1,4 +1,4 @@
-"""OpenVLA-OFT (discrete-token, parallel decoding) as an ``ActionChunkPolicy``.
+"""OpenVLA-OFT (parallel decoding) as an ``ActionChunkPolicy``, with token actions or the L1 head.
 
 One forward pass scores all K*D action elements of a chunk over the 256 action-bin tokens (the
 top 256 ids of the text vocabulary). Sampling, log-probs, top-k and the bin/un-normalization math are
@@ -9,6 +9,16 @@ top 256 ids of the text vocabulary). Sampling, log-probs, top-k and the bin/un-n
 
 The replay keeps the tokenized prompt, the resized uint8 images and the sampled tokens, so
 ``evaluate`` rescores exactly what ``act`` sampled (at each sample's temperature and top-k).
+
+``action_head="l1"`` is continuous OpenVLA-OFT instead (``action_heads.py``): the same pass, but the
+hidden states at the K*D action positions go through the L1-regression MLP head, which predicts
+the normalised chunk; ``imitation_loss`` is the L1 loss and deterministic acting un-normalizes the
+head's output. The OFT recipe's head is deterministic and has no log-probs; for RL this policy
+samples, when asked to (``act(deterministic=False)``), from a Laplace distribution centred on the
+head's output with scale ``l1_scale x temperature`` in the normalised space (the distribution whose
+negative log-likelihood is the L1 loss, up to its scale), and its log-probs are that density's:
+a real stochastic policy, but this project's addition, not the recipe's. GRPO as SimpleVLA-RL and
+RLinf run it uses the token mode.
 """
 
 from __future__ import annotations
@@ -26,17 +36,20 @@ from ..binned import normalize, normalized_to_tokens, tempered_log_softmax, toke
 from ..heads import ValueHead
 from ..images import resize_images
 from ..pretrained import (
+    add_lora,
     check_observation_space,
     empty_model,
     find_checkpoint,
     load_strict,
     load_tokenizer,
+    read_json,
     read_state_dict,
     require_vla_extra,
     resolve_dtype,
 )
 from ..torso_policy import box_chunk_shape
-from .config import OpenVLAConfig, action_stats
+from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
+from .config import OpenVLAConfig, action_stats, dataset_statistics
 from .modeling import OpenVLAModel
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
@@ -94,7 +107,8 @@ class PromptLayout:
 
 
 class OpenVLAOFTPolicy(ActionChunkPolicy):
-    """OpenVLA-OFT with token actions, loaded from a checkpoint folder or hub id; E = D.
+    """OpenVLA-OFT with token actions or the L1 action head, loaded from a checkpoint folder or hub
+    id; E = D.
 
     Args:
         observation_space: a Dict with ``instruction`` and the uint8 ``[H, W, 3]`` images in ``image_keys``.
@@ -103,8 +117,18 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
             safetensors, tokenizer files, optionally ``dataset_statistics.json``.
         unnorm_key: which dataset's action statistics (e.g. ``libero_spatial_no_noops``); None when the
             checkpoint has one.
+        norm_stats: statistics to add to the checkpoint's (same keys win), in ``dataset_statistics.json``'s
+            layout ``{key: {"action": {"q01", "q99", "mask", ...}, ...}}``, or the path of such a
+            file: what ``trainers.bc`` computes from demonstrations and saves with its checkpoints.
+        action_head: ``"tokens"`` (the LM head's 256 action bins) or ``"l1"`` (OpenVLA-OFT's
+            continuous L1-regression head on the action positions' hidden states).
+        new_action_head: with ``"l1"``, start a freshly initialised head when the folder has no
+            ``action_head--<step>_checkpoint.pt`` (fine-tuning a model that has none); without it
+            a missing head file is an error.
+        l1_scale: with ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1]
+            space, times ``temperature`` (deterministic acting uses the head's output).
         temperature, top_k: sampling (SimpleVLA-RL / RLinf LIBERO GRPO: 1.6, 0); kept per sample in
-            the replay.
+            the replay. Default: 1.6 with tokens, 1.0 with the L1 head.
         image_keys: observation images fed as the model's images, in order (OFT-token LIBERO: the
             third-person view only).
         center_crop: crop this fraction of the image area before resizing (RLinf LIBERO: 0.9); None off.
@@ -113,7 +137,10 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         max_prompt_tokens: fixed prompt length (padding), so replays from different calls stack.
         use_critic, value_type: RLinf's value head on the last prompt token's hidden state, one value
             per chunk (``"chunk"``) or per step (``"step"``); GRPO builds the policy without it.
-        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights.
+        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights
+            (the L1 action head and the value head stay fully trained).
+        lora_targets: module names (or suffixes) LoRA adapts; default RLinf's list (``LORA_LANGUAGE``,
+            plus ``LORA_VISION`` unless ``freeze_vision``). A name the model lacks is an error.
         freeze_vision: keep the vision towers fixed (and without LoRA).
         dtype: weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32),
             ``"float32"`` or ``"bfloat16"``. Log-probs are always computed in float32.
@@ -123,7 +150,8 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
 
     Replay: ``input_ids``, ``attention_mask`` ``[B, 1 + max_prompt_tokens]``, ``images`` uint8
     ``[B, n, S, S, 3]``, ``tokens`` int64 ``[B, K, D]`` (0..255; id = vocab - 256 + token),
-    ``temperature`` ``[B]``, ``top_k`` ``[B]``.
+    ``temperature`` ``[B]``, ``top_k`` ``[B]``; with the L1 head ``normalized`` float32 ``[B, K, D]``
+    (the sampled normalised actions) and ``scale`` ``[B]`` instead of ``tokens``, ``temperature``, ``top_k``.
     """
 
     # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
@@ -136,7 +164,11 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         *,
         model_path: str | Path,
         unnorm_key: str | None = None,
-        temperature: float = 1.6,
+        norm_stats: dict[str, Any] | str | Path | None = None,
+        action_head: str = "tokens",
+        new_action_head: bool = False,
+        l1_scale: float = 0.05,
+        temperature: float | None = None,
         top_k: int = 0,
         image_keys: Sequence[str] = ("image",),
         center_crop: float | None = None,
@@ -145,6 +177,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         use_critic: bool = True,
         value_type: str = "chunk",
         lora_rank: int = 0,
+        lora_targets: Sequence[str] | None = None,
         freeze_vision: bool = False,
         dtype: str = "auto",
         append_stop: bool = True,
@@ -154,6 +187,13 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         require_vla_extra("OpenVLAOFTPolicy")
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
+        if action_head not in ("tokens", "l1"):
+            raise ValueError(f"action_head must be 'tokens' or 'l1', got {action_head!r}")
+        if not l1_scale > 0:
+            raise ValueError(f"l1_scale must be > 0, got {l1_scale}")
+        self.action_head_type, self.l1_scale = action_head, float(l1_scale)
+        if temperature is None:
+            temperature = 1.0 if action_head == "l1" else 1.6
         self.temperature, self.top_k = float(temperature), int(top_k)
         self.image_keys, self.center_crop = tuple(image_keys), center_crop
         if gripper not in ("libero", None):
@@ -167,6 +207,10 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
 
         folder = find_checkpoint(model_path, REQUIRED_FILES, what="OpenVLA-OFT checkpoint", download=download)
         config = OpenVLAConfig.from_folder(folder)
+        if norm_stats is not None:
+            if not isinstance(norm_stats, dict):
+                norm_stats = read_json(Path(norm_stats), "OpenVLA dataset statistics")
+            config.norm_stats = {**config.norm_stats, **norm_stats}
         self.unnorm_key, stats = action_stats(config.norm_stats, unnorm_key, self.action_dim)
         self.register_buffer("q01", stats.q01)
         self.register_buffer("q99", stats.q99)
@@ -179,12 +223,45 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         self.image_size = self.model.vision_backbone.image_size
 
         hidden = self.model.language_model.config.hidden_size
+        self.action_head = None
+        bounds = [torch.as_tensor(np.asarray(b, np.float32)).reshape(self.chunk_size, self.action_dim)
+                  for b in (action_space.low, action_space.high)]  # fmt: skip
+        self.register_buffer("low", bounds[0], persistent=False)  # L1 actions are clipped to the space
+        self.register_buffer("high", bounds[1], persistent=False)
+        if action_head == "l1":
+            self.action_head = load_action_head(folder, hidden, self.action_dim, new_action_head)
+            self.action_head.to(next(self.model.parameters()).dtype)
         kv = 1 if value_type == "chunk" else self.chunk_size
         self.value_head = ValueHead(hidden, (512, 128), kv, "gelu") if use_critic else None
         if freeze_vision:
             self.model.vision_backbone.requires_grad_(False)
         if lora_rank > 0:
-            add_lora(self.model, lora_rank, LORA_LANGUAGE + (() if freeze_vision else LORA_VISION))
+            if lora_targets is None:
+                lora_targets = LORA_LANGUAGE + (() if freeze_vision else LORA_VISION)
+            add_lora(self.model, lora_rank, tuple(lora_targets), "OpenVLA-OFT")
+
+    @classmethod
+    def norm_stats_from_demos(
+        cls, actions: np.ndarray, obs: dict[str, np.ndarray], num_episodes: int, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Statistics of demonstrations for fine-tuning (``trainers.bc``): the ``policy_kwargs`` to add
+        (``norm_stats`` ``{key: dataset_statistics(...)}`` over the demonstrated ``actions`` ``[N, D]``,
+        env units, and ``obs["proprio"]`` when the demos have it; ``unnorm_key`` = ``key``, the given
+        ``unnorm_key`` or ``"demos"``) and the files to save beside the checkpoint
+        (``{"dataset_statistics.json": {key: ...}}``, OpenVLA's layout). With the LIBERO gripper the
+        last dim is stored as 0 / 1 and not normalized (mask False), as OpenVLA's LIBERO statistics."""
+        key = kwargs.get("unnorm_key") or "demos"
+        a = np.asarray(actions, np.float64)
+        libero = kwargs.get("gripper", "libero") == "libero"
+        if libero:
+            a = np.concatenate([a[:, :-1], (1 - a[:, -1:]) / 2], axis=1)
+        mask = [True] * (a.shape[1] - 1) + [not libero]
+        entry = dataset_statistics(a, obs.get("proprio"), mask=mask, num_trajectories=num_episodes)
+        return {"norm_stats": {key: entry}, "unnorm_key": key}, {"dataset_statistics.json": {key: entry}}
+
+    def required_observation_keys(self) -> tuple[str, ...]:
+        """The observation keys this policy reads (demonstrations for it must have them)."""
+        return (*self.image_keys, "instruction")
 
     def fsdp_units(self) -> list[torch.nn.Module]:
         """What FSDP2 shards on its own (``trainers/distributed.py``), each run through its forward:
@@ -207,12 +284,16 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         }
 
     def _forward(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Action-bin logits ``[B, K, D, n_bins]`` (float32) and the value feature ``[B, hidden]``."""
+        """Action-bin logits ``[B, K, D, n_bins]`` (float32) and the value feature ``[B, hidden]``;
+        with the L1 head, its normalised actions ``[B, K, D]`` (float32) instead of the logits."""
         pixels = self.model.vision_backbone.pixel_values(prepared["images"])
         n = self.chunk_size * self.action_dim
+        output = "hidden" if self.action_head is not None else "logits"
         logits, feature = self.model(
-            prepared["input_ids"], prepared["attention_mask"], pixels, n, self.stop_id
+            prepared["input_ids"], prepared["attention_mask"], pixels, n, self.stop_id, output
         )
+        if self.action_head is not None:
+            return self.action_head(logits).float(), feature
         bins = logits[..., self.bins_start : self.bins_start + self.n_bins]
         return bins.reshape(-1, self.chunk_size, self.action_dim, self.n_bins), feature
 
@@ -221,15 +302,32 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
 
     def tokens_to_actions(self, tokens: torch.Tensor) -> torch.Tensor:
         """Tokens ``[..., D]`` -> env actions: bin centers, un-normalized, gripper mapped."""
-        actions = unnormalize(tokens_to_normalized(tokens, self.n_bins), self.q01, self.q99, self.mask)
+        return self.normalized_to_actions(tokens_to_normalized(tokens, self.n_bins))
+
+    def normalized_to_actions(self, normalized: torch.Tensor) -> torch.Tensor:
+        """Normalised actions ``[..., D]`` -> env actions: un-normalized with q01/q99 (the masked
+        dims pass through), the LIBERO gripper mapped with ``-sign(2 g - 1)``."""
+        actions = unnormalize(normalized.float(), self.q01, self.q99, self.mask)
         if self.gripper == "libero":
             actions = torch.cat([actions[..., :-1], -torch.sign(2 * actions[..., -1:] - 1)], dim=-1)
         return actions
+
+    def actions_to_normalized(self, actions: torch.Tensor) -> torch.Tensor:
+        """Env actions ``[..., D]`` -> the normalised space the model predicts in (clipped to
+        [-1, 1]; the LIBERO gripper's +1 / -1 go to 0 / 1, unnormalised)."""
+        a = actions.float()
+        if self.gripper == "libero":
+            a = torch.cat([a[..., :-1], (1 - a[..., -1:]) / 2], dim=-1)
+        q01, q99 = (x.to(a.device) for x in (self.q01, self.q99))
+        mask = None if self.mask is None else self.mask.to(a.device)
+        return normalize(a, q01, q99, mask)
 
     # ------------------------------------------------------------------ the policy contract
     @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
         prepared = self._prepare(obs)
+        if self.action_head is not None:
+            return self._act_l1(prepared, deterministic)
         logits, feature = self._forward(prepared)
         b, device = logits.shape[0], logits.device
         temperature = torch.full((b,), self.temperature, device=device)
@@ -244,9 +342,31 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         replay = {**prepared, "tokens": tokens, "temperature": temperature, "top_k": top_k}
         return ActionChunk(self.tokens_to_actions(tokens).float(), log_probs, self._value(feature), replay)
 
+    def _act_l1(self, prepared: dict[str, torch.Tensor], deterministic: bool) -> ActionChunk:
+        mean, feature = self._forward(prepared)
+        b, device = mean.shape[0], mean.device
+        scale = torch.full((b,), self.l1_scale * self.temperature, device=device)
+        if deterministic:
+            sample, log_probs = mean, None
+        else:  # Laplace(mean, scale) by its inverse CDF
+            u = torch.rand(mean.shape, generator=self._rng(device), device=device) - 0.5
+            u = u.clamp(-0.5 + 1e-7, 0.5 - 1e-7)
+            sample = mean - scale[:, None, None] * torch.sign(u) * torch.log1p(-2 * u.abs())
+            log_probs = laplace_log_prob(sample, mean, scale)
+        replay = {**prepared, "normalized": sample, "scale": scale}
+        actions = self.normalized_to_actions(sample)
+        actions = torch.minimum(torch.maximum(actions, self.low.to(device)), self.high.to(device))
+        return ActionChunk(actions.float(), log_probs, self._value(feature), replay)
+
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
-        """Log-probs and entropies of the stored tokens under the current weights."""
+        """Log-probs and entropies of the stored tokens (or L1 head samples) under the current weights."""
         prepared = {k: replay[k] for k in ("input_ids", "attention_mask", "images")}
+        if self.action_head is not None:
+            mean, feature = self._forward(prepared)
+            scale = replay["scale"].to(mean.device, torch.float32)
+            log_probs = laplace_log_prob(replay["normalized"].to(mean.device), mean, scale)
+            entropy = (1 + torch.log(2 * scale))[:, None, None].expand_as(mean)
+            return PolicyEval(log_probs, entropy, self._value(feature))
         logits, feature = self._forward(prepared)
         logp = tempered_log_softmax(logits, replay["temperature"], replay["top_k"].to(logits.device))
         log_probs = logp.gather(-1, replay["tokens"].long()[..., None])[..., 0]
@@ -256,19 +376,20 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
     def actions_to_tokens(self, actions: torch.Tensor) -> torch.Tensor:
         """Env actions ``[..., D]`` -> the bin tokens that decode to them (``tokens_to_actions``'s
         inverse up to the bin width; the LIBERO gripper's +1 / -1 go to 0 / 1 before binning)."""
-        a = actions.float()
-        if self.gripper == "libero":
-            a = torch.cat([a[..., :-1], (1 - a[..., -1:]) / 2], dim=-1)
-        q01, q99 = (x.to(a.device) for x in (self.q01, self.q99))
-        mask = None if self.mask is None else self.mask.to(a.device)
-        return normalized_to_tokens(normalize(a, q01, q99, mask), self.n_bins)
+        return normalized_to_tokens(self.actions_to_normalized(actions), self.n_bins)
 
     def imitation_loss(
         self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The discrete-token SFT loss (OpenVLA's, and what GRPO samples from): cross-entropy of
-        the demonstrated actions' bin tokens at temperature 1, summed over D, averaged over the
-        executed sub-steps (``mask``)."""
+        """The SFT loss of the action head. Tokens: the discrete-token loss (OpenVLA's, and what
+        GRPO samples from), cross-entropy of the demonstrated actions' bin tokens at temperature 1.
+        L1 head: OpenVLA-OFT's L1 regression, ``|head - normalize(actions)|`` in the normalised
+        space (the LIBERO gripper as 0 / 1). Either is summed over D and averaged over the executed
+        sub-steps (``mask``); OFT's own L1 loss is the mean over D as well, 1/D of this one."""
+        if self.action_head is not None:
+            mean, _ = self._forward(self._prepare(obs))
+            target = self.actions_to_normalized(actions.to(mean.device))
+            return masked_chunk_mean((mean - target).abs().sum(-1), mask)
         logits, _ = self._forward(self._prepare(obs))
         tokens = self.actions_to_tokens(actions.to(logits.device))
         logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None])[..., 0]
@@ -280,22 +401,36 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         return self._value(self._forward(self._prepare(obs))[1])
 
 
+def laplace_log_prob(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Element log-density of ``Laplace(mean, scale)`` at ``x`` ``[B, K, D]`` (``scale`` ``[B]``)."""
+    b = scale[:, None, None]
+    return -(x - mean).abs() / b - torch.log(2 * b)
+
+
+def load_action_head(folder: Path, hidden: int, action_dim: int, new: bool) -> L1RegressionActionHead:
+    """The folder's L1 action head (``action_head--<step>_checkpoint.pt``, loaded strictly), or a
+    freshly initialised one when there is none and ``new``."""
+    head = L1RegressionActionHead(hidden, action_dim)
+    path = find_head_file(folder)
+    if path is None:
+        if not new:
+            raise FileNotFoundError(
+                f"action_head='l1': {folder} has no {HEAD_FILE_PATTERN} (OpenVLA-OFT's L1-regression head); "
+                "pass new_action_head=True to start a fresh head (to fine-tune one), or use "
+                "action_head='tokens'"
+            )
+        return head
+    try:
+        load_strict(head, read_head_state(path), f"action head {path}")
+    except ValueError as e:
+        raise ValueError(
+            f"{e} (the policy's head reads {action_dim}-D actions from {hidden}-wide hidden states)"
+        ) from None
+    return head
+
+
 def load_model(folder: Path, config: OpenVLAConfig, dtype: torch.dtype) -> OpenVLAModel:
     """Build the model without allocating random weights and load the folder's weights strictly."""
     model = empty_model(lambda: OpenVLAModel(config))
     load_strict(model, read_state_dict(folder, dtype), f"OpenVLA checkpoint {folder}")
     return model.eval()
-
-
-def add_lora(model: torch.nn.Module, rank: int, targets: Sequence[str]) -> None:
-    """Wrap the ``targets`` linears in LoRA adapters (peft) and train only those."""
-    try:
-        from peft import LoraConfig, inject_adapter_in_model
-    except ImportError as e:
-        raise ImportError('LoRA needs peft: pip install "vla-gym[vla]"') from e
-    config = LoraConfig(
-        r=rank, lora_alpha=rank, lora_dropout=0.0, init_lora_weights="gaussian", target_modules=list(targets)
-    )
-    inject_adapter_in_model(config, model)
-    for name, param in model.named_parameters():
-        param.requires_grad_("lora_" in name)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..pretrained import save_state_dict
+from .action_heads import L1RegressionActionHead
 from .config import STATS_FILE, OpenVLAConfig
 from .modeling import OpenVLAModel
 from .vision import ViTSpec
@@ -108,9 +109,12 @@ def write_tiny_openvla(
     seed: int = 0,
     unnorm_key: str = "libero_spatial_no_noops",
     max_shard_bytes: int | None = 200_000,
+    action_head: bool = False,
     **config_kwargs,
 ) -> Path:
-    """Write a random tiny OpenVLA-OFT checkpoint to ``folder`` and return it."""
+    """Write a random tiny OpenVLA-OFT checkpoint to ``folder`` and return it; with ``action_head``
+    also a random L1-regression head for 7-D actions, as the OFT fine-tuning script saves it
+    (``action_head--0_checkpoint.pt``, names with DDP's ``module.`` prefix)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = tiny_config(unnorm_key=unnorm_key, **config_kwargs)
@@ -122,4 +126,8 @@ def write_tiny_openvla(
              "num_transitions": 1000, "num_trajectories": 10}  # fmt: skip
     (folder / STATS_FILE).write_text(json.dumps({unnorm_key: stats}, indent=2))
     tiny_tokenizer(config.pad_token_id).save_pretrained(str(folder))
+    if action_head:
+        head = L1RegressionActionHead(config.text_config["hidden_size"], 7)
+        state = {f"module.{k}": v for k, v in head.state_dict().items()}
+        torch.save(state, folder / "action_head--0_checkpoint.pt")
     return folder

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..pretrained import read_json
@@ -192,11 +193,18 @@ def load_norm_stats(path: Path) -> dict[str, QuantileStats]:
     from lerobot's normalizer files when ``path`` is their folder)."""
     if path.is_dir():
         return _lerobot_stats(path)
-    data = read_json(path, "pi0.5 normalization statistics")
+    return parse_norm_stats(read_json(path, "pi0.5 normalization statistics"), path)
+
+
+def parse_norm_stats(data: dict[str, Any], path: Any, need_state: bool = True) -> dict[str, QuantileStats]:
+    """Quantile statistics from ``norm_stats.json``'s content (``{"norm_stats": {"state", "actions"}}``
+    or the inner dict); ``need_state`` False lets the state's be absent (a policy that never reads it)."""
     stats = data.get("norm_stats", data)
     out = {}
     for key in ("state", "actions"):
         entry = stats.get(key)
+        if entry is None and key == "state" and not need_state:
+            continue
         if not isinstance(entry, dict) or "q01" not in entry or "q99" not in entry:
             raise ValueError(
                 f"{path}: expected norm_stats.{key} with q01 and q99 (pi0.5 uses quantile normalization)"
@@ -225,3 +233,23 @@ def _lerobot_stats(folder: Path) -> dict[str, QuantileStats]:
             raise ValueError(f"{folder}: lerobot normalizer files lack {prefix}.q01 / {prefix}.q99")
         out[key] = QuantileStats(tensors[f"{prefix}.q01"].float(), tensors[f"{prefix}.q99"].float())
     return out
+
+
+def norm_stats_from_data(actions: np.ndarray, state: np.ndarray | None) -> dict[str, Any]:
+    """``norm_stats.json`` content computed from data: ``actions`` ``[N, D]`` and ``state`` ``[N, P]``
+    (None: no state entry), each with openpi's ``mean``, ``std``, ``q01``, ``q99`` per dim (exact
+    quantiles; openpi estimates them with histograms)."""
+    out = {"actions": _moments(actions)}
+    if state is not None:
+        out["state"] = _moments(state)
+    return {"norm_stats": out}
+
+
+def _moments(x: np.ndarray) -> dict[str, list[float]]:
+    x = np.asarray(x, np.float64)
+    return {
+        "mean": x.mean(0).tolist(),
+        "std": x.std(0).tolist(),
+        "q01": np.quantile(x, 0.01, axis=0).tolist(),
+        "q99": np.quantile(x, 0.99, axis=0).tolist(),
+    }

@@ -35,21 +35,24 @@ from ..flow import (
 from ..heads import ValueHead
 from ..images import resize_with_pad
 from ..pretrained import (
+    add_lora,
     check_observation_space,
     empty_model,
     find_checkpoint,
     load_strict,
+    read_json,
     read_state_dict,
     require_vla_extra,
     resolve_dtype,
 )
 from ..torso_policy import box_chunk_shape
 from ..torsos import mlp
-from .config import Pi05Config, find_norm_stats, load_norm_stats
+from .config import Pi05Config, find_norm_stats, load_norm_stats, norm_stats_from_data, parse_norm_stats
 from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys
 
 TOKENIZER_FILES = ("tokenizer.model", "paligemma_tokenizer.model")
 REQUIRED_FILES = ("config.json", "model.safetensors.index.json|model.safetensors")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class PromptTokenizer:
@@ -94,6 +97,10 @@ class Pi05Policy(ActionChunkPolicy):
         model_path: checkpoint folder (``config.json``, ``model.safetensors`` or shards, ``norm_stats.json``
             under ``assets/<asset_id>/``) or hub id (Hugging Face cache).
         asset_id: which ``norm_stats.json`` (e.g. ``physical-intelligence/libero``); None: the only one.
+        norm_stats: statistics to use instead of the folder's: ``norm_stats.json``'s content
+            (``{"norm_stats": {"actions": {...}, "state": {...}}}``) or its path; what
+            ``trainers.bc`` computes from demonstrations and saves with its checkpoints. The state's
+            may be absent when the policy does not read the state (no ``discrete_state_input``).
         tokenizer_path: PaliGemma's sentencepiece model; default ``tokenizer.model`` or
             ``paligemma_tokenizer.model`` in the checkpoint folder.
         cameras: observation keys of the images, in the model's order (openpi LIBERO: agentview as
@@ -111,6 +118,9 @@ class Pi05Policy(ActionChunkPolicy):
             PaliGemma prefix output, averaged over real tokens (``"mean_token"``) or the last one
             (``"last_token"``), RLinf's ``value_after_vlm``.
         train_expert_only: freeze PaliGemma (SigLIP + Gemma 2B); train the action expert and heads.
+        lora_rank, lora_targets: > 0 trains LoRA adapters (peft; alpha = rank) on the Gemma layers'
+            ``lora_targets`` (of the expert only with ``train_expert_only``) instead of their weights;
+            the action / time projections and heads stay fully trained. A name the model lacks is an error.
         dtype: ``"auto"`` (bfloat16 with CUDA, else float32), ``"float32"`` or ``"bfloat16"``.
         download: let a hub id download into the Hugging Face cache.
 
@@ -129,6 +139,7 @@ class Pi05Policy(ActionChunkPolicy):
         *,
         model_path: str | Path,
         asset_id: str | None = None,
+        norm_stats: dict[str, Any] | str | Path | None = None,
         tokenizer_path: str | Path | None = None,
         cameras: Sequence[str] = ("image", "wrist_image"),
         state_key: str = "proprio",
@@ -143,6 +154,8 @@ class Pi05Policy(ActionChunkPolicy):
         use_critic: bool = True,
         value_vlm_mode: str = "mean_token",
         train_expert_only: bool = False,
+        lora_rank: int = 0,
+        lora_targets: Sequence[str] = LORA_TARGETS,
         dtype: str = "auto",
         download: bool = False,
     ):
@@ -169,14 +182,25 @@ class Pi05Policy(ActionChunkPolicy):
                 f"action space {action_space.shape} exceeds the model's horizon {self.horizon} x "
                 f"{self.model_action_dim} action dims"
             )
-        stats = load_norm_stats(find_norm_stats(folder, asset_id))
-        self.state_stats, self.action_stats = stats["state"], stats["actions"]
+        discrete = config.discrete_state_input if discrete_state_input is None else discrete_state_input
+        self.discrete_state_input = bool(discrete)
+        if norm_stats is None:
+            stats = load_norm_stats(find_norm_stats(folder, asset_id))
+        else:
+            source = "norm_stats"
+            if not isinstance(norm_stats, dict):
+                source = Path(norm_stats)
+                norm_stats = read_json(source, "pi0.5 normalization statistics")
+            try:
+                stats = parse_norm_stats(norm_stats, source, need_state=self.discrete_state_input)
+            except ValueError as e:
+                reads = "the state and the actions" if self.discrete_state_input else "the actions"
+                raise ValueError(f"{e}; this policy normalizes {reads}") from None
+        self.state_stats, self.action_stats = stats.get("state"), stats["actions"]
         if len(self.action_stats.q01) < self.action_dim:
             raise ValueError(
                 f"action statistics are {len(self.action_stats.q01)}-D, the env's actions {self.action_dim}-D"
             )
-        discrete = config.discrete_state_input if discrete_state_input is None else discrete_state_input
-        self.discrete_state_input = bool(discrete)
         if self.discrete_state_input and state_key not in observation_space.spaces:
             raise ValueError(f"discrete_state_input needs the state {state_key!r} in the observations")
         self.tokenizer = PromptTokenizer(
@@ -200,6 +224,26 @@ class Pi05Policy(ActionChunkPolicy):
         )
         if train_expert_only:
             self.model.paligemma_with_expert.paligemma.requires_grad_(False)
+        if lora_rank > 0:
+            both = self.model.paligemma_with_expert
+            adapted = both.gemma_expert if train_expert_only else both
+            add_lora(adapted, lora_rank, tuple(lora_targets), "pi0.5")
+
+    @classmethod
+    def norm_stats_from_demos(
+        cls, actions: np.ndarray, obs: dict[str, np.ndarray], num_episodes: int, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Statistics of demonstrations for fine-tuning (``trainers.bc``): the ``policy_kwargs`` to add
+        (``norm_stats``: openpi's ``norm_stats.json`` content over the demonstrated ``actions``
+        ``[N, D]``, env units, and the state ``obs[state_key]`` when the demos have it) and the files
+        to save beside the checkpoint (``{"norm_stats.json": content}``)."""
+        state = obs.get(kwargs.get("state_key", "proprio"))
+        stats = norm_stats_from_data(actions, state)
+        return {"norm_stats": stats}, {"norm_stats.json": stats}
+
+    def required_observation_keys(self) -> tuple[str, ...]:
+        """The observation keys this policy reads (demonstrations for it must have them)."""
+        return (*self.cameras, *((self.state_key,) if self.discrete_state_input else ()), "instruction")
 
     # ------------------------------------------------------------------ inputs
     def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
