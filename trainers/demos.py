@@ -12,12 +12,17 @@ the episodes written so far in ``<out>.tmp``):
                         episodes_successful
     /episodes/000000/   attrs: instruction, task, initial_frame (-1: none), success, return, length
         obs/<key>       [C, ...] every array observation key at chunk boundaries: the observation
-                        each chunk was chosen from (uint8 images gzip-compressed)
+                        each chunk was chosen from
         actions         float32 [C, K, D], env units, as sent to the env
         valid           bool [C, K]: sub-steps executed (the last chunk stops where the episode ends)
         rewards         float32 [C, K]
         sim_states      float64 [C, S], optional: the simulator state each chunk was chosen from
                         (LIBERO: flattened MuJoCo state; present in demos read from LIBERO's files)
+
+Every dataset is written gzip-compressed with the shuffle filter, as one chunk (the whole episode),
+in a file of HDF5 1.10's format (``libver="v110"``: a single-chunk dataset then needs no B-tree, which
+in the older format cost more than the data of a short episode). Readers take files written either
+way (files of earlier versions of this code are uncompressed, in the earliest format).
 
 Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is stored with
 K = 1. Starts: envs with ``initial_frames`` (this project's) go through a seeded permutation of
@@ -42,6 +47,9 @@ from trainers.env_contract import episode_success, initial_frames, start_options
 from trainers.rollout import Collector
 
 FORMAT, VERSION = "vla-gym-demos", 1
+LIBVER = "v110"  # the oldest HDF5 file format with single-chunk datasets (readable by HDF5 >= 1.10)
+# HDF5 refuses chunks of 4 GiB or more: a dataset is one chunk up to this size
+MAX_CHUNK_BYTES = 1 << 30
 
 
 def _h5py() -> Any:
@@ -156,7 +164,7 @@ def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, A
     path.parent.mkdir(parents=True, exist_ok=True)
     # nets.files.atomic_path: fsynced and renamed once complete; kept on an error (the partial file)
     with atomic_path(path, temp=path.with_name(path.name + ".tmp"), keep_on_error=True) as tmp:
-        with h5py.File(tmp, "w") as f:
+        with h5py.File(tmp, "w", libver=LIBVER) as f:
             _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
             group = f.create_group("episodes")
             for n, ep in enumerate(episodes):
@@ -183,13 +191,23 @@ def _write_episode(g: Any, ep: Episode) -> None:
         }
     )
     for key, value in ep.obs.items():
-        image = value.dtype == np.uint8 and value.ndim == 4
-        g.create_dataset(f"obs/{key}", data=value, compression="gzip" if image else None)
-    g.create_dataset("actions", data=ep.actions.astype(np.float32))
-    g.create_dataset("valid", data=ep.valid.astype(bool))
-    g.create_dataset("rewards", data=ep.rewards.astype(np.float32))
+        _dataset(g, f"obs/{key}", np.asarray(value))
+    _dataset(g, "actions", ep.actions.astype(np.float32))
+    _dataset(g, "valid", ep.valid.astype(bool))
+    _dataset(g, "rewards", ep.rewards.astype(np.float32))
     if ep.sim_states is not None:
-        g.create_dataset("sim_states", data=np.asarray(ep.sim_states, np.float64))
+        _dataset(g, "sim_states", np.asarray(ep.sim_states, np.float64))
+
+
+def _dataset(g: Any, name: str, data: np.ndarray) -> None:
+    """``data`` as dataset ``name`` of ``g``: gzip + shuffle in one chunk (the whole episode; rows
+    split over several chunks only past ``MAX_CHUNK_BYTES``). Empty and 0-d arrays, which HDF5
+    cannot chunk, are stored as they are."""
+    if data.ndim == 0 or data.size == 0:
+        g.create_dataset(name, data=data)
+        return
+    rows = max(1, min(len(data), MAX_CHUNK_BYTES // max(data[0].nbytes, 1)))
+    g.create_dataset(name, data=data, chunks=(rows, *data.shape[1:]), compression="gzip", shuffle=True)
 
 
 def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
