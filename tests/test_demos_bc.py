@@ -15,7 +15,8 @@ import envs  # noqa: F401  (registers the LIBERO ids)
 from policies import BinnedPolicy, CategoricalPolicy, FlowPolicy, GaussianPolicy
 from trainers import bc
 from trainers.checkpoint import export_policy, latest_checkpoint
-from trainers.demos import Episode, collect_episodes, read_demos, write_demos
+from trainers.datasets.demos import Episode, read_demos, write_demos
+from trainers.demos import collect_episodes
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.run import Run, RunConfig
 
@@ -144,6 +145,16 @@ def test_demo_files_are_compressed_and_uncompressed_ones_still_read(tmp_path):
                 assert got.obs[key].dtype == want.obs[key].dtype
             for key in ("actions", "valid", "rewards", "sim_states"):
                 np.testing.assert_array_equal(getattr(got, key), getattr(want, key))
+
+
+def test_the_format_lives_in_datasets_and_trainers_demos_still_exports_it():
+    from trainers import demos
+    from trainers.datasets import demos as demo_format
+
+    for name in ("FORMAT", "VERSION", "Episode", "Demos", "write_demos", "read_demos", "check_format"):
+        assert getattr(demos, name) is getattr(demo_format, name), name
+        assert name in demos.__all__
+    assert not hasattr(demo_format, "collect_episodes")  # collection and its command line stay
 
 
 @pytest.mark.parametrize(

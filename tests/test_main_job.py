@@ -46,7 +46,8 @@ def test_sac_recipe_and_its_prior_data_use_training_starts_only():
 
 
 def test_the_shipped_prior_data_is_what_its_demos_config_makes():
-    from trainers.demos import DemoConfig, read_demos
+    from trainers.datasets.demos import read_demos
+    from trainers.demos import DemoConfig
 
     demos = DemoConfig(**load_config(DEMOS, {"demos": DemoConfig})["demos"])
     path = ROOT / demos.out

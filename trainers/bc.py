@@ -2,7 +2,7 @@
 directory like the RL trainers'.
 
 ``--demos`` is any format ``trainers.datasets.load_demos`` reads, told apart from the path: our
-demos file (``trainers/demos.py``), LIBERO's HDF5 demonstration files (one, or a folder of them),
+demos file (``trainers/datasets/demos.py``), LIBERO's HDF5 demonstration files (one, or a folder of them),
 or a LeRobot v3.0 dataset folder.
 
     python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \\
@@ -53,7 +53,7 @@ from policies.base import ActionChunkPolicy
 from trainers import distributed
 from trainers.config import parse_cli
 from trainers.datasets import load_demos
-from trainers.demos import Demos
+from trainers.datasets.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
 from trainers.files import write_atomic
