@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import parallel
 from trainers.config import parse_cli
 from trainers.datasets import load_demos
 from trainers.datasets.demos import Demos
@@ -163,7 +163,7 @@ def batch_obs(obs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     configs = parse_cli({"run": RunConfig, "bc": BCConfig}, argv, description=__doc__)
-    world = distributed.from_env().world_size
+    world = parallel.from_env().world_size
     if world > 1:  # each rank would clone the whole data set on its own
         raise ValueError(f"behaviour cloning runs in one process; got WORLD_SIZE={world} (torchrun)")
     run_cfg: RunConfig = configs["run"]

@@ -3,6 +3,6 @@
 vec = gym.make_vec("Libero-Spatial-v0", num_envs=64, ray_actors=8, ray_options={"num_cpus": 8})
 """
 
-from envs.distributed.ray_env import RayVectorEnv
+from envs.ray.ray_env import RayVectorEnv
 
 __all__ = ["RayVectorEnv"]

@@ -38,7 +38,7 @@ from gymnasium.vector import AutoresetMode
 from envs.core.errors import bad_input, check_float, describe
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
-from envs.distributed.actors import ActorHost, ActorSet, needs_state
+from envs.ray.actors import ActorHost, ActorSet, needs_state
 
 STATE_KIND = "RayVectorEnv"  # marks get_state's bytes, told apart from a local env's
 

@@ -6,7 +6,7 @@ For ids that are not ours (``CartPole-v1``, a MuJoCo task, a third party's env):
 ``final_info``). Autoreset happens inside each actor's vector env, in the mode asked for.
 ``reset(seed=s)`` seeds actor j with ``s + offsets[j]``: gymnasium seeds sub-env i of a vector env
 with ``seed + i``, so the envs get exactly the seeds of one local vector env seeded with ``s``.
-(This project's ids take ``ray_actors=`` directly: ``envs/distributed/ray_env.py``.)
+(This project's ids take ``ray_actors=`` directly: ``envs/ray/ray_env.py``.)
 
 Semantics are gymnasium's vector envs': in ``Disabled`` mode a finished env must be reset (with
 ``reset_mask``) before the next step (a step that would step one is refused here, before any actor
@@ -40,7 +40,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import iterate
 
 from envs.core.errors import bad_input, check_float, closed_env, describe
-from envs.distributed.actors import ActorHost, ActorSet, needs_state
+from envs.ray.actors import ActorHost, ActorSet, needs_state
 
 
 class GymHost(ActorHost):
@@ -485,4 +485,4 @@ def _blank(key: str, template: np.ndarray, n: int) -> np.ndarray:
 
 
 def register() -> None:
-    gym.register(id="Ray-v0", vector_entry_point="envs.distributed.ray_gym:RayGymVectorEnv")
+    gym.register(id="Ray-v0", vector_entry_point="envs.ray.ray_gym:RayGymVectorEnv")
