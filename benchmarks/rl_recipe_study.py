@@ -55,7 +55,8 @@ _PLAIN_GRPO = {"learning_rate": 3e-5, "n_epochs": 2, "target_kl": None, "sil_coe
 WEAK_CLONE = "checkpoints/bc_libero_spatial_state_weak.pt"  # see checkpoints/README.md
 SAMPLED = "sampled"  # the runs' evaluation of the fixed training starts: sampled_episodes.jsonl
 # SAC from prior data: configs/libero_spatial_sac.json (its prior data, 400 expert episodes from the
-# training starts only, is made by python -m trainers.demos --config configs/libero_spatial_demos.json)
+# training starts only, ships as data/libero_spatial_expert_train.h5; python -m trainers.demos --config
+# configs/libero_spatial_demos.json makes it again: data/README.md)
 SAC_RECIPE = json.loads(
     (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sac.json").read_text()
 )

@@ -885,7 +885,7 @@ def process_traps(probe: Probe) -> dict[str, Callable[[], None]]:
 # ---------------------------------------------------------------------- declared sizes and paths
 def tiny_demos(episodes: int = 2, steps: int = 6, size: int = 16) -> Any:
     """Demos recorded one action per step, with images that differ from frame to frame."""
-    from trainers.demos import Demos, Episode
+    from trainers.datasets.demos import Demos, Episode
 
     rng = np.random.default_rng(0)
     return Demos(
@@ -970,7 +970,7 @@ def demos_file_with(path: Path, how: str) -> Path:
     "800 MB contiguous" (declared, never written: it would read as fill values)."""
     import h5py
 
-    from trainers.demos import write_demos
+    from trainers.datasets.demos import write_demos
 
     demos = tiny_demos()
     write_demos(path, demos.episodes, {"env": "envs:Libero-Spatial-v0"})

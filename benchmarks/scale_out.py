@@ -63,7 +63,7 @@ def _update_rank(rank: int, world: int, store: str, args: dict[str, Any], out: s
     import torch.distributed as dist
 
     from policies.registry import make_policy
-    from trainers import distributed
+    from trainers import parallel
     from trainers.grpo import select_envs
     from trainers.ppo import PPOConfig, make_optimizer, ppo_update
     from trainers.rollout import Collector
@@ -83,13 +83,13 @@ def _update_rank(rank: int, world: int, store: str, args: dict[str, Any], out: s
         collector = Collector(env, policy)
         collector.reset(seed=0)
         rollout = collector.collect(args["steps"])
-        rollout = select_envs([(rollout, distributed.shard(args["envs"], rank, world))])
+        rollout = select_envs([(rollout, parallel.shard(args["envs"], rank, world))])
         config = PPOConfig(n_steps=args["steps"], batch_size=10**9, n_epochs=args["epochs"])
         optimizer = make_optimizer(policy, config)
-        evaluator = distributed.data_parallel(policy)
+        evaluator = parallel.data_parallel(policy)
         times = []
         for _ in range(args["repeats"] + 1):  # the first is warm-up
-            distributed.barrier()
+            parallel.barrier()
             t0 = time.perf_counter()
             ppo_update(policy, optimizer, rollout, config, evaluator=evaluator)
             times.append(time.perf_counter() - t0)
@@ -97,7 +97,7 @@ def _update_rank(rank: int, world: int, store: str, args: dict[str, Any], out: s
             Path(out).write_text(str(float(np.median(times[1:]))))
     finally:
         if world > 1:
-            distributed.shutdown()  # a barrier first: see its docstring
+            parallel.shutdown()  # a barrier first: see its docstring
 
 
 def update_seconds(world: int, args: dict[str, Any], tmp: Path) -> float:

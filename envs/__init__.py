@@ -20,8 +20,8 @@ from envs.core import (
     load_initial_frames,
     save_initial_frames,
 )
-from envs.distributed.ray_gym import register as _register_ray
 from envs.libero import register as _register_libero
+from envs.ray.ray_gym import register as _register_ray
 from envs.world_models import register as _register_world_models
 
 _register_libero()

@@ -18,7 +18,7 @@ from policies.openvla_oft.tiny import write_tiny_openvla
 from policies.pi05.tiny import write_tiny_pi05
 from trainers import bc
 from trainers.checkpoint import latest_checkpoint, load_policy
-from trainers.demos import Episode, write_demos
+from trainers.datasets.demos import Episode, write_demos
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -95,7 +95,7 @@ def _bc(demos, run_dir, policy: str, policy_kwargs: dict, *extra: str, env_kwarg
 
 
 def _executed(demos_path):
-    from trainers.demos import read_demos
+    from trainers.datasets.demos import read_demos
 
     demos = read_demos(demos_path)
     actions = np.concatenate([ep.actions[ep.valid] for ep in demos.episodes]).astype(np.float64)

@@ -39,7 +39,7 @@ from trainers.datasets import (
 )
 from trainers.datasets.__main__ import cli as datasets_command
 from trainers.datasets.__main__ import main as datasets_cli
-from trainers.demos import Demos, Episode, read_demos, write_demos
+from trainers.datasets.demos import Demos, Episode, read_demos, write_demos
 from trainers.safe_hdf5 import UnsafeHDF5Error
 
 try:  # the "datasets" extra (scripts/setup.sh installs it)

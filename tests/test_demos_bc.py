@@ -15,7 +15,8 @@ import envs  # noqa: F401  (registers the LIBERO ids)
 from policies import BinnedPolicy, CategoricalPolicy, FlowPolicy, GaussianPolicy
 from trainers import bc
 from trainers.checkpoint import export_policy, latest_checkpoint
-from trainers.demos import Episode, collect_episodes, read_demos, write_demos
+from trainers.datasets.demos import Episode, read_demos, write_demos
+from trainers.demos import collect_episodes
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.run import Run, RunConfig
 
@@ -93,6 +94,67 @@ def test_demo_file_round_trip(tmp_path):
         read_demos(tmp_path / "other.h5")
     with pytest.raises(FileNotFoundError):
         read_demos(tmp_path / "missing.h5")
+
+
+def test_demo_files_are_compressed_and_uncompressed_ones_still_read(tmp_path):
+    rng = np.random.default_rng(1)
+    episodes = [_episode(rng, 6), _episode(rng, 4)]
+    episodes[0].sim_states = rng.normal(size=(6, 5))
+    episodes[1].obs["empty"] = np.zeros((4, 0), np.float32)  # HDF5 cannot chunk an empty array
+    meta = {"env": "x", "env_kwargs": {"image_size": 8}, "chunk_size": 4}
+    path = write_demos(tmp_path / "new.h5", episodes, meta)
+    with h5py.File(path, "r") as f:
+        datasets = []
+        f["episodes"].visititems(lambda _, o: datasets.append(o) if isinstance(o, h5py.Dataset) else None)
+        assert len(datasets) == 12
+        for d in datasets:
+            if d.size == 0:
+                assert d.chunks is None
+                continue
+            # one chunk per dataset (the whole episode), gzip after shuffle
+            assert (d.compression, d.shuffle, d.chunks) == ("gzip", True, d.shape), d.name
+
+    # a file as earlier versions wrote it: no filters, contiguous, the earliest HDF5 format
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f.attrs.update({"format": "vla-gym-demos", "version": 1, "env": "x", "chunk_size": 4})
+        f.attrs["env_kwargs"] = json.dumps({"image_size": 8})
+        for n, ep in enumerate(episodes):
+            g = f.create_group(f"episodes/{n:06d}")
+            g.attrs.update(
+                {
+                    "instruction": ep.instruction,
+                    "task": ep.task,
+                    "initial_frame": ep.initial_frame,
+                    "success": ep.success,
+                    "return": 0.0,
+                    "length": ep.length,
+                }
+            )
+            for key, value in ep.obs.items():
+                g.create_dataset(f"obs/{key}", data=value)
+            for key in ("actions", "valid", "rewards", "sim_states"):
+                if getattr(ep, key) is not None:
+                    g.create_dataset(key, data=getattr(ep, key))
+    new, old = read_demos(path), read_demos(tmp_path / "old.h5")
+    assert new.meta["env_kwargs"] == old.meta["env_kwargs"] == {"image_size": 8}
+    for a, b, want in zip(new.episodes, old.episodes, episodes):
+        for got in (a, b):
+            assert got.obs.keys() == want.obs.keys()
+            for key in want.obs:
+                np.testing.assert_array_equal(got.obs[key], want.obs[key])
+                assert got.obs[key].dtype == want.obs[key].dtype
+            for key in ("actions", "valid", "rewards", "sim_states"):
+                np.testing.assert_array_equal(getattr(got, key), getattr(want, key))
+
+
+def test_the_format_lives_in_datasets_and_trainers_demos_still_exports_it():
+    from trainers import demos
+    from trainers.datasets import demos as demo_format
+
+    for name in ("FORMAT", "VERSION", "Episode", "Demos", "write_demos", "read_demos", "check_format"):
+        assert getattr(demos, name) is getattr(demo_format, name), name
+        assert name in demos.__all__
+    assert not hasattr(demo_format, "collect_episodes")  # collection and its command line stay
 
 
 @pytest.mark.parametrize(

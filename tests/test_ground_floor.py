@@ -153,7 +153,7 @@ def test_parse_dtype_passes_dtypes_and_none_and_refuses_others_naming_the_choice
 def test_the_three_old_parsers_keep_their_spellings_and_their_limits():
     from envs.world_models.env import parse_dtype as env_dtype
     from policies.pretrained import resolve_dtype
-    from trainers.distributed import param_dtype
+    from trainers.parallel import param_dtype
 
     for name in ("bfloat16", "float32", "float16", "half", "double"):  # envs: any float name
         assert env_dtype(name) is getattr(torch, name)

@@ -45,6 +45,23 @@ def test_sac_recipe_and_its_prior_data_use_training_starts_only():
     assert config_algo(["--config", str(SAC_RECIPE)]) == "sac"
 
 
+def test_the_shipped_prior_data_is_what_its_demos_config_makes():
+    from trainers.datasets.demos import read_demos
+    from trainers.demos import DemoConfig
+
+    demos = DemoConfig(**load_config(DEMOS, {"demos": DemoConfig})["demos"])
+    path = ROOT / demos.out
+    assert path.stat().st_size <= 10 * 2**20  # committed to the repository: kept small
+    data = read_demos(path)
+    meta = data.meta
+    assert (meta["env"], meta["env_kwargs"], meta["seed"]) == (demos.env, demos.env_kwargs, demos.seed)
+    assert meta["policy"] == "policies.libero_expert:LiberoExpert" and meta["policy_kwargs"] == {}
+    assert meta["episodes_run"] == demos.episodes and meta["episodes_successful"] == len(data.episodes) == 394
+    assert all(ep.success for ep in data.episodes)
+    frames = [ep.initial_frame for ep in data.episodes]  # ids among the 10 tasks x the training starts
+    assert len(set(frames)) == len(frames) and 0 <= min(frames) and max(frames) < 10 * 40
+
+
 def test_algo_flag_ignores_the_other_algorithms_section(tmp_path):
     from trainers.config import parse_cli
 

@@ -81,3 +81,68 @@ def test_import_envs_is_cheap_and_registers_every_id():
     ):
         spec = gym.spec(env_id)
         assert spec.vector_entry_point and spec.entry_point
+
+
+# issue 34's renames; the old paths work, with a DeprecationWarning, for one release
+OLD_PATHS = {
+    "trainers.distributed": "trainers.parallel",
+    "envs.distributed": "envs.ray",
+    "envs.distributed.actors": "envs.ray.actors",
+    "envs.distributed.ray_env": "envs.ray.ray_env",
+    "envs.distributed.ray_gym": "envs.ray.ray_gym",
+}
+_OLD_PATHS_PROBE = """
+import importlib, json, sys, warnings
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+out = {}
+for old, new in json.loads(sys.argv[1]).items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(f"import {old} as module", "<caller>", "exec"), scope := {})
+    out[old] = {
+        "same": scope["module"] is importlib.import_module(new),
+        "warnings": [[w.category.__name__, str(w.message), w.filename] for w in caught],
+    }
+from envs.distributed import RayVectorEnv
+from envs.distributed.ray_env import _deadline
+from trainers import distributed
+import envs.ray.ray_env, trainers.parallel
+out["names"] = [
+    RayVectorEnv is envs.ray.ray_env.RayVectorEnv,
+    _deadline is envs.ray.ray_env._deadline,
+    distributed.Evaluate is trainers.parallel.Evaluate,
+]
+gym.register(id="OldPathRay-v0", vector_entry_point="envs.distributed.ray_gym:RayGymVectorEnv")
+out["entry_point"] = load_env_creator(gym.spec("OldPathRay-v0").vector_entry_point).__module__
+out["ray imported"] = "ray" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_old_module_paths_still_work_and_warn():
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _OLD_PATHS_PROBE, json.dumps(OLD_PATHS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result = json.loads(out.stdout)
+    for old, new in OLD_PATHS.items():
+        if old != "envs.distributed":  # a package of aliases, not an alias itself
+            assert result[old]["same"], f"{old} is not {new}"
+        # importing an envs.distributed module first imports (and warns for) the package, once
+        warned = [w for w in result[old]["warnings"] if old in w[1]]
+        assert len(warned) == 1, result[old]
+        category, message, filename = warned[0]
+        assert category == "DeprecationWarning" and f"import {new} instead" in message
+        assert filename == "<caller>"  # stacklevel: the line that imports the old path
+    assert result["names"] == [True, True, True]
+    assert result["entry_point"] == "envs.ray.ray_gym" and not result["ray imported"]
+    assert not any(
+        "filterwarnings" in line and "error" in line
+        for line in (ROOT / "pyproject.toml").read_text().splitlines()
+    )  # the test suite itself treats the warnings as warnings

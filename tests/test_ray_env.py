@@ -1,4 +1,4 @@
-"""Envs on Ray actors (envs/distributed) against the local vector env: same frames and actions give
+"""Envs on Ray actors (envs/ray) against the local vector env: same frames and actions give
 the same observations, rewards, infos and episode statistics; an actor that is killed, or stopped
 past its deadline, is restarted and its envs truncated with worker_restarted (this project's ids and
 Ray-v0); bad input (Ray-v0's actions too) is refused before any actor is called. A local Ray cluster
@@ -22,8 +22,8 @@ import pytest
 from conftest import requires_libero
 
 import envs  # noqa: F401
-from envs.distributed.actors import import_ray
-from envs.distributed.ray_env import RayVectorEnv
+from envs.ray.actors import import_ray
+from envs.ray.ray_env import RayVectorEnv
 from envs.world_models.tiny import write_tiny_bundle
 
 ray = import_ray()
@@ -311,7 +311,7 @@ def test_actor_killed_with_ray_kill_is_restarted_and_its_envs_truncated():
 def test_deadlines_follow_the_backends_own():
     """By default the driver allows the backend's own deadline (LIBERO's step_timeout_s for its
     workers) plus half of it; without one, 120 s for a step and 600 s for the rest."""
-    from envs.distributed.ray_env import _deadline
+    from envs.ray.ray_env import _deadline
 
     assert _deadline(10.0, 120.0, 10.0) == 20.0 and _deadline(24.0, 120.0, 10.0) == 36.0
     assert _deadline(None, 120.0, 10.0) == 120.0

@@ -178,7 +178,7 @@ def test_one_sided_labels_leave_no_file_behind(tmp_path):
     path = tmp_path / "new" / "frames.h5"
 
     def episodes(labels):
-        from trainers.demos import Episode
+        from trainers.datasets.demos import Episode
 
         ep = Episode({}, np.zeros((2, 1, 1)), np.ones((2, 1), bool), np.zeros((2, 1)), success=labels[-1])
         yield 0, ep, frames, np.array(labels, bool)

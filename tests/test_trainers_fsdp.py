@@ -1,6 +1,6 @@
-"""FSDP2 data parallel (``--data-parallel fsdp``, ``trainers/distributed.py``) on CPU with gloo.
+"""FSDP2 data parallel (``--data-parallel fsdp``, ``trainers/parallel.py``) on CPU with gloo.
 
-As in ``tests/test_trainers_distributed.py`` (whose fixed CartPole rollouts these tests share),
+As in ``tests/test_trainers_parallel.py`` (whose fixed CartPole rollouts these tests share),
 two spawned ranks each update on half of the envs, and their weights must equal those of the
 single-process update over the whole rollout (one minibatch per epoch). The policy is sharded
 at the root alone (the small policies' case) or, in addition, in two sub-units (``fsdp_units``).
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.test_trainers_distributed import (
+from tests.test_trainers_parallel import (
     FAST,
     WORLD,
     _assert_close,
@@ -29,11 +29,11 @@ from tests.test_trainers_distributed import (
     _torchrun,
 )
 from trainers import checkpoint as ckpt
-from trainers import distributed
-from trainers.distributed import Evaluate
+from trainers import parallel
 from trainers.grpo import GRPOConfig, grpo_update, select_envs
 from trainers.grpo import make_optimizer as grpo_optimizer
 from trainers.metrics import read_metrics
+from trainers.parallel import Evaluate
 from trainers.ppo import PPOConfig, make_optimizer, ppo_update
 from trainers.run import RunConfig
 
@@ -47,10 +47,10 @@ def _fsdp_update(algo: str, kwargs: dict, envs: range, units: bool, dtype, check
     policy = _policy(critic=algo == "ppo")
     if units:  # the torsos as FSDP units of their own, as a VLA's transformer blocks would be
         policy.fsdp_units = lambda: [policy.torso, *([policy.critic_torso] if algo == "ppo" else [])]
-    generator = torch.Generator().manual_seed(5 + distributed.rank())
-    root = distributed.fully_shard_policy(policy, dtype, checkpointing)
-    before = {k: v.detach().clone() for k, v in distributed.full_state(root, policy)[0].items()}
-    with distributed.gathered(root):
+    generator = torch.Generator().manual_seed(5 + parallel.rank())
+    root = parallel.fully_shard_policy(policy, dtype, checkpointing)
+    before = {k: v.detach().clone() for k, v in parallel.full_state(root, policy)[0].items()}
+    with parallel.gathered(root):
         if algo == "ppo":
             config = PPOConfig(**kwargs)
             rollout = select_envs([(_ppo_rollout(policy), envs)])
@@ -69,7 +69,7 @@ def _fsdp_update(algo: str, kwargs: dict, envs: range, units: bool, dtype, check
             )
             for _ in range(2)
         ]
-    state, optim = distributed.full_state(root, policy, optimizer)
+    state, optim = parallel.full_state(root, policy, optimizer)
     return {"state": state, "before": before, "optimizer": optim, "metrics": metrics}
 
 
@@ -81,11 +81,11 @@ def _worker(
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     try:
-        share = distributed.shard(4 if algo == "ppo" else 8, rank, WORLD)
+        share = parallel.shard(4 if algo == "ppo" else 8, rank, WORLD)
         out = _fsdp_update(algo, kwargs, share, units, dtype, ac)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
-        distributed.shutdown()  # a barrier first: see its docstring
+        parallel.shutdown()  # a barrier first: see its docstring
 
 
 def _two_ranks(tmp_path, algo: str, kwargs: dict, units: bool = False, dtype=None, ac: bool = False) -> dict:
@@ -202,12 +202,12 @@ def _round_trip_worker(rank: int, store: str, out_dir: str) -> None:
         policy = _policy(critic=True)
         policy.load_state_dict(saved["policy"])
         policy.fsdp_units = lambda: [policy.torso]
-        root = distributed.fully_shard_policy(policy)
+        root = parallel.fully_shard_policy(policy)
         optimizer = make_optimizer(policy, PPOConfig())
-        distributed.load_optimizer_state(root, policy, optimizer, saved["optimizer"])
-        torch.save(distributed.full_state(root, policy, optimizer), Path(out_dir) / f"rank{rank}.pt")
+        parallel.load_optimizer_state(root, policy, optimizer, saved["optimizer"])
+        torch.save(parallel.full_state(root, policy, optimizer), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        distributed.shutdown()  # a barrier first: see its docstring
+        parallel.shutdown()  # a barrier first: see its docstring
 
 
 @pytest.mark.slow
@@ -263,8 +263,8 @@ def _vla_step(policy, evaluator, replay: dict, rows: int) -> None:
     """One SGD step on minus the mean log-prob over ``rows`` rows of all ranks (FSDP averages the
     ranks' gradients: each rank's share is scaled by the world size)."""
     optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.1)
-    (out,) = distributed.evaluate(evaluator, replay)
-    loss = -out.log_probs.sum() / (rows * out.log_probs[0].numel()) * distributed.world_size()
+    (out,) = parallel.evaluate(evaluator, replay)
+    loss = -out.log_probs.sum() / (rows * out.log_probs[0].numel()) * parallel.world_size()
     loss.backward()
     optimizer.step()
 
@@ -274,17 +274,17 @@ def _vla_worker(rank: int, store: str, out_dir: str, name: str) -> None:
     try:
         data = torch.load(Path(out_dir) / "single.pt")
         policy = _vla(name, data["folder"])
-        root = distributed.fully_shard_policy(policy)
-        with distributed.gathered(root):  # whole weights for act; rank 0 acts twice, rank 1 once
+        root = parallel.fully_shard_policy(policy)
+        with parallel.gathered(root):  # whole weights for act; rank 0 acts twice, rank 1 once
             acted = [policy.act(_vla_obs(name)).actions for _ in range(2 - rank)]
-        share = distributed.shard(4, rank, WORLD)
+        share = parallel.shard(4, rank, WORLD)
         _vla_step(policy, root, {k: v[share.start : share.stop] for k, v in data["replay"].items()}, 4)
         torch.save(
-            {"acted": acted[0], "state": distributed.full_state(root, policy)[0]},
+            {"acted": acted[0], "state": parallel.full_state(root, policy)[0]},
             Path(out_dir) / f"rank{rank}.pt",
         )
     finally:
-        distributed.shutdown()  # a barrier first: see its docstring
+        parallel.shutdown()  # a barrier first: see its docstring
 
 
 @pytest.mark.slow
@@ -297,7 +297,7 @@ def test_fsdp_update_of_a_tiny_vla_over_two_ranks_equals_the_single_process_upda
 
     folder = str(write(tmp_path / name))
     policy = _vla(name, folder)
-    assert (len(distributed.fsdp_units(policy)) > 0) == (name == "openvla_oft")
+    assert (len(parallel.fsdp_units(policy)) > 0) == (name == "openvla_oft")
     out = policy.act(_vla_obs(name))
     torch.save({"folder": folder, "replay": out.replay}, tmp_path / "single.pt")
     _vla_step(policy, Evaluate(policy), out.replay, 4)

@@ -13,7 +13,7 @@ import torch
 from gymnasium import spaces
 
 from trainers import checkpoint as ckpt
-from trainers.demos import Episode, write_demos
+from trainers.datasets.demos import Episode, write_demos
 from trainers.metrics import read_metrics
 from trainers.sac import QEnsemble, ReplayBuffer
 from trainers.sac import replay as replay_module

@@ -1,6 +1,6 @@
 """The update engine (``trainers/update.py``) on its own, in one process: row selection, the
 minibatch count, metric means, the target-KL early stop and the bad-update guard. Its data-parallel
-side is checked through PPO and GRPO in ``test_trainers_distributed.py`` and ``test_trainers_fsdp.py``."""
+side is checked through PPO and GRPO in ``test_trainers_parallel.py`` and ``test_trainers_fsdp.py``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from policies.base import PolicyEval
 from trainers import update
-from trainers.distributed import Evaluate
 from trainers.optim import BadUpdateGuard
+from trainers.parallel import Evaluate
 
 
 class Line(torch.nn.Module):

@@ -22,7 +22,7 @@ from policies.openvla_oft.tiny import write_tiny_openvla
 from policies.pi05.tiny import write_tiny_pi05
 from trainers import bc
 from trainers.__main__ import main as trainers_main
-from trainers.demos import Episode, read_demos, write_demos
+from trainers.datasets.demos import Episode, read_demos, write_demos
 from trainers.demos import main as demos_main
 
 pytestmark = [pytest.mark.slow, requires_libero, pytest.mark.usefixtures("one_torch_thread")]

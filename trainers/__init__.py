@@ -1,7 +1,7 @@
 """RL trainers over any ``gymnasium.vector.VectorEnv`` with an ``ActionChunkPolicy``.
 
 ``rollout.Collector`` collects, ``ppo`` and ``grpo`` hold each algorithm's math and update,
-``distributed`` runs them data parallel under ``torchrun``.
+``parallel`` runs them data parallel under ``torchrun``.
 This package never imports ``envs``.
 """
 

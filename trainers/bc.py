@@ -2,7 +2,7 @@
 directory like the RL trainers'.
 
 ``--demos`` is any format ``trainers.datasets.load_demos`` reads, told apart from the path: our
-demos file (``trainers/demos.py``), LIBERO's HDF5 demonstration files (one, or a folder of them),
+demos file (``trainers/datasets/demos.py``), LIBERO's HDF5 demonstration files (one, or a folder of them),
 or a LeRobot v3.0 dataset folder.
 
     python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \\
@@ -50,10 +50,10 @@ import numpy as np
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import parallel
 from trainers.config import parse_cli
 from trainers.datasets import load_demos
-from trainers.demos import Demos
+from trainers.datasets.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
 from trainers.files import write_atomic
@@ -163,7 +163,7 @@ def batch_obs(obs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     configs = parse_cli({"run": RunConfig, "bc": BCConfig}, argv, description=__doc__)
-    world = distributed.from_env().world_size
+    world = parallel.from_env().world_size
     if world > 1:  # each rank would clone the whole data set on its own
         raise ValueError(f"behaviour cloning runs in one process; got WORLD_SIZE={world} (torchrun)")
     run_cfg: RunConfig = configs["run"]

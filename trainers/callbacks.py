@@ -39,7 +39,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainers import distributed, report
+from trainers import parallel as distributed
+from trainers import report
 from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
 from trainers.files import open_append, write_atomic

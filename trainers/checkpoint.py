@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
-from trainers import distributed
+from trainers import parallel as distributed
 from trainers.files import write_atomic
 
 FORMAT = "vla-gym-checkpoint"

@@ -13,7 +13,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import parallel
 from trainers.env_contract import initial_frames, start_options
 from trainers.rollout import Collector, episode_summary
 
@@ -74,7 +74,7 @@ def evaluate_episodes(
             raise ValueError("frame_ids needs an env with initial_frames (this project's envs)")
         frame_ids = [int(i) for i in frame_ids][:num_episodes]
         num_episodes = len(frame_ids)
-    share = distributed.shard(num_episodes, *shard)
+    share = parallel.shard(num_episodes, *shard)
     if frame_ids is not None:
         frame_ids = frame_ids[share.start : share.stop]
     elif shard[1] > 1:  # episode j of the whole evaluation is reset with seed + j

@@ -22,7 +22,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, weight_sum: torch.Tensor | 
 
     ``weight_sum``: divide by this instead of the sum of ``mask``'s weights; in a data-parallel
     update the sum over every rank's minibatch, which makes the result this rank's share of the
-    mean over all of them (``trainers/distributed.py``).
+    mean over all of them (``trainers/parallel.py``).
     """
     w = mask.to(x.dtype).expand_as(x)
     total = w.sum() if weight_sum is None else weight_sum.to(x.dtype)
@@ -200,7 +200,7 @@ def normalize(
 ) -> torch.Tensor:
     """``(x - mean) / (std + eps)`` over the masked entries (unbiased std, as ``torch.std``).
 
-    ``reduce`` sums its argument over ranks (``trainers.distributed.all_reduce_sum``): mean and
+    ``reduce`` sums its argument over ranks (``trainers.parallel.all_reduce_sum``): mean and
     std are then those of every rank's entries together.
     """
     m = mask.to(x.dtype).expand_as(x)

@@ -31,7 +31,7 @@ from gymnasium.vector import AutoresetMode
 
 from policies.base import ActionChunk, ActionChunkPolicy
 from policies.torsos import OBS_PREFIX
-from trainers import distributed
+from trainers import parallel
 from trainers.env_contract import chunk_detail, chunk_size, episode_stats
 
 Bootstrap = Literal["truncated", "done", "none"]
@@ -103,7 +103,7 @@ def update_running_obs_stats(policy: ActionChunkPolicy, rollout: Rollout) -> Non
         return
     rows = rollout.valid.any(-1).reshape(-1)
     obs = {
-        key[len(OBS_PREFIX) :]: distributed.all_gather_cat(
+        key[len(OBS_PREFIX) :]: parallel.all_gather_cat(
             value.reshape(-1, *value.shape[2:])[rows.to(value.device)]
         )
         for key, value in rollout.replay.items()

@@ -39,7 +39,8 @@ from torch import nn
 
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
-from trainers import distributed, run_folder
+from trainers import parallel as distributed
+from trainers import run_folder
 from trainers.callbacks import Callback, Checkpointing, Evaluation, Report, RunContext
 from trainers.config import save_config, to_dict
 from trainers.metrics import named_metrics

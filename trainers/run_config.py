@@ -11,7 +11,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import torch
 
-from trainers import distributed
+from trainers import parallel as distributed
 from trainers.env_factory import AUTORESET, make_vec_env
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed
+from trainers import parallel as distributed
 from trainers.checkpoint import RunCheckpoints
 from trainers.metrics import MetricsLogger, Progress
 from trainers.run_config import RunConfig

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers import checkpoint as ckpt
-from trainers import distributed
+from trainers import parallel as distributed
 from trainers.files import TEMP_SUFFIX, fsync_dir, link_error
 from trainers.metrics import METRICS_FILE, parse_jsonl
 from trainers.report import EVAL_EPISODES_FILE

@@ -24,7 +24,7 @@ rows barely above their baseline pulls weakly, where ``sum(w * nll) / sum(w)`` w
 hard as one of rare successes (a self-normalised mean that would bring back the baseline-free
 behaviour within each minibatch). With every weight 1 it is the plain mean NLL.
 
-Data parallel (``trainers/distributed.py``): every rank holds the same buffer, the one a single
+Data parallel (``trainers/parallel.py``): every rank holds the same buffer, the one a single
 process stepping all the envs would hold. ``add`` gathers the ranks' new chunk-steps and appends
 them on every rank in the single process's order (by time step, then by env over all ranks) before
 the FIFO cap applies; each minibatch's rows are drawn whole from a stream that is the same on every
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from trainers import distributed
+from trainers import parallel
 from trainers.losses import masked_mean
 from trainers.rollout import Rollout
 
@@ -66,13 +66,13 @@ class SuccessBuffer:
         n_envs = envs.shape[0]
         mask = rollout.first_episode & envs.to(rollout.first_episode.device)[None, :, None]  # [T, N, K]
         rows = mask.any(-1).reshape(-1)  # sample m = t * N + n
-        if distributed.world_size() == 1 and not rows.any():
+        if parallel.world_size() == 1 and not rows.any():
             return 0
         new = {k: v.reshape(-1, *v.shape[2:])[rows].cpu() for k, v in rollout.replay.items()}
         valid = mask.reshape(-1, mask.shape[-1])[rows].cpu()
         env_weights = torch.ones(n_envs) if weights is None else weights.detach().float().cpu()
         weight = env_weights.repeat(mask.shape[0])[rows.cpu()]  # row m belongs to env m % N
-        if distributed.world_size() > 1:
+        if parallel.world_size() > 1:
             samples = torch.nonzero(rows).squeeze(-1).cpu()
             new, valid, weight = _gather_rows(new, valid, weight, samples, mask.shape[1])
             if valid.shape[0] == 0:  # no rank had any
@@ -139,7 +139,7 @@ def _gather_rows(
     order a single process stepping all ranks' envs adds them: rank r's envs follow those of the
     ranks before it (contiguous shares), so its env n is env ``offset_r + n`` of the whole batch.
     The ranks' rollouts may differ in length (GRPO collects until the rank's envs are done)."""
-    parts = distributed.all_gather((new, valid, weight, samples, num_envs))
+    parts = parallel.all_gather((new, valid, weight, samples, num_envs))
     total_envs = sum(part[4] for part in parts)
     keys, offset = [], 0
     for _, _, _, m, n in parts:

@@ -6,7 +6,7 @@ step with the bad-update guard, and the metric means. An algorithm supplies its 
 ``loss_fn(batch: Minibatch) -> (loss, metrics)``, written as for one process, with ``batch.counts``
 passed on as the denominators of its means.
 
-Data parallel (``trainers/distributed.py``; the evaluator is then the DDP- or FSDP-wrapped policy):
+Data parallel (``trainers/parallel.py``; the evaluator is then the DDP- or FSDP-wrapped policy):
 each rank holds its own rows. Every rank splits them into the same number of minibatches (set by
 the row count over all ranks); a rank with no share in a minibatch evaluates a blank row (a copy of
 row 0 with its masks False), so that its forward and backward still run with the others' while it
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from policies.base import PolicyEval
-from trainers import distributed
+from trainers import parallel
 from trainers.optim import BadUpdateGuard, step_optimizer
 
 Records = dict[str, torch.Tensor]
@@ -68,8 +68,8 @@ def select(data: Records, replay: Records, keep: torch.Tensor, blank_masks: tupl
     ``data`` all False (the blank row a rank evaluates when it has no share in a minibatch)."""
     idx = torch.nonzero(keep).squeeze(-1)
     count = idx.numel()
-    total = float(distributed.all_reduce_sum(torch.tensor(float(count))))
-    if distributed.world_size() == 1:
+    total = float(parallel.all_reduce_sum(torch.tensor(float(count))))
+    if parallel.world_size() == 1:
         blank_masks = ()
     else:
         idx = torch.cat([idx, idx.new_zeros(1)])
@@ -95,7 +95,7 @@ class Minibatch:
 
     def evaluate(self, *replays: Records) -> list[PolicyEval]:
         """``policy.evaluate`` of each replay batch in one forward (DDP wants one per backward)."""
-        return distributed.evaluate(self.evaluator, *replays)
+        return parallel.evaluate(self.evaluator, *replays)
 
     def kl_exceeded(self, approx_kl: torch.Tensor) -> bool:
         """The early stop (SB3's rule): whether the approximate KL to the collecting policy per
@@ -104,7 +104,7 @@ class Minibatch:
         None and the update ends before this minibatch's step."""
         if self.target_kl is None:
             return False
-        return float(distributed.sum_over_ranks({"approx_kl": approx_kl})["approx_kl"]) > 1.5 * self.target_kl
+        return float(parallel.sum_over_ranks({"approx_kl": approx_kl})["approx_kl"]) > 1.5 * self.target_kl
 
 
 # the loss to minimize and the metrics to report (0-dim tensors, this rank's shares), or None to stop
@@ -134,8 +134,8 @@ def optimize(
     ``Minibatch.counts``. Returns the mean over the steps taken of each metric (with ``"loss"``
     and ``"grad_norm"``), and ``"updates"``, ``"skipped_updates"`` and ``"early_stop"``.
     """
-    world = distributed.world_size()
-    num_batches = distributed.minibatch_count(rows.total, batch_size) if world > 1 else None
+    world = parallel.world_size()
+    num_batches = parallel.minibatch_count(rows.total, batch_size) if world > 1 else None
     sums: dict[str, torch.Tensor] = {}
     updates = skipped = 0
     stop = False
@@ -147,7 +147,7 @@ def optimize(
             data = {k: v[idx].to(device) for k, v in rows.data.items()}
             counts: dict[str, torch.Tensor] = {}
             if world > 1:
-                counts = distributed.sum_over_ranks({**weight_sums(data), "rows": count})
+                counts = parallel.sum_over_ranks({**weight_sums(data), "rows": count})
                 count = int(counts["rows"])
                 if count == 0:  # this minibatch is empty on every rank
                     continue
@@ -158,7 +158,7 @@ def optimize(
                 break
             loss, metrics = out
             # this rank's shares summed over ranks: the minibatch's values, the same on every rank
-            reported = distributed.sum_over_ranks({**metrics, "loss": loss})
+            reported = parallel.sum_over_ranks({**metrics, "loss": loss})
             # DDP averages the gradients over ranks: scaling by the world size makes that their sum
             stepped, grad_norm = step_optimizer(
                 loss * world, optimizer, max_grad_norm, guard, guard_loss=reported["loss"]

@@ -2,7 +2,7 @@
 
 ``gym.make_vec(id, num_envs, ...)`` builds the env's vector env class in this process (its simulators
 in local worker processes), or, with ``ray_actors=M``, spread over M Ray actors
-(``envs/distributed/ray_env.py``; Ray is imported only then).
+(``envs/ray/ray_env.py``; Ray is imported only then).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def make_vector(
                 f"{kwargs.get('env_id', vector_class)}: {given} need ray_actors=<number of actors>"
             )
         return load_env_creator(vector_class)(num_envs=num_envs, **kwargs)
-    from envs.distributed.ray_env import RayVectorEnv
+    from envs.ray.ray_env import RayVectorEnv
 
     ray_kwargs = {k.removeprefix("ray_"): kwargs.pop(k) for k in RAY_KWARGS if k in kwargs}
     if "options" in ray_kwargs:

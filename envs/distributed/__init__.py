@@ -1,8 +1,15 @@
-"""Envs spread over a Ray cluster (optional extra ``ray``; Ray is imported only when one is built).
+"""Deprecated alias of ``envs.ray`` (issue 34: envs on Ray actors live in ``envs/ray/``). Importing it
+(or its modules ``actors``, ``ray_env``, ``ray_gym``, each an alias of the module of that name in
+``envs.ray``) warns; it goes in the next release."""
 
-vec = gym.make_vec("Libero-Spatial-v0", num_envs=64, ray_actors=8, ray_options={"num_cpus": 8})
-"""
+import warnings
 
-from envs.distributed.ray_env import RayVectorEnv
+from envs.ray import RayVectorEnv
+
+warnings.warn(
+    "envs.distributed is deprecated, import envs.ray instead (the old path goes in the next release)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["RayVectorEnv"]

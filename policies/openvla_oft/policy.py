@@ -264,7 +264,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         return (*self.image_keys, "instruction")
 
     def fsdp_units(self) -> list[torch.nn.Module]:
-        """What FSDP2 shards on its own (``trainers/distributed.py``), each run through its forward:
+        """What FSDP2 shards on its own (``trainers/parallel.py``), each run through its forward:
         the vision towers' blocks (not the last, whose output is never used) and the LLaMA layers."""
         vision = self.model.vision_backbone
         towers = [t for t in (vision.featurizer, vision.fused_featurizer) if t is not None]

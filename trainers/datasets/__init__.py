@@ -1,8 +1,8 @@
 """Demonstration datasets: read the formats the field uses, export ours.
 
-Readers (all return ``trainers.demos.Demos``, so behaviour cloning trains on any of them):
+Readers (all return ``trainers.datasets.demos.Demos``, so behaviour cloning trains on any of them):
 
-* our demos HDF5 (``trainers.demos``),
+* our demos HDF5 (``demos``; ``python -m trainers.demos`` collects them),
 * LIBERO's HDF5 demonstration files, one file or a folder of them (``libero_hdf5``),
 * LeRobotDataset v3.0 folders (``lerobot_read``), e.g. the LIBERO sets HuggingFaceVLA/libero.
 
@@ -28,13 +28,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainers.datasets.demos import FORMAT as DEMOS_FORMAT
+from trainers.datasets.demos import Demos, read_demos
 from trainers.datasets.lerobot_read import read_lerobot
 from trainers.datasets.lerobot_write import write_lerobot
 from trainers.datasets.libero_hdf5 import read_libero_hdf5
 from trainers.datasets.paths import inside
 from trainers.datasets.world_model import write_world_model_dataset
-from trainers.demos import FORMAT as DEMOS_FORMAT
-from trainers.demos import Demos, read_demos
 
 FORMATS = ("vla-gym-demos", "libero-hdf5", "lerobot-v3")
 EXPECTED = (

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from trainers.datasets import detect_format, load_demos, write_lerobot, write_world_model_dataset
+from trainers.datasets.demos import Demos
 from trainers.datasets.video import CODEC_OPTIONS, DEFAULT_CODEC
-from trainers.demos import Demos
 
 
 def describe(demos: Demos, kind: str) -> str:

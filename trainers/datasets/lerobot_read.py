@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from trainers.datasets import lerobot_format as fmt
+from trainers.datasets.demos import Demos, Episode
 from trainers.datasets.extras import pyarrow
 from trainers.datasets.paths import inside
 from trainers.datasets.video import read_ranges
-from trainers.demos import Demos, Episode
 
 FORMAT = "lerobot-v3"
 

@@ -37,9 +37,9 @@ import numpy as np
 from nets.files import atomic_folder
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets import stats as st
+from trainers.datasets.demos import Demos, Episode
 from trainers.datasets.extras import pandas, pyarrow
 from trainers.datasets.video import CODEC_NAMES, DEFAULT_CODEC, VideoWriter, concat_videos
-from trainers.demos import Demos, Episode
 
 STANDARD_KEYS = ("image", "wrist_image", "proprio")
 

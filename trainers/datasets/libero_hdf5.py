@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from trainers.datasets.demos import Demos, Episode
 from trainers.datasets.paths import inside
-from trainers.demos import Demos, Episode
 
 FORMAT = "libero-hdf5"
 # image keys of LIBERO's files (and robomimic's robosuite names for them) -> our observation keys

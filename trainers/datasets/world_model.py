@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from nets.files import atomic_folder
-from trainers.demos import Demos, Episode
+from trainers.datasets.demos import Demos, Episode
 
 ACTION_DIM = 7  # RLinf's world models take LIBERO's 7-D actions
 

@@ -26,8 +26,7 @@ from typing import Any, Literal
 import torch
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed, update
-from trainers.distributed import Evaluate
+from trainers import parallel, update
 from trainers.grpo.groups import keep_groups, num_groups
 from trainers.losses import (
     LOG_PROB_LEVELS,
@@ -39,6 +38,7 @@ from trainers.losses import (
     to_level,
 )
 from trainers.optim import BadUpdateGuard, flatten_time, fused_ok
+from trainers.parallel import Evaluate
 from trainers.rollout import Rollout
 from trainers.self_imitation import SuccessBuffer, imitation_nll
 
@@ -267,7 +267,7 @@ def grpo_update(
     each minibatch also imitates as many chunk-steps drawn from the buffer, from ``sil_generator``
     (default: ``generator``).
 
-    Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
+    Data parallel (``trainers/parallel.py``; ``evaluator`` is then the DDP-wrapped policy): each
     rank holds whole groups, so advantages need no communication; the update engine
     (``trainers/update.py``) takes the loss denominators (token count, or trajectory count for
     ``traj_mean``) and the decisions over all ranks. Self-imitation: ``sil`` must hold the same rows
@@ -280,7 +280,7 @@ def grpo_update(
         raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
-    world = distributed.world_size()
+    world = parallel.world_size()
     T, N, K = rollout.rewards.shape
     G, level = config.group_size, config.log_prob_level
 
@@ -304,14 +304,14 @@ def grpo_update(
         env_keep = env_keep & ~truncated.to(env_keep.device)
     valid = rollout.first_episode & env_keep[None, :, None]  # [T, N, K]
 
-    all_scores, all_keep, all_adv = (distributed.all_gather_cat(x) for x in (scores, keep, advantages))
+    all_scores, all_keep, all_adv = (parallel.all_gather_cat(x) for x in (scores, keep, advantages))
     all_env_keep = all_keep.repeat_interleave(G)
     metrics: dict[str, float] = {
         "score_mean": all_scores.mean().item(),
         "groups_kept": all_keep.float().mean().item(),
         "advantages_mean": all_adv[all_env_keep].mean().item() if all_env_keep.any() else 0.0,
         "advantages_abs_max": all_adv.abs().max().item(),
-        "truncated": distributed.all_gather_cat(truncated.float()).mean().item(),
+        "truncated": parallel.all_gather_cat(truncated.float()).mean().item(),
     }
 
     # 2. one row per chunk-step that still has something to learn from
@@ -337,7 +337,7 @@ def grpo_update(
     use_sil = sil is not None and config.sil_coef > 0 and len(sil) > 0
     if use_sil and world > 1 and sil_generator is None:  # a stream common to all ranks: rank 0's seed
         seed = int(torch.randint(2**62, (), generator=generator))
-        sil_generator = torch.Generator().manual_seed(distributed.broadcast(seed))
+        sil_generator = torch.Generator().manual_seed(parallel.broadcast(seed))
     if sil_generator is None:
         sil_generator = generator
 
@@ -441,7 +441,7 @@ def _sil_share(
     """
     drawn = sil.draw(batch_size, generator)
     weight_sum = torch.tensor(float(sil.valid[drawn].sum()) * num_elements)
-    mine = distributed.shard(batch_size, distributed.rank(), distributed.world_size())
+    mine = parallel.shard(batch_size, parallel.rank(), parallel.world_size())
     if len(mine) == 0:
         replay, valid, weights = sil.rows(drawn[:1])
         return (replay, torch.zeros_like(valid), weights), weight_sum

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from trainers import distributed
+from trainers import parallel
 from trainers.env_contract import frame_tasks, initial_frames, start_options
 from trainers.rollout import Rollout
 
@@ -235,7 +235,7 @@ class GroupStarts:
     def merge_ranks(self) -> None:
         """Add the other ranks' counts recorded since the last call (several ranks: every rank
         then draws from the same weights; a no-op in a single process)."""
-        parts = distributed.all_gather(self._recent)
+        parts = parallel.all_gather(self._recent)
         self._recent = {}
         for r, part in enumerate(parts):
             if r == self.shard[0]:

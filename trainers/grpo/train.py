@@ -10,7 +10,7 @@ group-normalized episode scores. Where groups start is ``trainers/grpo/groups.py
 ``(seed, iteration, round)`` and of checkpointed counts, so a resumed run repeats exactly what the
 uninterrupted run would have done.
 
-Data parallel: ``torchrun --nproc-per-node N -m trainers.grpo ...`` (``trainers/distributed.py``).
+Data parallel: ``torchrun --nproc-per-node N -m trainers.grpo ...`` (``trainers/parallel.py``).
 Each rank holds whole groups (its envs must split into groups); the starts of a round are drawn
 for all ``num_envs`` and rank r takes its groups' share of them, so the ranks' groups start
 where the single process's would. Each rank resamples (DAPO) its own groups; the per-task counts
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainers import distributed
+from trainers import parallel
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.grpo.algorithm import (
@@ -137,7 +137,7 @@ def train(
         evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         if ref_policy is not None:
             ref_policy.load_state_dict(extra.get("ref_policy", ref_policy.state_dict()))
-            distributed.broadcast_module(ref_policy)
+            parallel.broadcast_module(ref_policy)
         if "starts" in extra:
             starts.load_state_dict(extra["starts"])
         sil = SuccessBuffer(config.sil_capacity) if config.sil_coef > 0 else None

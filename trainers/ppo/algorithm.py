@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from policies.base import ActionChunkPolicy
-from trainers import distributed, update
-from trainers.distributed import Evaluate
+from trainers import parallel, update
 from trainers.losses import (
     LOG_PROB_LEVELS,
     LogProbLevel,
@@ -33,6 +32,7 @@ from trainers.losses import (
     to_level,
 )
 from trainers.optim import BadUpdateGuard, flatten_time, fused_ok
+from trainers.parallel import Evaluate
 from trainers.rollout import Bootstrap, Rollout
 
 
@@ -242,7 +242,7 @@ def ppo_update(
     gradient and its ratios stay 1. Returns the mean of each minibatch metric plus rollout-level
     ones (explained variance, advantage and return statistics, updates done and skipped).
 
-    Data parallel (``trainers/distributed.py``; ``evaluator`` is then the DDP-wrapped policy): each
+    Data parallel (``trainers/parallel.py``; ``evaluator`` is then the DDP-wrapped policy): each
     rank holds its own envs' rollout, and the update engine (``trainers/update.py``) keeps the
     ranks in step. Every mean (losses, advantage normalization, statistics) divides by its count
     over all ranks, so each rank's loss is its share of the loss over the whole minibatch.
@@ -253,7 +253,7 @@ def ppo_update(
     # advantages on the whole rollout, then one row per chunk-step with at least one valid entry
     adv, ret, mask = compute_advantages(rollout, config.gamma, config.gae_lambda, config.time_unit)
     if config.adv_norm == "global":
-        adv = normalize(adv, mask, config.adv_norm_eps, reduce=distributed.all_reduce_sum)
+        adv = normalize(adv, mask, config.adv_norm_eps, reduce=parallel.all_reduce_sum)
     width = adv.shape[-1]
     values = rollout.values[..., :width]
     data = {
@@ -275,7 +275,7 @@ def ppo_update(
         (out,) = batch.evaluate(batch.replay)
         a = mb["advantages"]
         if config.adv_norm == "minibatch" and batch.rows > 1:
-            a = normalize(a, mb["mask"], config.adv_norm_eps, reduce=distributed.all_reduce_sum)
+            a = normalize(a, mb["mask"], config.adv_norm_eps, reduce=parallel.all_reduce_sum)
         pg_loss, stats = policy_loss(
             out.log_probs,
             mb["log_probs"],
@@ -326,7 +326,7 @@ def ppo_update(
         weight_sums=weight_sums,
     )
     # rollout-level statistics over every rank's envs
-    values, ret, mask, adv = (distributed.all_gather_cat(x, dim=1) for x in (values, ret, mask, adv))
+    values, ret, mask, adv = (parallel.all_gather_cat(x, dim=1) for x in (values, ret, mask, adv))
     return {
         **metrics,
         "explained_variance": explained_variance(values, ret, mask),

@@ -9,7 +9,7 @@ iterations), then runs ``ppo_update``. On resume the model, optimizer, RNGs and 
 restored exactly; the envs start new episodes (an env's internal state is not checkpointed), seeded
 from the iteration so that a resumed run is itself reproducible.
 
-Data parallel: ``torchrun --nproc-per-node N -m trainers.ppo ...`` (``trainers/distributed.py``).
+Data parallel: ``torchrun --nproc-per-node N -m trainers.ppo ...`` (``trainers/parallel.py``).
 Rank r steps envs ``r * n .. (r + 1) * n - 1`` of the ``num_envs`` (n = num_envs / N) and seeds
 them as the single process seeds those envs (``seed + env index``); the update runs through DDP
 (or FSDP with ``--data-parallel fsdp``).
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainers import distributed
+from trainers import parallel
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
@@ -58,7 +58,7 @@ def train(
             with run.gathered():  # fsdp: whole parameters for policy.act
                 rollout = collector.collect(config.n_steps)
             env_steps = int(rollout.valid.sum())  # this rank's
-            all_steps = int(distributed.all_reduce_sum(torch.tensor(env_steps)))  # every rank's
+            all_steps = int(parallel.all_reduce_sum(torch.tensor(env_steps)))  # every rank's
             left = max(0.0, 1.0 - (run.counters["env_steps"] + all_steps) / run_config.total_steps)
             step_config = scheduled(config, left)
             for group in optimizer.param_groups:

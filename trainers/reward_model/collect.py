@@ -49,7 +49,8 @@ import torch
 
 from nets.files import atomic_path
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
-from trainers.demos import Episode, check_format, collect_episodes
+from trainers.datasets.demos import Episode, check_format
+from trainers.demos import collect_episodes
 
 FORMAT, VERSION = "vla-gym-rm-frames", 1
 SUCCESS_KEYS = ("success", "is_success")  # per-step success of plain gymnasium envs

@@ -51,7 +51,7 @@ def demo_transitions(
     n_step: int,
     source: Any = "prior data",
 ) -> list[Transition]:
-    """n-step chunk transitions of ``episodes`` (``trainers.demos.Episode``) for an env with these
+    """n-step chunk transitions of ``episodes`` (``trainers.datasets.demos.Episode``) for an env with these
     spaces and chunks of ``action_shape = (K, D)``."""
     k, d = action_shape
     keys = list(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else ["obs"]

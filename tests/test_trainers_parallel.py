@@ -1,4 +1,4 @@
-"""Data-parallel PPO and GRPO (``trainers/distributed.py``) on CPU with the gloo backend.
+"""Data-parallel PPO and GRPO (``trainers/parallel.py``) on CPU with the gloo backend.
 
 Two processes share a rollout collected from CartPole, each taking half of the envs (whole GRPO
 groups); their DDP update must give the weights of the single-process update on the whole rollout.
@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 
 from policies.registry import make_policy
 from trainers import checkpoint as ckpt
-from trainers import distributed
+from trainers import parallel
 from trainers.grpo import GRPOConfig, group_seeds, grpo_update, select_envs
 from trainers.grpo import make_optimizer as grpo_optimizer
 from trainers.metrics import read_metrics
@@ -83,19 +83,19 @@ def _run_update(
     algo: str, kwargs: dict, rollout_envs: range | None, sil: bool = False, sil_seed: int | None = None
 ) -> dict:
     """One update (PPO) or two (GRPO) of the fixed rollout's envs ``rollout_envs`` (all: None),
-    with the policy wrapped by ``distributed.data_parallel`` (plain at world size 1). ``sil``: with
+    with the policy wrapped by ``parallel.data_parallel`` (plain at world size 1). ``sil``: with
     a self-imitation buffer (returned as ``"sil"``), its rows drawn from a generator seeded with
     ``sil_seed`` (None: ``grpo_update``'s default)."""
     torch.set_num_threads(1)
     policy = _policy(critic=algo == "ppo")
-    generator = torch.Generator().manual_seed(5 + distributed.rank())
+    generator = torch.Generator().manual_seed(5 + parallel.rank())
     if algo == "ppo":
         rollout = _ppo_rollout(policy)
         if rollout_envs is not None:
             rollout = select_envs([(rollout, rollout_envs)])
         config = PPOConfig(**kwargs)
         optimizer = make_optimizer(policy, config)
-        evaluator = distributed.data_parallel(policy)
+        evaluator = parallel.data_parallel(policy)
         metrics = [ppo_update(policy, optimizer, rollout, config, generator=generator, evaluator=evaluator)]
     else:
         config = GRPOConfig(**kwargs)
@@ -106,7 +106,7 @@ def _run_update(
         buffer = _sil_buffer(rollout) if sil else None
         sil_generator = torch.Generator().manual_seed(sil_seed) if sil_seed is not None else None
         optimizer = grpo_optimizer(policy, config)
-        evaluator = distributed.data_parallel(policy)
+        evaluator = parallel.data_parallel(policy)
         metrics = [
             grpo_update(
                 policy,
@@ -140,10 +140,10 @@ def _worker(
     )
     try:
         envs = 4 if algo == "ppo" else 8
-        share = distributed.shard(envs, rank, WORLD)
+        share = parallel.shard(envs, rank, WORLD)
         torch.save(_run_update(algo, kwargs, share, sil, sil_seed), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        distributed.shutdown()  # a barrier first: see its docstring
+        parallel.shutdown()  # a barrier first: see its docstring
 
 
 def _two_ranks(
@@ -375,7 +375,7 @@ def test_envs_that_do_not_split_over_the_ranks_are_refused_before_any_work(tmp_p
     with pytest.raises(ValueError, match=match):
         grpo_train.main(["--num-envs", "8", "--group-size", "8", "--run-dir", str(tmp_path / "grpo"), *FAST])
     assert not dist.is_initialized() and not any(tmp_path.iterdir())  # no process group, no run directory
-    assert distributed.check_split(8, 2, group_size=2) == 4
+    assert parallel.check_split(8, 2, group_size=2) == 4
 
 
 # ---------------------------------------------------------------------- shares of evaluations and starts
@@ -444,7 +444,7 @@ def _merge_worker(rank: int, store: str, out_dir: str) -> None:
         starts.merge_ranks()
         torch.save(starts.state_dict(), Path(out_dir) / f"rank{rank}.pt")
     finally:
-        distributed.shutdown()  # a barrier first: see its docstring
+        parallel.shutdown()  # a barrier first: see its docstring
 
 
 def test_group_start_counts_are_merged_over_the_ranks(tmp_path):

@@ -1,0 +1,241 @@
+"""The vla-gym demonstration file: episodes of a policy in a vector env, kept in HDF5 (written by
+``write_demos``; ``python -m trainers.demos`` collects them), read back for behaviour cloning and as
+prior data of the off-policy trainers.
+
+File format (HDF5, written with ``h5py``; the file appears once complete, an interrupted writer leaves
+the episodes written so far in ``<out>.tmp``):
+
+    /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
+                        policy_kwargs, chunk_size K, action_dim D, seed, episodes_run,
+                        episodes_successful
+    /episodes/000000/   attrs: instruction, task, initial_frame (-1: none), success, return, length
+        obs/<key>       [C, ...] every array observation key at chunk boundaries: the observation
+                        each chunk was chosen from
+        actions         float32 [C, K, D], env units, as sent to the env
+        valid           bool [C, K]: sub-steps executed (the last chunk stops where the episode ends)
+        rewards         float32 [C, K]
+        sim_states      float64 [C, S], optional: the simulator state each chunk was chosen from
+                        (LIBERO: flattened MuJoCo state; present in demos read from LIBERO's files)
+
+Every dataset is written gzip-compressed with the shuffle filter, as one chunk (the whole episode),
+in a file of HDF5 1.10's format (``libver="v110"``: a single-chunk dataset then needs no B-tree, which
+in the older format cost more than the data of a short episode). Readers take files written either
+way (files of earlier versions of this code are uncompressed, in the earliest format).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nets.files import atomic_path
+
+FORMAT, VERSION = "vla-gym-demos", 1
+LIBVER = "v110"  # the oldest HDF5 file format with single-chunk datasets (readable by HDF5 >= 1.10)
+# HDF5 refuses chunks of 4 GiB or more: a dataset is one chunk up to this size
+MAX_CHUNK_BYTES = 1 << 30
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError as e:  # pragma: no cover - h5py is a core dependency
+        raise ImportError("demonstration files need h5py: pip install h5py") from e
+    return h5py
+
+
+@dataclass
+class Episode:
+    """One demonstration: ``obs[key]`` ``[C, ...]``, ``actions`` ``[C, K, D]``, ``valid`` and
+    ``rewards`` ``[C, K]``, optionally ``sim_states`` ``[C, S]``, and its attributes.
+
+    From ``collect_episodes`` only (not stored in demonstration files): ``final_obs``, the
+    observation after the last step (array keys), and ``info[key]``, the env's ``info[key]`` entry
+    for this env at each of the C steps (None where the env gave none).
+    """
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    valid: np.ndarray
+    rewards: np.ndarray
+    instruction: str = ""
+    task: str = ""
+    initial_frame: int = -1
+    success: bool = False
+    sim_states: np.ndarray | None = None
+    final_obs: dict[str, np.ndarray] | None = None
+    info: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.valid.sum())
+
+
+@dataclass
+class Demos:
+    """A demonstration file in memory: its attributes and episodes."""
+
+    meta: dict[str, Any]
+    episodes: list[Episode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """Every episode's actions ``[C, K, D]`` of one shape and finite (a reader never hands on a
+        NaN action, or 7-D and 8-D actions mixed, for BC or RL to train on)."""
+        shape = None
+        for i, ep in enumerate(self.episodes):
+            actions = np.asarray(ep.actions)
+            if actions.ndim != 3 or (shape is not None and actions.shape[1:] != shape):
+                expected = "[steps, K, D]" if shape is None else f"[steps, {shape[0]}, {shape[1]}] as before"
+                raise ValueError(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
+            shape = actions.shape[1:]
+            if np.issubdtype(actions.dtype, np.floating) and not np.isfinite(actions).all():
+                step = int(np.argwhere(~np.isfinite(actions))[0][0])
+                raise ValueError(f"demo episode {i}: actions hold NaN or infinite values (step {step})")
+
+    def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
+        """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
+        the key ``instruction`` gives a list of M strings), ``actions`` ``[M, K, D]``, ``valid``
+        ``[M, K]``.
+
+        Demonstrations recorded one action per step (K = 1) can be cut into chunks of any
+        ``chunk_size``: the sample at step t is the observation at t and the actions of steps
+        t .. t + K - 1, masked after the episode's end (the action chunking of ACT / OpenVLA-OFT).
+        """
+        if not self.episodes:
+            raise ValueError("no episodes to train on")
+        stored = self.episodes[0].actions.shape[1]
+        k = stored if chunk_size is None else int(chunk_size)
+        if k != stored and stored != 1:
+            raise ValueError(
+                f"the demonstrations have chunks of {stored} actions; they can only be used with "
+                f"chunk_size {stored} (recorded with chunk_size 1 they can be cut into any size), got {k}"
+            )
+        obs: dict[str, Any] = {}
+        for key in obs_keys:
+            if key == "instruction":
+                obs[key] = [ep.instruction for ep in self.episodes for _ in range(len(ep.actions))]
+            elif key in self.episodes[0].obs:
+                obs[key] = np.concatenate([ep.obs[key] for ep in self.episodes])
+            else:
+                raise KeyError(
+                    f"observation key {key!r} is not in the demonstrations ({list(self.episodes[0].obs)})"
+                )
+        actions, valid = [], []
+        for ep in self.episodes:
+            if k == stored:
+                actions.append(ep.actions)
+                valid.append(ep.valid)
+                continue
+            t = len(ep.actions)
+            steps = np.arange(t)[:, None] + np.arange(k)[None, :]  # [T, K] step indices
+            inside = steps < t
+            steps = np.minimum(steps, t - 1)
+            actions.append(np.where(inside[..., None], ep.actions[steps, 0], 0.0))
+            valid.append(inside & ep.valid[steps, 0])
+        return {
+            "obs": obs,
+            "actions": np.concatenate(actions).astype(np.float32),
+            "valid": np.concatenate(valid).astype(bool),
+        }
+
+
+def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
+    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.tmp`` renamed at the
+    end. ``meta`` is written first and again at the end (a caller may add totals meanwhile). If the
+    episodes stop with an error, ``<path>.tmp`` keeps the complete episodes written so far."""
+    h5py = _h5py()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # nets.files.atomic_path: fsynced and renamed once complete; kept on an error (the partial file)
+    with atomic_path(path, temp=path.with_name(path.name + ".tmp"), keep_on_error=True) as tmp:
+        with h5py.File(tmp, "w", libver=LIBVER) as f:
+            _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
+            group = f.create_group("episodes")
+            for n, ep in enumerate(episodes):
+                _write_episode(group.create_group(f"{n:06d}"), ep)
+                f.flush()
+            _set_attrs(f, meta)
+    return path
+
+
+def _set_attrs(f: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        f.attrs[key] = json.dumps(value) if isinstance(value, dict | list | tuple) else value
+
+
+def _write_episode(g: Any, ep: Episode) -> None:
+    g.attrs.update(
+        {
+            "instruction": ep.instruction,
+            "task": ep.task,
+            "initial_frame": int(ep.initial_frame),
+            "success": bool(ep.success),
+            "return": float(ep.rewards[ep.valid].sum()),
+            "length": ep.length,
+        }
+    )
+    for key, value in ep.obs.items():
+        _dataset(g, f"obs/{key}", np.asarray(value))
+    _dataset(g, "actions", ep.actions.astype(np.float32))
+    _dataset(g, "valid", ep.valid.astype(bool))
+    _dataset(g, "rewards", ep.rewards.astype(np.float32))
+    if ep.sim_states is not None:
+        _dataset(g, "sim_states", np.asarray(ep.sim_states, np.float64))
+
+
+def _dataset(g: Any, name: str, data: np.ndarray) -> None:
+    """``data`` as dataset ``name`` of ``g``: gzip + shuffle in one chunk (the whole episode; rows
+    split over several chunks only past ``MAX_CHUNK_BYTES``). Empty and 0-d arrays, which HDF5
+    cannot chunk, are stored as they are."""
+    if data.ndim == 0 or data.size == 0:
+        g.create_dataset(name, data=data)
+        return
+    rows = max(1, min(len(data), MAX_CHUNK_BYTES // max(data[0].nbytes, 1)))
+    g.create_dataset(name, data=data, chunks=(rows, *data.shape[1:]), compression="gzip", shuffle=True)
+
+
+def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
+    """Refuse an open HDF5 file whose ``format`` attribute is not ``fmt`` or whose ``version`` is newer."""
+    if f.attrs.get("format") != fmt:
+        raise ValueError(f"{path} is not a {fmt} file (format attribute {f.attrs.get('format')!r})")
+    if int(f.attrs["version"]) > version:
+        raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
+
+
+def read_demos(path: str | Path) -> Demos:
+    """Load a file written by ``write_demos`` (through ``trainers.safe_hdf5``: nothing outside the
+    file is followed, no dataset declaring more than the file holds is read)."""
+    from trainers.safe_hdf5 import SafeHDF5
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no demonstration file at {path}")
+    with SafeHDF5(path) as h:
+        f, read = h.file, h.read
+        check_format(f, path, FORMAT, VERSION)
+        meta = {}
+        for key, value in f.attrs.items():
+            value = value.item() if isinstance(value, np.generic) else value
+            meta[key] = json.loads(value) if key in ("env_kwargs", "policy_kwargs") else value
+        episodes = []
+        for name in sorted(f["episodes"]):
+            g = f["episodes"][name]
+            episodes.append(
+                Episode(
+                    obs={k: read(g["obs"][k]) for k in g["obs"]},
+                    actions=read(g["actions"]),
+                    valid=read(g["valid"]),
+                    rewards=read(g["rewards"]),
+                    instruction=str(g.attrs["instruction"]),
+                    task=str(g.attrs["task"]),
+                    initial_frame=int(g.attrs["initial_frame"]),
+                    success=bool(g.attrs["success"]),
+                    sim_states=read(g["sim_states"]) if "sim_states" in g else None,
+                )
+            )
+    return Demos(meta, episodes)
