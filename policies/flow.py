@@ -26,7 +26,8 @@ wherever ``std == 0`` (e.g. the last CPS step).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -38,6 +39,75 @@ from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 from .torsos import mlp
 
 NOISE_METHODS = ("flow_ode", "flow_sde", "flow_cps", "flow_noise")
+
+
+@dataclass(frozen=True)
+class FlowSampling:
+    """How a flow policy samples its denoising chain: the options ``FlowPolicy`` (``flow``) and
+    ``Pi05Policy`` (``pi05``) share. Each field is also accepted as a keyword of those policies
+    (``--policy-kwargs '{"num_steps": 4, "noise_level": 0.3}'``), or all together as
+    ``sampling={...}``; the policy's own default wins for a field given neither way (pi0.5:
+    ``num_steps=10``)."""
+
+    num_steps: int = 5
+    """Denoising steps N: network calls per action chunk."""
+    noise_method: str = "flow_sde"
+    """``flow_ode`` (no exploration: log-probs are 0), ``flow_sde``, ``flow_cps`` or ``flow_noise``
+    (a learned std head); see the module docstring for each step's mean and std."""
+    noise_level: float = 0.5
+    """``a`` of flow_sde / flow_cps. A policy's ``noise_level`` attribute may be changed (annealed)
+    between calls: the replay keeps each sample's value and ``evaluate`` uses that one."""
+    joint_logprob: bool = False
+    """Every step stochastic; the log-prob is averaged over the N + 1 chain terms (meant for
+    flow_noise). False: one random step per call is stochastic, the others are ODE steps."""
+    ignore_last: bool = False
+    """Draw the single stochastic step from the first N - 1 only (use with flow_cps, whose last step
+    has std 0); unused with ``joint_logprob``."""
+    noise_std_range: tuple[float, float] = (0.08, 0.16)
+    """``(s_min, s_max)`` of the flow_noise head's std (RLinf: 0.08, 0.16)."""
+
+    def __post_init__(self):
+        if self.noise_method not in NOISE_METHODS:
+            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {self.noise_method!r}")
+        if self.ignore_last and self.num_steps < 2 and not self.joint_logprob:
+            raise ValueError("ignore_last needs num_steps >= 2")
+
+    @classmethod
+    def from_options(
+        cls, sampling: FlowSampling | Mapping[str, Any] | None, options: dict[str, Any], **defaults: Any
+    ) -> FlowSampling:
+        """The sampling of a policy built with ``sampling=`` (a ``FlowSampling`` or a dict of some of
+        its fields) or with the fields as keywords: those are taken out of ``options`` (the rest stay
+        there); ``defaults`` are the policy's own defaults. A field given both ways is an error."""
+        names = [f.name for f in fields(cls)]
+        flat = {name: options.pop(name) for name in names if name in options}
+        if isinstance(sampling, FlowSampling):
+            if flat:
+                raise ValueError(f"{sorted(flat)} given as keywords beside a FlowSampling: put them in it")
+            return sampling
+        sampling = dict(sampling or {})
+        unknown = sorted(set(sampling) - set(names))
+        if unknown:
+            raise ValueError(f"sampling: unknown keys {unknown}; FlowSampling's fields are {names}")
+        both = sorted(set(sampling) & set(flat))
+        if both:
+            raise ValueError(f"{both} given both in sampling= and as keywords: give each once")
+        return cls(**{**defaults, **sampling, **flat})
+
+    def attach(self, module: nn.Module) -> None:
+        """Give ``module`` the sampler's attributes (``num_steps``, ``noise_method``, ``noise_level``,
+        ``joint_logprob``, ``ignore_last``) and the time grid buffers ``timesteps`` / ``sigma_ratios``."""
+        module.num_steps, module.noise_method = self.num_steps, self.noise_method
+        module.noise_level = float(self.noise_level)
+        module.joint_logprob, module.ignore_last = self.joint_logprob, self.ignore_last
+        module.register_buffer("timesteps", flow_timesteps(self.num_steps))
+        module.register_buffer("sigma_ratios", sde_sigma_ratios(self.num_steps))
+
+    def attach_noise_bounds(self, module: nn.Module) -> None:
+        """With flow_noise: the buffers ``logvar_min`` / ``logvar_max`` of the learned std's range."""
+        s_min, s_max = self.noise_std_range
+        module.register_buffer("logvar_min", torch.tensor(math.log(s_min**2)))
+        module.register_buffer("logvar_max", torch.tensor(math.log(s_max**2)))
 
 
 def flow_timesteps(num_steps: int) -> torch.Tensor:
@@ -198,16 +268,10 @@ class FlowPolicy(TorsoPolicy):
     Args:
         observation_space: single-env observation space.
         action_space: Box of shape ``(D,)`` (K = 1) or ``(K, D)``; the chain lives in the same units.
-        num_steps: denoising steps N.
-        noise_method: ``flow_ode`` (no exploration: log-probs are 0), ``flow_sde``, ``flow_cps`` or
-            ``flow_noise``.
-        noise_level: ``a`` of flow_sde / flow_cps. It may be changed (annealed) between calls: the
-            replay keeps each sample's value and ``evaluate`` uses that one.
-        joint_logprob: every step stochastic; log-prob averaged over the N + 1 chain terms
-            (meant for flow_noise).
-        ignore_last: draw the single stochastic step from the first N - 1 only (use with flow_cps,
-            whose last step has std 0); unused with ``joint_logprob``.
-        noise_std_range: ``(s_min, s_max)`` of the flow_noise head (RLinf: 0.08, 0.16).
+        sampling: the denoising sampler (``FlowSampling``: ``num_steps`` N, default 5,
+            ``noise_method``, ``noise_level``, ``joint_logprob``, ``ignore_last``,
+            ``noise_std_range``), as a ``FlowSampling``, a dict of some of its fields, or its fields
+            as keywords of this constructor. ``noise_level`` may be changed (annealed) between calls.
         clip_actions: clip returned actions to the Box bounds (the chain itself is never clipped).
             Default False: the env clips, as for the Gaussian policy.
         deterministic_init: with ``deterministic=True`` every step is an ODE step; the initial noise
@@ -228,33 +292,22 @@ class FlowPolicy(TorsoPolicy):
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        num_steps: int = 5,
-        noise_method: str = "flow_sde",
-        noise_level: float = 0.5,
-        joint_logprob: bool = False,
-        ignore_last: bool = False,
-        noise_std_range: tuple[float, float] = (0.08, 0.16),
+        sampling: FlowSampling | Mapping[str, Any] | None = None,
         clip_actions: bool = False,
         deterministic_init: str = "sample",
         velocity_hidden: Sequence[int] = (256, 256),
         velocity_activation: str = "gelu",
         time_dim: int = 32,
-        **torso_options: Any,
+        **options: Any,
     ):
-        super().__init__(observation_space, **torso_options)  # see TorsoPolicy for the options
-        if noise_method not in NOISE_METHODS:
-            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
-        if ignore_last and num_steps < 2 and not joint_logprob:
-            raise ValueError("ignore_last needs num_steps >= 2")
+        sampling = FlowSampling.from_options(sampling, options)  # the rest are TorsoPolicy's options
+        super().__init__(observation_space, **options)
         if deterministic_init not in ("sample", "zeros"):
             raise ValueError(f"deterministic_init must be 'sample' or 'zeros', got {deterministic_init!r}")
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
-        self.num_steps, self.noise_method, self.noise_level = num_steps, noise_method, float(noise_level)
-        self.joint_logprob, self.ignore_last = joint_logprob, ignore_last
         self.clip_actions, self.deterministic_init, self.time_dim = clip_actions, deterministic_init, time_dim
-        self.register_buffer("timesteps", flow_timesteps(num_steps))
-        self.register_buffer("sigma_ratios", sde_sigma_ratios(num_steps))
+        sampling.attach(self)
         low, high = box_bounds(action_space)
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
@@ -263,11 +316,9 @@ class FlowPolicy(TorsoPolicy):
         self.velocity_net = mlp([n + time_dim + self.torso.out_dim, *velocity_hidden], velocity_activation)
         self.velocity_out = nn.Linear(velocity_hidden[-1], n)
         self.noise_head = None
-        if noise_method == "flow_noise":  # RLinf's ExploreNoiseNet shape: hidden -> 128 -> 64 -> A, tanh
+        if self.noise_method == "flow_noise":  # RLinf's ExploreNoiseNet shape: hidden -> 128 -> 64 -> A, tanh
             self.noise_head = mlp([velocity_hidden[-1], 128, 64, n], "tanh", last_activation=False)
-            s_min, s_max = noise_std_range
-            self.register_buffer("logvar_min", torch.tensor(math.log(s_min**2)))
-            self.register_buffer("logvar_max", torch.tensor(math.log(s_max**2)))
+            sampling.attach_noise_bounds(self)
 
     def velocity(
         self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor

@@ -24,6 +24,9 @@ from torch import nn
 from nets.devices import default_device, parse_dtype
 from nets.files import atomic_path, write_atomic
 
+from .base import ActionChunkPolicy
+from .torso_policy import box_chunk_shape
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
@@ -267,3 +270,38 @@ def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "t
     inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
+
+
+class PretrainedVLAPolicy(ActionChunkPolicy):
+    """Base of the ``ActionChunkPolicy`` wrappers around a pretrained VLA checkpoint; E = D.
+
+    It holds what every VLA constructor does the same way: check that the optional dependencies are
+    installed (``requires``, an error naming the ``extras`` to install), read the chunk shape
+    ``(K, D)`` from the action Box, check the Dict observation space (``instruction`` and uint8
+    images), and find the checkpoint folder (``checkpoint_files`` in a folder or the Hugging Face
+    cache, under the name ``checkpoint_name`` in errors). A subclass sets those class attributes, calls
+    ``super().__init__(observation_space, action_space, image_keys)`` first, validates its own options,
+    and then calls ``self.find_folder(model_path, download)`` before reading anything from disk (so a
+    bad option is reported before a missing checkpoint).
+
+    Frozen parameters come back from ``model_path`` when the policy is rebuilt, so checkpoints leave
+    them out (``rebuilds_frozen_weights``).
+    """
+
+    rebuilds_frozen_weights = True
+    checkpoint_name = "VLA checkpoint"
+    checkpoint_files: tuple[str, ...] = ("config.json",)
+    requires: tuple[str, ...] = ()  # modules needed beyond transformers, safetensors, accelerate
+    extras = "vla"
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Box, image_keys: Sequence[str]):
+        super().__init__()
+        require_vla_extra(type(self).__name__, also=self.requires, extras=self.extras)
+        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
+        self.log_prob_dim = self.action_dim
+        check_observation_space(observation_space, image_keys)
+
+    def find_folder(self, model_path: str | os.PathLike, download: bool = False) -> Path:
+        """The checkpoint folder of ``model_path`` (a folder or a hub id; see ``find_checkpoint``)."""
+        what, files = self.checkpoint_name, self.checkpoint_files
+        return find_checkpoint(model_path, files, what=what, download=download)

@@ -270,6 +270,20 @@ def test_imitation_loss_is_openpis_flow_matching_and_fine_tunes_the_expert(ckpt)
     assert mean_loss() < first / 4 and action_error() < first_error / 2, (first, mean_loss(), action_error())
 
 
+def test_sampler_options_as_keywords_or_sampling_build_the_same_sampler(ckpt):
+    """pi0.5 takes ``FlowSampling``'s fields as keywords (saved checkpoints' kwargs) or as ``sampling=``;
+    a field given neither way keeps pi0.5's default (10 steps)."""
+    flat = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, num_steps=3, noise_level=0.3, max_token_len=96)
+    nested = Pi05Policy(
+        OBS_SPACE, ACT_SPACE, model_path=ckpt, sampling={"num_steps": 3, "noise_level": 0.3}, max_token_len=96
+    )
+    for policy in (flat, nested):
+        assert (policy.num_steps, policy.noise_level, policy.noise_method) == (3, 0.3, "flow_sde")
+        torch.testing.assert_close(policy.timesteps, torch.tensor([1.0, 2 / 3, 1 / 3, 0.0]))
+    default = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, max_token_len=96)
+    assert default.num_steps == 10 and default.rebuilds_frozen_weights
+
+
 def test_deterministic_act_and_train_expert_only(ckpt):
     policy = Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, train_expert_only=True, **KW)
     out = policy.act(_obs(), deterministic=True)
@@ -319,6 +333,10 @@ def test_bad_inputs_are_named(ckpt, tmp_path):
         Pi05Policy(no_wrist, ACT_SPACE, model_path=ckpt, **KW)
     with pytest.raises(FileNotFoundError, match="asset_id 'nope/nope'.*physical-intelligence/libero"):
         Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, asset_id="nope/nope", **KW)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['steps'\]"):
+        Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, steps=2)
+    with pytest.raises(ValueError, match="noise_method must be one of"):
+        Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, sampling={"noise_method": "flow_magic"})
     with pytest.raises(ValueError, match="max_token_len=8"):
         Pi05Policy(OBS_SPACE, ACT_SPACE, model_path=ckpt, num_steps=2, max_token_len=8).act(_obs())
 

@@ -28,7 +28,7 @@ from policies.binned import (
     tokens_to_normalized,
     unnormalize,
 )
-from policies.flow import flow_mean_std, flow_timesteps, gaussian_log_prob, sde_sigma_ratios
+from policies.flow import FlowSampling, flow_mean_std, flow_timesteps, gaussian_log_prob, sde_sigma_ratios
 from policies.torsos import instruction_tokens, obs_from_replay
 
 
@@ -337,7 +337,10 @@ def test_gaussian_unsquashed_actions_are_not_clipped():
 def test_gaussian_tanh_jacobian_against_transformed_distribution():
     low, high = np.array([-1.0, 0.0], np.float32), np.array([1.0, 4.0], np.float32)
     policy = GaussianPolicy(
-        VEC_SPACE, spaces.Box(low, high, (2,), np.float32), squash=True, log_std_init=-0.3,
+        VEC_SPACE,
+        spaces.Box(low, high, (2,), np.float32),
+        squash=True,
+        log_std_init=-0.3,
         saturated_slope=0.0,
     )
     out = policy.act(_obs(VEC_SPACE))
@@ -372,7 +375,6 @@ def test_gaussian_log_std_bounds_clamp_what_is_used():
     assert policy.log_std.tolist() == [-5.0, -2.0, 0.0]
     with pytest.raises(ValueError, match="low <= high"):
         GaussianPolicy(VEC_SPACE, box, log_std_bounds=(-1.0, -2.0))
-
 
 
 def test_gaussian_log_std_bounds_pass_the_gradient_back_inside():
@@ -629,6 +631,52 @@ def test_flow_deterministic_is_ode_and_not_scoreable():
     torch.testing.assert_close(out.actions, chains[:, -1].clamp(-1, 1))
     with pytest.raises(ValueError):
         policy.evaluate(out.replay)
+
+
+def test_flow_sampling_options_as_keywords_dict_or_dataclass_build_the_same_policy():
+    """``FlowSampling``'s fields are accepted as keywords (what saved checkpoints hold), as
+    ``sampling={...}`` or as a ``FlowSampling``; all three build the same policy."""
+    flat = {
+        "num_steps": 3,
+        "noise_method": "flow_noise",
+        "joint_logprob": True,
+        "noise_std_range": (0.1, 0.2),
+    }
+    built = []
+    for kwargs in ({**flat}, {"sampling": flat}, {"sampling": FlowSampling(**flat)}):
+        torch.manual_seed(0)
+        policy = FlowPolicy(VEC_SPACE, CHUNK_BOX, velocity_hidden=(16,), use_critic=False, **kwargs)
+        built.append(policy)
+    states = [p.state_dict() for p in built]
+    assert all(list(s) == list(states[0]) for s in states)
+    for state in states[1:]:
+        for key, value in state.items():
+            torch.testing.assert_close(value, states[0][key])
+    for policy in built:
+        assert (policy.num_steps, policy.noise_method, policy.joint_logprob) == (3, "flow_noise", True)
+        assert policy.ignore_last is False and policy.noise_level == 0.5
+    torch.testing.assert_close(built[0].logvar_min, torch.tensor(math.log(0.1**2)))
+    default = FlowPolicy(VEC_SPACE, CHUNK_BOX, velocity_hidden=(16,))
+    assert (default.num_steps, default.noise_method, default.noise_head) == (5, "flow_sde", None)
+
+
+def test_flow_sampling_bad_options_are_named():
+    with pytest.raises(ValueError, match="noise_method must be one of"):
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, noise_method="flow_magic")
+    with pytest.raises(ValueError, match="ignore_last needs num_steps >= 2"):
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, sampling={"num_steps": 1, "ignore_last": True})
+    with pytest.raises(ValueError, match=r"\['num_steps'\] given both"):
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, sampling={"num_steps": 2}, num_steps=3)
+    with pytest.raises(ValueError, match="beside a FlowSampling"):
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, sampling=FlowSampling(), noise_level=0.3)
+    with pytest.raises(ValueError, match=r"unknown keys \['steps'\]"):
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, sampling={"steps": 2})
+    with pytest.raises(TypeError):  # neither a sampler field nor a torso option
+        FlowPolicy(VEC_SPACE, CHUNK_BOX, steps=2)
+    options = {"num_steps": 4, "activation": "relu"}
+    sampling = FlowSampling.from_options({"noise_level": 0.3}, options, num_steps=10)
+    assert sampling == FlowSampling(num_steps=4, noise_level=0.3) and options == {"activation": "relu"}
+    assert FlowSampling.from_options(None, {}, num_steps=10).num_steps == 10  # the policy's default
 
 
 def test_flow_noise_level_change_uses_the_stored_level():

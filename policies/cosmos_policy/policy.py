@@ -42,10 +42,9 @@ from gymnasium import spaces
 
 from nets.cosmos_sampler import SIGMA_MAX, karras_sigmas, rf_x0, step_2ab
 
-from ..base import ActionChunk, ActionChunkPolicy, PolicyEval
+from ..base import ActionChunk, PolicyEval
 from ..images import resize_images
-from ..pretrained import check_observation_space, find_checkpoint, require_vla_extra, resolve_dtype
-from ..torso_policy import box_chunk_shape
+from ..pretrained import PretrainedVLAPolicy, resolve_dtype
 from . import layout, sft
 from .checkpoint import load_stats, load_t5_embeddings, locate
 
@@ -70,7 +69,7 @@ def axis_angle_to_quat_xyzw(axis_angle: torch.Tensor) -> torch.Tensor:
     return torch.cat([axis * torch.sin(angle / 2), torch.cos(angle / 2)], dim=-1)
 
 
-class CosmosPolicy(ActionChunkPolicy):
+class CosmosPolicy(PretrainedVLAPolicy):
     """Cosmos Policy on LIBERO (see the module docstring); E = D.
 
     Args:
@@ -98,8 +97,9 @@ class CosmosPolicy(ActionChunkPolicy):
             plain data only; anything else is refused with ``UnsafeFileError``).
     """
 
-    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
-    rebuilds_frozen_weights = True
+    checkpoint_name = "Cosmos Policy checkpoint"
+    checkpoint_files = ("libero_dataset_statistics.json|dataset_statistics.json",)
+    requires, extras = ("diffusers",), "vla,wm"
 
     def __init__(
         self,
@@ -130,8 +130,7 @@ class CosmosPolicy(ActionChunkPolicy):
         download: bool = False,
         trust_pickle: bool = False,
     ):
-        super().__init__()
-        require_vla_extra("CosmosPolicy", also=("diffusers",), extras="vla,wm")
+        super().__init__(observation_space, action_space, image_keys)
         from nets.cosmos_checkpoint import load_cosmos_dit
         from nets.wan_vae import WanVAE
 
@@ -140,14 +139,11 @@ class CosmosPolicy(ActionChunkPolicy):
             raise ValueError(f"planning must be 'parallel' or 'autoregressive', got {planning!r}")
         if proprio_format not in ("libero_axis_angle", "raw"):
             raise ValueError(f"proprio_format must be 'libero_axis_angle' or 'raw', got {proprio_format!r}")
-        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.log_prob_dim = self.action_dim
         if self.chunk_size > CHUNK or self.action_dim != ACTION_DIM:
             raise ValueError(
                 f"action space {action_space.shape}: expected (K, {ACTION_DIM}) with K <= {CHUNK}"
             )
         self.image_keys, self.proprio_key = tuple(image_keys), proprio_key
-        check_observation_space(observation_space, self.image_keys)
         self._image_shapes = {k: tuple(observation_space.spaces[k].shape) for k in self.image_keys}
         if sft_noise not in ("auto", *sft.NOISE_KINDS):
             raise ValueError(f"sft_noise must be 'auto' or one of {sft.NOISE_KINDS}, got {sft_noise!r}")
@@ -168,8 +164,7 @@ class CosmosPolicy(ActionChunkPolicy):
         self.future_state_steps, self.value_steps = int(future_state_steps), int(value_steps)
         self.sigmas = policy_sigmas(self.num_steps)
 
-        folder = find_checkpoint(model_path, ("libero_dataset_statistics.json|dataset_statistics.json",),
-                                 what="Cosmos Policy checkpoint", download=download)  # fmt: skip
+        folder = self.find_folder(model_path, download)
         files = locate(folder, vae_path)
         stats = load_stats(files.stats)
         if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:

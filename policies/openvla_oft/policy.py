@@ -31,23 +31,20 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ..base import ActionChunk, ActionChunkPolicy, PolicyEval, masked_chunk_mean
+from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import normalize, normalized_to_tokens, tempered_log_softmax, tokens_to_normalized, unnormalize
 from ..heads import ValueHead
 from ..images import resize_images
 from ..pretrained import (
+    PretrainedVLAPolicy,
     add_lora,
-    check_observation_space,
     empty_model,
-    find_checkpoint,
     load_strict,
     load_tokenizer,
     read_json,
     read_state_dict,
-    require_vla_extra,
     resolve_dtype,
 )
-from ..torso_policy import box_chunk_shape
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .config import OpenVLAConfig, action_stats, dataset_statistics
 from .modeling import OpenVLAModel
@@ -106,7 +103,7 @@ class PromptLayout:
         return ids, mask
 
 
-class OpenVLAOFTPolicy(ActionChunkPolicy):
+class OpenVLAOFTPolicy(PretrainedVLAPolicy):
     """OpenVLA-OFT with token actions or the L1 action head, loaded from a checkpoint folder or hub
     id; E = D.
 
@@ -154,8 +151,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
     (the sampled normalised actions) and ``scale`` ``[B]`` instead of ``tokens``, ``temperature``, ``top_k``.
     """
 
-    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
-    rebuilds_frozen_weights = True
+    checkpoint_name, checkpoint_files = "OpenVLA-OFT checkpoint", REQUIRED_FILES
 
     def __init__(
         self,
@@ -183,10 +179,7 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         append_stop: bool = True,
         download: bool = False,
     ):
-        super().__init__()
-        require_vla_extra("OpenVLAOFTPolicy")
-        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.log_prob_dim = self.action_dim
+        super().__init__(observation_space, action_space, image_keys)
         if action_head not in ("tokens", "l1"):
             raise ValueError(f"action_head must be 'tokens' or 'l1', got {action_head!r}")
         if not l1_scale > 0:
@@ -203,9 +196,8 @@ class OpenVLAOFTPolicy(ActionChunkPolicy):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.gripper = gripper
-        check_observation_space(observation_space, self.image_keys)
 
-        folder = find_checkpoint(model_path, REQUIRED_FILES, what="OpenVLA-OFT checkpoint", download=download)
+        folder = self.find_folder(model_path, download)
         config = OpenVLAConfig.from_folder(folder)
         if norm_stats is not None:
             if not isinstance(norm_stats, dict):

@@ -4,5 +4,6 @@ loading openpi / lerobot PyTorch checkpoints, as a flow-matching ``ActionChunkPo
 from .config import Pi05Config
 from .modeling import Pi05Model
 from .policy import Pi05Policy
+from .processor import Pi05Processor
 
-__all__ = ["Pi05Config", "Pi05Model", "Pi05Policy"]
+__all__ = ["Pi05Config", "Pi05Model", "Pi05Policy", "Pi05Processor"]

@@ -8,12 +8,13 @@ quantile-normalized. The denoising chain runs in the model's normalized 32-D act
 grid of ``policies.flow`` (N steps from t = 1 to 0) with the same samplers and log-prob math as
 ``FlowPolicy`` (flow_ode / flow_sde / flow_cps / flow_noise, one random stochastic step or
 ``joint_logprob``). Actions: un-normalized with the action quantiles, then the first K steps and D
-dims; log-probs are sliced the same way (``[B, K, D]``, E = D).
+dims; log-probs are sliced the same way (``[B, K, D]``, E = D). The tokenizing and (un)normalizing
+live in ``processor.py`` (``Pi05Processor``), the network in ``modeling.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,73 +22,27 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from ..base import ActionChunk, ActionChunkPolicy, PolicyEval, masked_chunk_mean
-from ..flow import (
-    NOISE_METHODS,
-    denoise_indices,
-    flow_mean_std,
-    flow_timesteps,
-    sample_chain,
-    score_chain,
-    sde_sigma_ratios,
-    squashed_std,
-)
+from ..base import ActionChunk, PolicyEval, masked_chunk_mean
+from ..flow import FlowSampling, denoise_indices, flow_mean_std, sample_chain, score_chain, squashed_std
 from ..heads import ValueHead
-from ..images import resize_with_pad
 from ..pretrained import (
+    PretrainedVLAPolicy,
     add_lora,
-    check_observation_space,
     empty_model,
-    find_checkpoint,
     load_strict,
-    read_json,
     read_state_dict,
-    require_vla_extra,
     resolve_dtype,
 )
-from ..torso_policy import box_chunk_shape
 from ..torsos import mlp
-from .config import Pi05Config, find_norm_stats, load_norm_stats, norm_stats_from_data, parse_norm_stats
+from .config import Pi05Config, norm_stats_from_data
 from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys
+from .processor import Pi05Processor, PromptTokenizer, resolve_norm_stats, tokenizer_file
 
-TOKENIZER_FILES = ("tokenizer.model", "paligemma_tokenizer.model")
 REQUIRED_FILES = ("config.json", "model.safetensors.index.json|model.safetensors")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-class PromptTokenizer:
-    """openpi's PaliGemma prompt (sentencepiece), right-padded with 0 to ``max_len``."""
-
-    def __init__(self, model_file: Path, max_len: int, discrete_state: bool):
-        import sentencepiece
-
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-        self.max_len, self.discrete_state = max_len, discrete_state
-
-    def ids(self, instruction: str, state: np.ndarray | None) -> list[int]:
-        clean = str(instruction).strip().replace("_", " ").replace("\n", " ")
-        if self.discrete_state:
-            bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
-            text = f"Task: {clean}, State: {' '.join(map(str, bins.tolist()))};\nAction: "
-            ids = [self.sp.bos_id(), *self.sp.encode(text)]
-        else:
-            ids = [self.sp.bos_id(), *self.sp.encode(clean), *self.sp.encode("\n")]
-        if len(ids) > self.max_len:
-            raise ValueError(f"prompt for {clean!r} has {len(ids)} tokens > max_token_len={self.max_len}")
-        return ids
-
-    def __call__(
-        self, instructions: Sequence[str], states: np.ndarray | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.zeros(len(instructions), self.max_len, dtype=torch.long)
-        mask = torch.zeros_like(tokens, dtype=torch.bool)
-        for i, text in enumerate(instructions):
-            ids = self.ids(text, None if states is None else states[i])
-            tokens[i, : len(ids)], mask[i, : len(ids)] = torch.tensor(ids), True
-        return tokens, mask
-
-
-class Pi05Policy(ActionChunkPolicy):
+class Pi05Policy(PretrainedVLAPolicy):
     """pi0.5 loaded from an openpi / lerobot PyTorch checkpoint folder or hub id; E = D.
 
     Args:
@@ -111,9 +66,10 @@ class Pi05Policy(ActionChunkPolicy):
             ``config.json`` value, else False (openpi's ``pi05_libero``; cosmos-rl runs the LIBERO
             checkpoint with True: check against reference outputs).
         max_token_len: prompt length (openpi pi0.5: 200).
-        num_steps: denoising steps N (openpi inference 10; RLinf RL 3-5).
-        noise_method, noise_level, joint_logprob, ignore_last, noise_std_range: the RL sampler, as in
-            ``FlowPolicy`` (RLinf pi0.5: flow_sde, 0.5).
+        sampling: the RL sampler, as in ``FlowPolicy``: a ``FlowSampling`` (``num_steps`` N, here
+            default 10 as openpi's inference, RLinf RL 3-5; ``noise_method``, ``noise_level``,
+            ``joint_logprob``, ``ignore_last``, ``noise_std_range``; RLinf pi0.5: flow_sde, 0.5), a
+            dict of some of its fields, or its fields as keywords of this constructor.
         use_critic, value_vlm_mode: value head ``ValueHead(width, (1024, 512, 256), 1, relu)`` on the
             PaliGemma prefix output, averaged over real tokens (``"mean_token"``) or the last one
             (``"last_token"``), RLinf's ``value_after_vlm``.
@@ -129,8 +85,7 @@ class Pi05Policy(ActionChunkPolicy):
     ``noise_level`` ``[B]``.
     """
 
-    # frozen parameters come back from model_path when the policy is rebuilt: checkpoints leave them out
-    rebuilds_frozen_weights = True
+    checkpoint_name, checkpoint_files = "pi0.5 checkpoint", REQUIRED_FILES
 
     def __init__(
         self,
@@ -145,12 +100,7 @@ class Pi05Policy(ActionChunkPolicy):
         state_key: str = "proprio",
         discrete_state_input: bool | None = None,
         max_token_len: int = 200,
-        num_steps: int = 10,
-        noise_method: str = "flow_sde",
-        noise_level: float = 0.5,
-        joint_logprob: bool = False,
-        ignore_last: bool = False,
-        noise_std_range: tuple[float, float] = (0.08, 0.16),
+        sampling: FlowSampling | Mapping[str, Any] | None = None,
         use_critic: bool = True,
         value_vlm_mode: str = "mean_token",
         train_expert_only: bool = False,
@@ -158,23 +108,17 @@ class Pi05Policy(ActionChunkPolicy):
         lora_targets: Sequence[str] = LORA_TARGETS,
         dtype: str = "auto",
         download: bool = False,
+        **sampling_options: Any,
     ):
-        super().__init__()
-        require_vla_extra("Pi05Policy")
-        if noise_method not in NOISE_METHODS:
-            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
+        sampling = FlowSampling.from_options(sampling, sampling_options, num_steps=10)
+        if sampling_options:
+            raise TypeError(f"Pi05Policy got unexpected keyword arguments {sorted(sampling_options)}")
+        super().__init__(observation_space, action_space, cameras)
         if value_vlm_mode not in ("mean_token", "last_token"):
             raise ValueError(f"value_vlm_mode must be 'mean_token' or 'last_token', got {value_vlm_mode!r}")
-        if ignore_last and num_steps < 2 and not joint_logprob:
-            raise ValueError("ignore_last needs num_steps >= 2")
-        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.log_prob_dim = self.action_dim
-        self.cameras, self.state_key = tuple(cameras), state_key
-        self.num_steps, self.noise_method, self.noise_level = num_steps, noise_method, float(noise_level)
-        self.joint_logprob, self.ignore_last, self.value_vlm_mode = joint_logprob, ignore_last, value_vlm_mode
-        check_observation_space(observation_space, self.cameras)
+        self.cameras, self.state_key, self.value_vlm_mode = tuple(cameras), state_key, value_vlm_mode
 
-        folder = find_checkpoint(model_path, REQUIRED_FILES, what="pi0.5 checkpoint", download=download)
+        folder = self.find_folder(model_path, download)
         config = Pi05Config.from_folder(folder)
         self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
         if self.chunk_size > self.horizon or self.action_dim > self.model_action_dim:
@@ -184,40 +128,33 @@ class Pi05Policy(ActionChunkPolicy):
             )
         discrete = config.discrete_state_input if discrete_state_input is None else discrete_state_input
         self.discrete_state_input = bool(discrete)
-        if norm_stats is None:
-            stats = load_norm_stats(find_norm_stats(folder, asset_id))
-        else:
-            source = "norm_stats"
-            if not isinstance(norm_stats, dict):
-                source = Path(norm_stats)
-                norm_stats = read_json(source, "pi0.5 normalization statistics")
-            try:
-                stats = parse_norm_stats(norm_stats, source, need_state=self.discrete_state_input)
-            except ValueError as e:
-                reads = "the state and the actions" if self.discrete_state_input else "the actions"
-                raise ValueError(f"{e}; this policy normalizes {reads}") from None
-        self.state_stats, self.action_stats = stats.get("state"), stats["actions"]
-        if len(self.action_stats.q01) < self.action_dim:
+        stats = resolve_norm_stats(folder, asset_id, norm_stats, self.discrete_state_input)
+        if len(stats["actions"].q01) < self.action_dim:
             raise ValueError(
-                f"action statistics are {len(self.action_stats.q01)}-D, the env's actions {self.action_dim}-D"
+                f"action statistics are {len(stats['actions'].q01)}-D, the env's actions {self.action_dim}-D"
             )
         if self.discrete_state_input and state_key not in observation_space.spaces:
             raise ValueError(f"discrete_state_input needs the state {state_key!r} in the observations")
-        self.tokenizer = PromptTokenizer(
-            _tokenizer_file(folder, tokenizer_path), max_token_len, self.discrete_state_input
+        tokenizer = PromptTokenizer(
+            tokenizer_file(folder, tokenizer_path), max_token_len, self.discrete_state_input
+        )
+        self.processor = Pi05Processor(
+            tokenizer,
+            stats.get("state"),
+            stats["actions"],
+            self.cameras,
+            state_key,
+            config.vision().image_size,
         )
 
         self.model = load_model(folder, config, resolve_dtype(dtype))
-        self.image_size = config.vision().image_size
-        self.register_buffer("timesteps", flow_timesteps(num_steps))
-        self.register_buffer("sigma_ratios", sde_sigma_ratios(num_steps))
+        self.image_size = self.processor.image_size
+        sampling.attach(self)
         width = config.expert().width
         self.noise_head = None
-        if noise_method == "flow_noise":  # RLinf's ExploreNoiseNet on the expert output
+        if self.noise_method == "flow_noise":  # RLinf's ExploreNoiseNet on the expert output
             self.noise_head = mlp([width, 128, 64, self.model_action_dim], "tanh", last_activation=False)
-            s_min, s_max = noise_std_range
-            self.register_buffer("logvar_min", torch.tensor(float(np.log(s_min**2))))
-            self.register_buffer("logvar_max", torch.tensor(float(np.log(s_max**2))))
+            sampling.attach_noise_bounds(self)
         pali_width = config.paligemma().width
         self.value_head = (
             ValueHead(pali_width, (1024, 512, 256), 1, "relu", bias_last=True) if use_critic else None
@@ -241,21 +178,18 @@ class Pi05Policy(ActionChunkPolicy):
         stats = norm_stats_from_data(actions, state)
         return {"norm_stats": stats}, {"norm_stats.json": stats}
 
+    # the processor's parts, under the names they had before it was split out
+    tokenizer = property(lambda self: self.processor.tokenizer)
+    state_stats = property(lambda self: self.processor.state_stats)
+    action_stats = property(lambda self: self.processor.action_stats)
+
     def required_observation_keys(self) -> tuple[str, ...]:
         """The observation keys this policy reads (demonstrations for it must have them)."""
         return (*self.cameras, *((self.state_key,) if self.discrete_state_input else ()), "instruction")
 
     # ------------------------------------------------------------------ inputs
     def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
-        device = self.timesteps.device
-        images = torch.stack([torch.as_tensor(np.asarray(obs[k])) for k in self.cameras], dim=1)
-        states = None
-        if self.discrete_state_input:
-            raw = torch.as_tensor(np.asarray(obs[self.state_key]), dtype=torch.float32)
-            states = self.state_stats.normalize(raw).numpy()
-        tokens, token_mask = self.tokenizer(list(obs["instruction"]), states)
-        images = resize_with_pad(images, self.image_size).to(device)
-        return {"images": images, "tokens": tokens.to(device), "token_mask": token_mask.to(device)}
+        return self.processor(obs, self.timesteps.device)
 
     def _prefix(self, prepared: dict[str, torch.Tensor]) -> PrefixCache:
         pixels = prepared["images"].permute(0, 1, 4, 2, 3).float() / 255.0 * 2 - 1
@@ -300,7 +234,7 @@ class Pi05Policy(ActionChunkPolicy):
 
     def _to_env(self, x: torch.Tensor) -> torch.Tensor:
         """Normalized model actions ``[B, H, A]`` -> env actions ``[B, K, D]``."""
-        return self.action_stats.unnormalize(x)[:, : self.chunk_size, : self.action_dim]
+        return self.processor.to_env(x, self.chunk_size, self.action_dim)
 
     # ------------------------------------------------------------------ the policy contract
     @torch.no_grad()
@@ -369,7 +303,7 @@ class Pi05Policy(ActionChunkPolicy):
         device, k, d = cache.hidden.device, self.chunk_size, self.action_dim
         b = actions.shape[0]
         a = torch.zeros((b, self.horizon, self.model_action_dim), device=device)
-        a[:, :k, :d] = self.action_stats.normalize(actions.to(device, torch.float32))
+        a[:, :k, :d] = self.processor.normalize_actions(actions.to(device, torch.float32))
         rng = self._rng(device)
         noise = torch.randn(a.shape, generator=rng, device=device)
         u = torch.rand(b, generator=rng, device=device)
@@ -391,18 +325,3 @@ def load_model(folder: Path, config: Pi05Config, dtype: torch.dtype) -> Pi05Mode
     state, _unused = from_checkpoint_keys(read_state_dict(folder, dtype))
     load_strict(model, state, f"pi0.5 checkpoint {folder}")
     return model.eval()
-
-
-def _tokenizer_file(folder: Path, tokenizer_path: str | Path | None) -> Path:
-    if tokenizer_path is not None:
-        path = Path(tokenizer_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer_path {path} does not exist")
-        return path
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(
-        f"no PaliGemma tokenizer in {folder} (looked for {', '.join(TOKENIZER_FILES)}): pass tokenizer_path= "
-        "(openpi downloads it from gs://big_vision/paligemma_tokenizer.model)"
-    )
