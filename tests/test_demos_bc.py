@@ -15,7 +15,7 @@ import envs  # noqa: F401  (registers the LIBERO ids)
 from policies import BinnedPolicy, CategoricalPolicy, FlowPolicy, GaussianPolicy
 from trainers import bc
 from trainers.checkpoint import export_policy, latest_checkpoint
-from trainers.datasets.demos import Episode, read_demos, write_demos
+from trainers.datasets.demos import Demos, Episode, read_demos, write_demos
 from trainers.demos import collect_episodes
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.run import Run, RunConfig
@@ -325,3 +325,66 @@ def test_collect_clone_and_start_rl_from_the_clone(tmp_path):
             ["--demos", str(path), "--policy", "gaussian", "--epochs", "1", "--run-dir", str(tmp_path / "x")]
             + [*common[:2], "--env-kwargs", json.dumps({**LIBERO_KWARGS, "image_size": 40}), *common[4:]]
         )
+
+
+def test_future_gives_the_observation_after_each_chunk_and_its_discounted_return():
+    """``Demos.future``: row for row with ``chunks``, the observation after the sample's chunk and
+    ``sum_j gamma^(j - u) r_j`` from there, taken at the last step where the episode ends inside."""
+    t = 5
+    ep = Episode(
+        obs={"proprio": np.arange(t, dtype=np.float32)[:, None]},
+        actions=np.zeros((t, 1, 2), np.float32),
+        valid=np.ones((t, 1), bool),
+        rewards=np.eye(1, t, t - 1, dtype=np.float32).T,  # success at the last step
+        instruction="go",
+        success=True,
+    )
+    demos = Demos({}, [ep, ep])
+    future = demos.future(["proprio", "instruction"], 2, gamma=0.5)
+    assert len(future["returns"]) == len(demos.chunks(["proprio"], 2)["actions"]) == 2 * t
+    np.testing.assert_array_equal(future["next_obs"]["proprio"][:t, 0], [2, 3, 4, 4, 4])
+    np.testing.assert_allclose(future["returns"][:t], [0.25, 0.5, 1.0, 1.0, 1.0])
+    assert future["next_obs"]["instruction"] == ["go"] * (2 * t)
+
+    # stored chunks (K = 4, the last one cut after 2 sub-steps): the next row, sub-steps summed
+    rng = np.random.default_rng(0)
+    chunked = _episode(rng, 3)
+    chunked.rewards[-1, 1] = 1.0  # success on the episode's last executed sub-step (index 9)
+    future = Demos({}, [chunked]).future(["proprio"], None, gamma=0.5)
+    np.testing.assert_array_equal(future["next_obs"]["proprio"], chunked.obs["proprio"][[1, 2, 2]])
+    np.testing.assert_allclose(future["returns"], [0.5**5, 0.5**1, 1.0])
+    with pytest.raises(ValueError, match="gamma"):
+        demos.future(["proprio"], 2, gamma=0.0)
+
+
+def test_bc_gives_next_observations_and_returns_to_a_loss_that_takes_them(tmp_path, monkeypatch):
+    """A policy whose ``imitation_loss`` takes ``next_obs`` and ``returns`` (Cosmos Policy's world-model
+    and value targets) gets them, row for row with the batch."""
+    if "SacCounting-v0" not in gym.registry:
+        gym.register("SacCounting-v0", vector_entry_point="counting_env:CountingVectorEnv")
+    goal = 4
+    pos = np.arange(goal, dtype=np.float32)
+    ep = Episode(
+        obs={"image": np.zeros((goal, 2, 2, 3), np.uint8), "proprio": np.stack([pos, pos], 1)},
+        actions=np.ones((goal, 1, 2), np.float32), valid=np.ones((goal, 1), bool),
+        rewards=np.eye(1, goal, goal - 1, dtype=np.float32).T, instruction="walk", success=True,
+    )  # fmt: skip
+    path = write_demos(tmp_path / "demos.h5", [ep], {"env": "SacCounting-v0", "chunk_size": 1})
+    seen = []
+    plain = GaussianPolicy.imitation_loss
+
+    def loss_with_future(self, obs, actions, mask=None, *, next_obs=None, returns=None):
+        seen.append((obs["proprio"][:, 0].copy(), next_obs["proprio"][:, 0].copy(), returns.numpy()))
+        return plain(self, obs, actions, mask)
+
+    monkeypatch.setattr(GaussianPolicy, "imitation_loss", loss_with_future)
+    bc.main(
+        ["--demos", str(path), "--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 1}',
+         "--num-envs", "1", "--policy", "gaussian", "--policy-kwargs", '{"hidden_sizes": [8]}',
+         "--epochs", "1", "--val-fraction", "0", "--eval-every", "-1", "--value-gamma", "0.5",
+         "--run-dir", str(tmp_path / "bc"), "--no-progress", "--no-tensorboard", "--no-video"]
+    )  # fmt: skip
+    assert seen
+    for now, after, returns in seen:
+        np.testing.assert_array_equal(after, np.minimum(now + 1, goal - 1))
+        np.testing.assert_allclose(returns, 0.5 ** (goal - 1 - after))

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -77,6 +78,13 @@ class BCConfig:
     # policy, the checkpoint's with --init-policy or --resume
     norm_stats: Literal["auto", "demos", "checkpoint"] = "auto"
     bf16: bool = False  # run the policy's forward and loss under bfloat16 autocast
+    # discount of the value targets V(s') given to policies whose loss also trains a world model and
+    # a value (Cosmos Policy: the observation after each chunk and its discounted return)
+    value_gamma: float = 0.99
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.value_gamma <= 1.0:
+            raise ValueError(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -237,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ]
         actions = torch.as_tensor(train["actions"])
         valid = torch.as_tensor(train["valid"])
+        future = None  # what follows each sample, for a loss that takes it (world model and value)
+        if {"next_obs", "returns"} <= set(inspect.signature(policy.imitation_loss).parameters):
+            future = train_demos.future(keys, k, cfg.value_gamma)
         guard = BadUpdateGuard(cfg.max_bad_updates)
         m = len(actions)
         while not run.finished:
@@ -248,8 +259,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 obs = batch_obs(train["obs"], idx)
                 for key in images:
                     obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
+                extra = {}
+                if future is not None:
+                    extra = {
+                        "next_obs": batch_obs(future["next_obs"], idx),
+                        "returns": torch.as_tensor(future["returns"][idx]),
+                    }
                 with autocast(cfg.bf16, run.device):
-                    loss = policy.imitation_loss(obs, actions[idx], valid[idx])
+                    loss = policy.imitation_loss(obs, actions[idx], valid[idx], **extra)
                 stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
                 if stepped:
                     losses.append(loss.detach())

@@ -143,6 +143,42 @@ class Demos:
             "valid": np.concatenate(valid).astype(bool),
         }
 
+    def future(self, obs_keys: Sequence[str], chunk_size: int | None, gamma: float) -> dict[str, Any]:
+        """What follows each sample of ``chunks(obs_keys, chunk_size)`` (row for row): ``next_obs``,
+        the observation after the sample's chunk, and ``returns`` ``[M]``, the discounted Monte Carlo
+        return from there, ``sum_j gamma^(j - u) r_j`` over the sub-steps j >= u after the chunk,
+        clipped to [0, 1] (the value target V(s') of world-model / value training, e.g. Cosmos
+        Policy's). Where the episode ends inside the chunk, both are taken at its last step, so the
+        last chunk of a successful episode has the value of its final reward.
+        """
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        stored = self.episodes[0].actions.shape[1] if self.episodes else 1
+        k = stored if chunk_size is None else int(chunk_size)
+        rows, returns = [], []
+        offset = 0
+        for ep in self.episodes:
+            t = len(ep.actions)
+            rewards = ep.rewards[ep.valid].astype(np.float64)  # executed sub-steps, in order
+            n = len(rewards)
+            # sub-step index at which each recorded step starts
+            starts = np.concatenate([[0], np.cumsum(ep.valid.sum(1))])[:t]
+            nxt = np.minimum(np.arange(t) + (1 if k == stored else k), t - 1)  # recorded step after
+            after = np.minimum(np.where(np.arange(t) + (1 if k == stored else k) < t, starts[nxt], n), n - 1)
+            # discounted reward-to-go from every sub-step (backwards recursion)
+            to_go = np.zeros(n + 1)
+            for j in range(n - 1, -1, -1):
+                to_go[j] = rewards[j] + gamma * to_go[j + 1]
+            rows.append(offset + nxt)
+            returns.append(np.clip(to_go[np.maximum(after, 0)], 0.0, 1.0))
+            offset += t
+        index = np.concatenate(rows)
+        data = self.chunks(obs_keys, chunk_size)["obs"]
+        next_obs = {
+            key: [v[i] for i in index] if isinstance(v, list) else v[index] for key, v in data.items()
+        }
+        return {"next_obs": next_obs, "returns": np.concatenate(returns).astype(np.float32)}
+
 
 def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
     """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.tmp`` renamed at the
