@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         valid = torch.as_tensor(train["valid"])
         future = None  # what follows each sample, for a loss that takes it (world model and value)
         if {"next_obs", "returns"} <= set(inspect.signature(policy.imitation_loss).parameters):
-            future = train_demos.future(keys, k, cfg.value_gamma)
+            future = train_demos.future(k, cfg.value_gamma)
         guard = BadUpdateGuard(cfg.max_bad_updates)
         m = len(actions)
         while not run.finished:
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 extra = {}
                 if future is not None:
                     extra = {
-                        "next_obs": batch_obs(future["next_obs"], idx),
+                        "next_obs": batch_obs(train["obs"], future["next_row"][idx]),
                         "returns": torch.as_tensor(future["returns"][idx]),
                     }
                 with autocast(cfg.bf16, run.device):

@@ -143,13 +143,13 @@ class Demos:
             "valid": np.concatenate(valid).astype(bool),
         }
 
-    def future(self, obs_keys: Sequence[str], chunk_size: int | None, gamma: float) -> dict[str, Any]:
-        """What follows each sample of ``chunks(obs_keys, chunk_size)`` (row for row): ``next_obs``,
-        the observation after the sample's chunk, and ``returns`` ``[M]``, the discounted Monte Carlo
-        return from there, ``sum_j gamma^(j - u) r_j`` over the sub-steps j >= u after the chunk,
-        clipped to [0, 1] (the value target V(s') of world-model / value training, e.g. Cosmos
-        Policy's). Where the episode ends inside the chunk, both are taken at its last step, so the
-        last chunk of a successful episode has the value of its final reward.
+    def future(self, chunk_size: int | None, gamma: float) -> dict[str, Any]:
+        """What follows each sample of ``chunks(keys, chunk_size)``, row for row: ``next_row``
+        ``[M]``, the row of ``chunks`` whose observation comes after the sample's chunk, and
+        ``returns`` ``[M]``, the discounted Monte Carlo return from there (``sum_j gamma^(j - u) r_j``
+        over the sub-steps j >= u after the chunk, clipped to [0, 1]): the value target V(s') of
+        world-model / value training, e.g. Cosmos Policy's. Where the episode ends inside the chunk,
+        both are taken at its last step, so the last chunk of a success has its final reward's value.
         """
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
@@ -172,12 +172,7 @@ class Demos:
             rows.append(offset + nxt)
             returns.append(np.clip(to_go[np.maximum(after, 0)], 0.0, 1.0))
             offset += t
-        index = np.concatenate(rows)
-        data = self.chunks(obs_keys, chunk_size)["obs"]
-        next_obs = {
-            key: [v[i] for i in index] if isinstance(v, list) else v[index] for key, v in data.items()
-        }
-        return {"next_obs": next_obs, "returns": np.concatenate(returns).astype(np.float32)}
+        return {"next_row": np.concatenate(rows), "returns": np.concatenate(returns).astype(np.float32)}
 
 
 def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
