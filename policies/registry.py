@@ -2,7 +2,7 @@
 
 Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``residual`` (a correction over a frozen
 Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise), ``libero_expert``
-(scripted), ``openvla_oft``,
+(scripted), ``openvla``, ``openvla_oft``,
 ``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
 (categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
 ``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
@@ -27,6 +27,7 @@ POLICIES = {
     "residual": "policies.residual:ResidualPolicy",
     "dsrl": "policies.dsrl:NoiseSteeredPolicy",
     "libero_expert": "policies.libero_expert:LiberoExpert",
+    "openvla": "policies.openvla:OpenVLAPolicy",
     "openvla_oft": "policies.openvla_oft:OpenVLAOFTPolicy",
     "pi05": "policies.pi05:Pi05Policy",
     "cosmos_policy": "policies.cosmos_policy:CosmosPolicy",

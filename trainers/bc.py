@@ -18,11 +18,12 @@ One iteration is one epoch; ``--total-steps`` is ignored (the run counts demonst
 Episodes are split into training and held-out sets (``val_fraction``) for ``train/val_loss``.
 The checkpoint starts RL: ``python -m trainers.grpo --init-policy RUN_DIR ...``.
 
-VLAs (``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the same way,
-with their recipe's loss (OpenVLA-OFT: token cross-entropy, or L1 with ``"action_head": "l1"``;
-pi0.5: flow matching). A policy class with ``norm_stats_from_demos`` gets its action (and proprio)
-normalisation statistics computed from the training demos (``--norm-stats demos``, the default for
-a new policy) in the format its checkpoints carry: OpenVLA's ``dataset_statistics.json``
+VLAs (``openvla``, ``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the
+same way, with their recipe's loss (OpenVLA: teacher-forced token cross-entropy; OpenVLA-OFT: token
+cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching). A policy class with
+``norm_stats_from_demos`` gets its action (and proprio) normalisation statistics computed from the
+training demos (``--norm-stats demos``, the default for a new policy) in the format its checkpoints
+carry: OpenVLA's ``dataset_statistics.json``
 (``{unnorm_key: {"action": {q01, q99, mask, ...}, "proprio": {...}}}``, key ``unnorm_key`` or
 ``"demos"``), openpi's ``norm_stats.json`` (mean, std, q01, q99 of ``actions`` and ``state``). They go
 into the policy's arguments (``norm_stats``), so the run's checkpoints carry them and the result

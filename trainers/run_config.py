@@ -29,8 +29,8 @@ class RunConfig:
     # auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"  # auto: the trainer picks
-    # a registered policy (gaussian, categorical, binned, flow, residual, dsrl, openvla_oft, pi05,
-    # cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or module:Class
+    # a registered policy (gaussian, categorical, binned, flow, residual, dsrl, openvla, openvla_oft,
+    # pi05, cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or module:Class
     policy: str = "auto"
     policy_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON object: the policy's arguments
     total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)

@@ -1,5 +1,7 @@
 """The Prismatic VLA (OpenVLA's architecture): vision backbone -> MLP projector -> Llama-2, with
-OpenVLA-OFT's one-pass ("parallel") decoding of a whole action chunk.
+OpenVLA-OFT's one-pass ("parallel") decoding of a whole action chunk (``forward``). ``embed_prefix``
+is the multimodal prefix that pass and the original OpenVLA's causal, token-by-token decoding
+(``policies/openvla``) both start from.
 
 Module names are the checkpoints': ``vision_backbone.featurizer`` / ``fused_featurizer``,
 ``projector.fc1..fc3``, ``language_model`` (``transformers.LlamaForCausalLM``).
@@ -93,24 +95,14 @@ class OpenVLAModel(nn.Module):
         if output not in ("logits", "hidden"):
             raise ValueError(f"output must be 'logits' or 'hidden', got {output!r}")
         lm = self.language_model.model
-        patches = self.projector(self.vision_backbone(pixel_values))
-        b, device = input_ids.shape[0], input_ids.device
+        prefix, valid = self.embed_prefix(input_ids, attention_mask, pixel_values)
+        b, device = prefix.shape[0], prefix.device
+        embeds = [prefix, prefix.new_zeros(b, num_actions, prefix.shape[-1])]  # zeroed action embeddings
         if stop_id is not None:
-            input_ids = torch.cat([input_ids, input_ids.new_full((b, 1), stop_id)], dim=1)
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(b, 1)], dim=1)
-        text = lm.embed_tokens(input_ids)
+            embeds.append(lm.embed_tokens(input_ids.new_full((b, 1), stop_id)))
         tail = int(stop_id is not None)  # tokens after the placeholders
-        placeholders = text.new_zeros(b, num_actions, text.shape[-1])  # zeroed action embeddings
-        cut = text.shape[1] - tail
-        embeds = torch.cat(
-            [text[:, :1], patches.to(text.dtype), text[:, 1:cut], placeholders, text[:, cut:]], 1
-        )
-        real = attention_mask.bool()
-        ones = torch.ones(b, patches.shape[1] + num_actions, dtype=torch.bool, device=device)
-        n_patch = patches.shape[1]
-        valid = torch.cat(
-            [real[:, :1], ones[:, :n_patch], real[:, 1:cut], ones[:, n_patch:], real[:, cut:]], 1
-        )
+        embeds = torch.cat(embeds, 1)
+        valid = torch.cat([valid, valid.new_ones(b, num_actions + tail)], 1)
         position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
         mask = torch.zeros(b, 1, valid.shape[1], valid.shape[1], dtype=embeds.dtype, device=device)
         mask = mask.masked_fill(~valid[:, None, None, :], torch.finfo(embeds.dtype).min)  # pad keys only
@@ -120,3 +112,16 @@ class OpenVLAModel(nn.Module):
         if output == "hidden":
             return at_actions, hidden[:, first - 1]
         return self.language_model.lm_head(at_actions).float(), hidden[:, first - 1]
+
+    def embed_prefix(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input embeddings ``[B, L + n_patches, hidden]`` of ``[BOS, patches.., text..]`` (the
+        projected image patches go right after BOS) and their validity ``[B, L + n_patches]`` (bool:
+        False at padding)."""
+        text = self.language_model.model.embed_tokens(input_ids)
+        patches = self.projector(self.vision_backbone(pixel_values)).to(text.dtype)
+        embeds = torch.cat([text[:, :1], patches, text[:, 1:]], 1)
+        real = attention_mask.bool()
+        ones = real.new_ones(real.shape[0], patches.shape[1])
+        return embeds, torch.cat([real[:, :1], ones, real[:, 1:]], 1)

@@ -1,4 +1,5 @@
-"""A tiny OpenVLA-OFT checkpoint in the real on-disk layout, for tests and CPU benchmarks.
+"""A tiny OpenVLA / OpenVLA-OFT checkpoint in the real on-disk layout, for tests and CPU benchmarks
+(the original OpenVLA and OpenVLA-OFT share the model and the folder layout).
 
 Same files as a public checkpoint folder (``config.json``, sharded safetensors with
 ``model.safetensors.index.json``, ``tokenizer.json`` + ``tokenizer_config.json``,
