@@ -350,6 +350,20 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
         assert counts and set(counts) == {7}  # the prior rows: a chunk starts at every demo step, 3 + 4
         means = [v for k, v in state.items() if k.endswith("proprio.norm_mean")]
         assert all(torch.equal(m, prior_proprio) for m in means)
+    # critic_obs_norm "prior": the critics standardise by the prior data while the actor stays raw
+    sac_train.main(
+        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
+         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
+         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", '{"hidden_sizes": [16]}',
+         "--critic-obs-norm", "prior", "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "critic"),
+         *FAST]
+    )  # fmt: skip
+    data = ckpt.latest_checkpoint(tmp_path / "critic")[1]
+    assert not any("norm_" in k for k in data["policy"]["state_dict"])
+    learner = data["extra"]["learner"]
+    for target in ("critic.", "critic_target."):
+        assert torch.equal(learner[target + "encoder.encoders.proprio.norm_mean"], prior_proprio)
+        assert int(learner[target + "encoder.encoders.proprio.norm_count"]) == 7
 
 
 # ---------------------------------------------------------------------- bad input
@@ -370,6 +384,8 @@ def test_sac_refuses_what_it_cannot_train(tmp_path, monkeypatch):
                 *FAST,
             ]
         )
+    with pytest.raises(ValueError, match="critic_obs_norm .prior. takes its statistics from prior_data"):
+        sac_train.main(["--env", "Pendulum-v1", "--critic-obs-norm", "prior", *FAST])
     with pytest.raises(ValueError, match="critic_subsample 3 > n_critics 2"):
         sac_train.main(["--env", "Pendulum-v1", "--critic-subsample", "3", *FAST])
     with pytest.raises(FileNotFoundError, match="no demonstration dataset"):

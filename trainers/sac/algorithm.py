@@ -58,6 +58,9 @@ class SACConfig:
     critic_hidden_sizes: tuple[int, ...] = (256, 256)  # each critic member's hidden layers
     critic_activation: str = "relu"  # a name of policies.torsos.ACTIVATIONS
     actor_q: Literal["min", "mean"] = "min"  # how the actor's loss reduces the members' Q
+    # the critics' observation standardisation: "actor" as the actor does (its obs_norm), "prior"
+    # fixed from the prior data's statistics whatever the actor does (e.g. a clone fed raw features)
+    critic_obs_norm: Literal["actor", "prior"] = "actor"
     # actions before learning_starts: uniform in the Box (SB3) or the policy's own
     warmup: Literal["uniform", "policy"] = "uniform"
     # -- prior data (RLPD)
@@ -86,6 +89,10 @@ class SACConfig:
             raise ValueError("sac init_alpha and learning_rate must be > 0 and bc_coef >= 0")
         if self.critic_subsample > self.n_critics:
             raise ValueError(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
+        if self.critic_obs_norm not in ("actor", "prior"):
+            raise ValueError(f"sac critic_obs_norm must be actor or prior, got {self.critic_obs_norm!r}")
+        if self.critic_obs_norm == "prior" and not self.prior_data:
+            raise ValueError("sac critic_obs_norm 'prior' takes its statistics from prior_data, not set")
         if self.actor_q not in ("min", "mean") or self.warmup not in ("uniform", "policy"):
             raise ValueError(
                 f"actor_q must be min or mean and warmup uniform or policy, got {self.actor_q}, {self.warmup}"
@@ -96,7 +103,8 @@ class Learner(nn.Module):
     """What SAC trains besides the actor: the critics, their targets and the temperature.
 
     Actions reach the critics in normalised units: ``(a - center) / scale`` on a bounded Box;
-    observations standardised as the actor's are (``obs_norm``, ``policies.torsos.make_torso``).
+    observations standardised by ``obs_norm`` (``policies.torsos.make_torso``'s modes): the actor's
+    mode, or ``"fixed"`` with the prior data's statistics (``SACConfig.critic_obs_norm``).
     """
 
     def __init__(
