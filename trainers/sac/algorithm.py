@@ -61,6 +61,10 @@ class SACConfig:
     # the critics' observation standardisation: "actor" as the actor does (its obs_norm), "prior"
     # fixed from the prior data's statistics whatever the actor does (e.g. a clone fed raw features)
     critic_obs_norm: Literal["actor", "prior"] = "actor"
+    # "prior": an actor fed raw observations (a clone trained without obs_norm) is switched to fixed
+    # standardisation by the prior data's statistics with the same function (its first layer absorbs
+    # them), so that its updates move every input feature on the same scale; "keep": as it is
+    actor_obs_norm: Literal["keep", "prior"] = "keep"
     # actions before learning_starts: uniform in the Box (SB3) or the policy's own
     warmup: Literal["uniform", "policy"] = "uniform"
     # -- prior data (RLPD)
@@ -91,8 +95,11 @@ class SACConfig:
             raise ValueError(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
         if self.critic_obs_norm not in ("actor", "prior"):
             raise ValueError(f"sac critic_obs_norm must be actor or prior, got {self.critic_obs_norm!r}")
-        if self.critic_obs_norm == "prior" and not self.prior_data:
-            raise ValueError("sac critic_obs_norm 'prior' takes its statistics from prior_data, not set")
+        if self.actor_obs_norm not in ("keep", "prior"):
+            raise ValueError(f"sac actor_obs_norm must be keep or prior, got {self.actor_obs_norm!r}")
+        for name in ("critic_obs_norm", "actor_obs_norm"):
+            if getattr(self, name) == "prior" and not self.prior_data:
+                raise ValueError(f"sac {name} 'prior' takes its statistics from prior_data, not set")
         if self.actor_q not in ("min", "mean") or self.warmup not in ("uniform", "policy"):
             raise ValueError(
                 f"actor_q must be min or mean and warmup uniform or policy, got {self.actor_q}, {self.warmup}"

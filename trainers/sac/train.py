@@ -112,7 +112,12 @@ def train(
             updates = int(extra["updates"])
         if prior is not None and updates == 0:  # standardised by the demonstrations' statistics
             prior_obs = {k: v[: len(prior)] for k, v in prior.obs.items() if k not in prior.text}
-            if obs_norm != "off" and policy.obs_stats_count() == 0:
+            if obs_norm == "off" and config.actor_obs_norm == "prior":
+                policy.fold_standardisation(prior_obs)  # same function, standardised inputs
+                spec = run.checkpoints.spec  # checkpoints rebuild it with the statistics' buffers
+                torso_kwargs = {**(spec["kwargs"].get("torso_kwargs") or {}), "obs_norm": "fixed"}
+                spec["kwargs"] = {**spec["kwargs"], "torso_kwargs": torso_kwargs}
+            elif obs_norm != "off" and policy.obs_stats_count() == 0:
                 policy.update_obs_stats(prior_obs)
             if critic_norm != "off" and learner.critic.encoder.obs_stats_count() == 0:
                 learner.update_obs_stats(prior_obs)
