@@ -68,6 +68,14 @@ class TorsoPolicy(ActionChunkPolicy):
     def obs_stats_count(self) -> int:
         return self.torso.obs_stats_count()
 
+    def fold_standardisation(self, obs: Any) -> None:
+        """Standardise the vector observations of a policy trained on raw ones by the statistics of
+        ``obs``, keeping its function (``Torso.fold_standardisation``); ``obs_norm`` becomes
+        ``"fixed"`` (rebuild it with ``torso_kwargs={"obs_norm": "fixed"}`` to load its weights)."""
+        for torso in (self.torso, self.critic_torso):
+            if torso is not None:
+                torso.fold_standardisation(obs)
+
     def update_obs_stats(self, obs: Any) -> None:
         """Merge a batch of observations into the normalisation statistics of every torso."""
         for torso in (self.torso, self.critic_torso):

@@ -57,6 +57,7 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
 # ---------------------------------------------------------------------------------- encoders
 OBS_NORM_MODES = ("off", "running", "fixed")
 OBS_NORM_CLIP = 10.0  # normalised features are clipped to +-this (SB3's VecNormalize clip_obs)
+FOLD_MIN_STD = 0.01  # Torso.fold_standardisation's floor on each feature's std
 
 
 class VectorEncoder(nn.Module):
@@ -260,6 +261,38 @@ class Torso(nn.Module):
         prepared = self.prepare(obs)
         parts = [self.encoders[k](prepared[k]) for k in self.kinds]
         return self.trunk(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])
+
+    @torch.no_grad()
+    def fold_standardisation(self, obs: Any, min_std: float = FOLD_MIN_STD) -> None:
+        """Switch a torso fed raw vectors (``obs_norm`` ``"off"``) to ``"fixed"`` standardisation by
+        the statistics of ``obs`` (a batch), computing the same function: the trunk's first Linear
+        absorbs them, ``W x + b = (W s) (x - m) / s + (b + W m)``. Standardised, every input feature
+        moves on the same scale under an optimizer's steps (a clone trained on raw inputs can then be
+        fine-tuned as if it had been trained standardised). Each feature's std is floored at
+        ``min_std`` so that nearly constant features are not clipped at +-10 when they do move."""
+        if self.obs_norm != "off":
+            raise ValueError(f"fold_standardisation needs a torso with obs_norm 'off', got {self.obs_norm!r}")
+        first = self.trunk[0] if isinstance(self.trunk, nn.Sequential) and len(self.trunk) else None
+        if not isinstance(first, nn.Linear):
+            raise ValueError("fold_standardisation needs a trunk with hidden layers (its first Linear)")
+        if not self.is_dict and not isinstance(obs, Mapping):
+            obs = {"obs": obs}
+        offset = 0
+        for key, kind in self.kinds.items():  # forward concatenates the encoders in this order
+            width = int(self.encoders[key].out_dim)
+            if kind == "vector":
+                if key not in obs:
+                    raise ValueError(f"fold_standardisation: no {key!r} in the observations given")
+                new = VectorEncoder((width,), obs_norm=True).to(self.device)
+                new.update_stats(torch.as_tensor(obs[key], dtype=torch.float32, device=self.device))
+                new.norm_var.clamp_(min=min_std**2)
+                mean, std = new.norm_mean.float(), torch.sqrt(new.norm_var.float() + 1e-8)
+                cols = first.weight[:, offset : offset + width]
+                first.bias += cols @ mean
+                cols *= std
+                self.encoders[key] = new
+            offset += width
+        self.obs_norm = "fixed"
 
     def update_obs_stats(self, obs: Any) -> None:
         """Merge a batch of observations (raw or prepared; only the vector parts are read, keys

@@ -305,6 +305,31 @@ def test_obs_norm_merges_batches_and_standardises_every_torso():
     assert int(policy.torso.encoders["obs"].norm_count) == 18  # a refused batch changes nothing
 
 
+def test_fold_standardisation_keeps_the_function_of_a_raw_policy():
+    torch.manual_seed(0)
+    policy = GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs=TORSO)  # image, proprio, text: offsets
+    obs = _obs(DICT_SPACE)
+    obs["proprio"] = (np.random.default_rng(1).normal(size=(B, 3)) * [50.0, 0.02, 0.0] + [80, 1, 3]).astype(
+        np.float32
+    )  # a step counter, a fine position, a constant
+    before = policy.act(obs, deterministic=True).actions
+    policy.fold_standardisation({"proprio": obs["proprio"]})
+    assert policy.obs_norm == "fixed"
+    encoder = policy.torso.encoders["proprio"]
+    std = torch.sqrt(encoder.norm_var)
+    assert std[0] > 10 and 0.01 <= std[1] < 0.03 and std[2] == pytest.approx(0.01)  # floored
+    torch.testing.assert_close(policy.act(obs, deterministic=True).actions, before, atol=1e-5, rtol=1e-5)
+    reloaded = GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs={**TORSO, "obs_norm": "fixed"})
+    reloaded.load_state_dict(policy.state_dict())
+    torch.testing.assert_close(reloaded.act(obs, deterministic=True).actions, before, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs a torso with obs_norm 'off', got 'fixed'"):
+        policy.fold_standardisation({"proprio": obs["proprio"]})
+    with pytest.raises(ValueError, match="no 'proprio' in the observations"):
+        GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs=TORSO).fold_standardisation({})
+    with pytest.raises(ValueError, match="needs a trunk with hidden layers"):
+        GaussianPolicy(VEC_SPACE, CHUNK_BOX, hidden_sizes=()).fold_standardisation(obs["proprio"])
+
+
 def test_replay_round_trips_the_prepared_observation():
     policy = GaussianPolicy(DICT_SPACE, CHUNK_BOX, torso_kwargs=TORSO)
     out = policy.act(_obs(DICT_SPACE))

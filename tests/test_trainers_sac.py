@@ -350,6 +350,37 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
         assert counts and set(counts) == {7}  # the prior rows: a chunk starts at every demo step, 3 + 4
         means = [v for k, v in state.items() if k.endswith("proprio.norm_mean")]
         assert all(torch.equal(m, prior_proprio) for m in means)
+    # critic_obs_norm "prior": the critics standardise by the prior data while the actor stays raw
+    sac_train.main(
+        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
+         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
+         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", '{"hidden_sizes": [16]}',
+         "--critic-obs-norm", "prior", "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "critic"),
+         *FAST]
+    )  # fmt: skip
+    data = ckpt.latest_checkpoint(tmp_path / "critic")[1]
+    assert not any("norm_" in k for k in data["policy"]["state_dict"])
+    learner = data["extra"]["learner"]
+    for target in ("critic.", "critic_target."):
+        assert torch.equal(learner[target + "encoder.encoders.proprio.norm_mean"], prior_proprio)
+        assert int(learner[target + "encoder.encoders.proprio.norm_count"]) == 7
+    # actor_obs_norm "prior": a raw actor is folded to fixed standardisation; its checkpoints rebuild it
+    sac_train.main(
+        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
+         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
+         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", '{"hidden_sizes": [16]}',
+         "--actor-obs-norm", "prior", "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "actor"),
+         *FAST]
+    )  # fmt: skip
+    data = ckpt.latest_checkpoint(tmp_path / "actor")[1]
+    assert data["policy"]["kwargs"]["torso_kwargs"] == {"obs_norm": "fixed"}
+    assert torch.equal(data["policy"]["state_dict"]["torso.encoders.proprio.norm_mean"], prior_proprio)
+    assert not any("norm_" in k for k in data["extra"]["learner"])  # critics: as the actor was built
+    from trainers.checkpoint import load_policy
+
+    env = gym.make_vec("SacCounting-v0", num_envs=1, chunk_size=2)
+    folded = load_policy(tmp_path / "actor", env.single_observation_space, env.single_action_space)
+    assert folded.obs_norm == "fixed"
 
 
 # ---------------------------------------------------------------------- bad input
@@ -370,6 +401,10 @@ def test_sac_refuses_what_it_cannot_train(tmp_path, monkeypatch):
                 *FAST,
             ]
         )
+    with pytest.raises(ValueError, match="critic_obs_norm .prior. takes its statistics from prior_data"):
+        sac_train.main(["--env", "Pendulum-v1", "--critic-obs-norm", "prior", *FAST])
+    with pytest.raises(ValueError, match="actor_obs_norm 'prior' takes its statistics from prior_data"):
+        sac_train.main(["--env", "Pendulum-v1", "--actor-obs-norm", "prior", *FAST])
     with pytest.raises(ValueError, match="critic_subsample 3 > n_critics 2"):
         sac_train.main(["--env", "Pendulum-v1", "--critic-subsample", "3", *FAST])
     with pytest.raises(FileNotFoundError, match="no demonstration dataset"):

@@ -58,6 +58,13 @@ class SACConfig:
     critic_hidden_sizes: tuple[int, ...] = (256, 256)  # each critic member's hidden layers
     critic_activation: str = "relu"  # a name of policies.torsos.ACTIVATIONS
     actor_q: Literal["min", "mean"] = "min"  # how the actor's loss reduces the members' Q
+    # the critics' observation standardisation: "actor" as the actor does (its obs_norm), "prior"
+    # fixed from the prior data's statistics whatever the actor does (e.g. a clone fed raw features)
+    critic_obs_norm: Literal["actor", "prior"] = "actor"
+    # "prior": an actor fed raw observations (a clone trained without obs_norm) is switched to fixed
+    # standardisation by the prior data's statistics with the same function (its first layer absorbs
+    # them), so that its updates move every input feature on the same scale; "keep": as it is
+    actor_obs_norm: Literal["keep", "prior"] = "keep"
     # actions before learning_starts: uniform in the Box (SB3) or the policy's own
     warmup: Literal["uniform", "policy"] = "uniform"
     # -- prior data (RLPD)
@@ -86,6 +93,13 @@ class SACConfig:
             raise ValueError("sac init_alpha and learning_rate must be > 0 and bc_coef >= 0")
         if self.critic_subsample > self.n_critics:
             raise ValueError(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
+        if self.critic_obs_norm not in ("actor", "prior"):
+            raise ValueError(f"sac critic_obs_norm must be actor or prior, got {self.critic_obs_norm!r}")
+        if self.actor_obs_norm not in ("keep", "prior"):
+            raise ValueError(f"sac actor_obs_norm must be keep or prior, got {self.actor_obs_norm!r}")
+        for name in ("critic_obs_norm", "actor_obs_norm"):
+            if getattr(self, name) == "prior" and not self.prior_data:
+                raise ValueError(f"sac {name} 'prior' takes its statistics from prior_data, not set")
         if self.actor_q not in ("min", "mean") or self.warmup not in ("uniform", "policy"):
             raise ValueError(
                 f"actor_q must be min or mean and warmup uniform or policy, got {self.actor_q}, {self.warmup}"
@@ -96,7 +110,8 @@ class Learner(nn.Module):
     """What SAC trains besides the actor: the critics, their targets and the temperature.
 
     Actions reach the critics in normalised units: ``(a - center) / scale`` on a bounded Box;
-    observations standardised as the actor's are (``obs_norm``, ``policies.torsos.make_torso``).
+    observations standardised by ``obs_norm`` (``policies.torsos.make_torso``'s modes): the actor's
+    mode, or ``"fixed"`` with the prior data's statistics (``SACConfig.critic_obs_norm``).
     """
 
     def __init__(

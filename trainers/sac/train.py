@@ -92,8 +92,9 @@ def train(
                 "DSRL's critics score the noise fed to the frozen policy; prior data holds env actions "
                 "(drop --prior-data, or clone the flow policy on the demos with trainers.bc)"
             )
-        obs_norm = getattr(policy, "obs_norm", "off")  # the critics standardise as the actor does
-        learner = Learner(env.single_observation_space, sac_space, config, obs_norm).to(run.device)
+        obs_norm = getattr(policy, "obs_norm", "off")
+        critic_norm = obs_norm if config.critic_obs_norm == "actor" else "fixed"
+        learner = Learner(env.single_observation_space, sac_space, config, critic_norm).to(run.device)
         optimizer = make_optimizer(policy, learner, config)
         prior = None
         if config.prior_data:  # read and checked before any env step
@@ -109,10 +110,17 @@ def train(
             learner.load_state_dict(extra["learner"])
             buffer.load_state_dict(extra["buffer"])
             updates = int(extra["updates"])
-        if obs_norm != "off" and prior is not None and updates == 0 and policy.obs_stats_count() == 0:
+        if prior is not None and updates == 0:  # standardised by the demonstrations' statistics
             prior_obs = {k: v[: len(prior)] for k, v in prior.obs.items() if k not in prior.text}
-            policy.update_obs_stats(prior_obs)  # standardised by the demonstrations' statistics
-            learner.update_obs_stats(prior_obs)
+            if obs_norm == "off" and config.actor_obs_norm == "prior":
+                policy.fold_standardisation(prior_obs)  # same function, standardised inputs
+                spec = run.checkpoints.spec  # checkpoints rebuild it with the statistics' buffers
+                torso_kwargs = {**(spec["kwargs"].get("torso_kwargs") or {}), "obs_norm": "fixed"}
+                spec["kwargs"] = {**spec["kwargs"], "torso_kwargs": torso_kwargs}
+            elif obs_norm != "off" and policy.obs_stats_count() == 0:
+                policy.update_obs_stats(prior_obs)
+            if critic_norm != "off" and learner.critic.encoder.obs_stats_count() == 0:
+                learner.update_obs_stats(prior_obs)
         target_entropy = config.target_entropy
         if target_entropy is None:  # minus the number of sampled elements per chunk (SB3: -dim(A))
             sampled = policy.chunk_size * policy.log_prob_dim if sac_space is space else sac_space.shape
@@ -159,7 +167,8 @@ def train(
                     keys = [k for k in rows[0].obs if k not in buffer.text]
                     new_obs = {k: np.stack([t.obs[k] for t in rows]) for k in keys}
                     policy.update_obs_stats(new_obs)
-                    learner.update_obs_stats(new_obs)
+                    if critic_norm == "running":
+                        learner.update_obs_stats(new_obs)
                 env_steps += int(rollout.valid.sum())
                 episodes += rollout.episodes
                 if len(buffer) >= config.learning_starts:
