@@ -1210,6 +1210,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
     info = "meta/info.json"
     data = "data/chunk-000/file-000.parquet"
     episodes = "meta/episodes/chunk-000/file-000.parquet"
+    video = "videos/observation.images.image/chunk-000/file-000.mp4"
     return {
         "LeRobot info.json truncated": lerobot(
             "info", lambda o: truncated(o / info), "info.json", "expected a JSON object", "truncated"
@@ -1222,6 +1223,9 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         ),
         "LeRobot episodes parquet truncated": lerobot(
             "episodes", lambda o: truncated(o / episodes), "meta/episodes", "expected a parquet file"
+        ),
+        "LeRobot video .mp4 truncated": lerobot(
+            "video", lambda o: truncated(o / video), "file-000.mp4", "16x16 frames", "cut short", "truncated"
         ),
         "frame set .npy truncated": frames_npy,
         "world-model bundle dataset .npy truncated": bundle_npy,
