@@ -296,7 +296,29 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
     cases["world model num_envs=True"] = lambda: raises(ValueError, "bad num_envs", "True")(
         lambda: probe.world_model(num_envs=True)
     )
+    # chunk_size was Python's TypeError once the weights had loaded (issue 32): now LIBERO's meaning
+    cases["world model chunk_size=0"] = lambda: raises(ValueError, "bad chunk_size: expected an int >= 1")(
+        lambda: probe.world_model(chunk_size=0)
+    )
+    cases["world model chunk_size=4 (LIBERO's K)"] = lambda: _chunked_world_model(probe)
+    cases["world model unknown keyword"] = lambda: raises(
+        ValueError, "bad argument 'chunk_sizes': expected one of", "chunk_size, ", "received chunk_sizes=4"
+    )(lambda: probe.world_model(chunk_sizes=4))
     return cases
+
+
+def _chunked_world_model(probe: Probe) -> None:
+    """``chunk_size=4``: 4 actions per step and as many imagined frames, as LIBERO's chunks."""
+    env = probe.world_model(chunk_size=4, model_options={"num_steps": 1})
+    try:
+        if env.single_action_space.shape != (4, 7) or env.unwrapped.sim_env_kwargs()["chunk_size"] != 4:
+            raise AssertionError(f"action space {env.single_action_space}")
+        env.reset(seed=0)
+        info = env.step(np.zeros(env.action_space.shape, np.float32))[-1]
+        if info["chunk_valid"].shape != (1, 4):
+            raise AssertionError(f"chunk_valid of shape {info['chunk_valid'].shape}")
+    finally:
+        env.close()
 
 
 def _with_state(env: Any, value: float) -> Any:
