@@ -1343,6 +1343,19 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
         if saved["run"]["policy_kwargs"] != {"hidden_sizes": [16]} or saved["run"]["total_steps"] != 192:
             raise AssertionError(f"config.json has {saved['run']}")
 
+    def opt_in_it_lacks() -> None:
+        # issue 32: a TypeError of the policy's constructor once the env was built
+        before = digest(run())
+        raises(ValueError, "trust_pickle=True", "CategoricalPolicy) has no trust_pickle argument")(
+            lambda: quiet(["--resume", str(folder), "--policy-kwargs", '{"trust_pickle": true}'])
+        )
+        if digest(folder) != before:
+            raise AssertionError(f"{folder} changed")
+
+    def opt_in_asking_nothing() -> None:
+        run()
+        quiet(["--resume", str(folder), "--total-steps", "256", "--policy-kwargs", '{"trust_pickle": false}'])
+
     return {
         "--resume with another --seed": refused("--seed", "3", "seed 0"),
         "--resume with another --policy": refused("--policy", "gaussian", "policy 'auto'"),
@@ -1353,6 +1366,8 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
         "--resume with another --run-dir": refused("--run-dir", "runs/other", str(folder)),
         "--resume with another --adam-eps": refused("--adam-eps", "0.1", "adam_eps 1e-05"),
         "--resume with the run's own values": same_values,
+        "--resume with an opt-in its policy has no argument for": opt_in_it_lacks,
+        "--resume with an opt-in that asks for nothing (False)": opt_in_asking_nothing,
     }
 
 
