@@ -296,7 +296,29 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
     cases["world model num_envs=True"] = lambda: raises(ValueError, "bad num_envs", "True")(
         lambda: probe.world_model(num_envs=True)
     )
+    # chunk_size was Python's TypeError once the weights had loaded (issue 32): now LIBERO's meaning
+    cases["world model chunk_size=0"] = lambda: raises(ValueError, "bad chunk_size: expected an int >= 1")(
+        lambda: probe.world_model(chunk_size=0)
+    )
+    cases["world model chunk_size=4 (LIBERO's K)"] = lambda: _chunked_world_model(probe)
+    cases["world model unknown keyword"] = lambda: raises(
+        ValueError, "bad argument 'chunk_sizes': expected one of", "chunk_size, ", "received chunk_sizes=4"
+    )(lambda: probe.world_model(chunk_sizes=4))
     return cases
+
+
+def _chunked_world_model(probe: Probe) -> None:
+    """``chunk_size=4``: 4 actions per step and as many imagined frames, as LIBERO's chunks."""
+    env = probe.world_model(chunk_size=4, model_options={"num_steps": 1})
+    try:
+        if env.single_action_space.shape != (4, 7) or env.unwrapped.sim_env_kwargs()["chunk_size"] != 4:
+            raise AssertionError(f"action space {env.single_action_space}")
+        env.reset(seed=0)
+        info = env.step(np.zeros(env.action_space.shape, np.float32))[-1]
+        if info["chunk_valid"].shape != (1, 4):
+            raise AssertionError(f"chunk_valid of shape {info['chunk_valid'].shape}")
+    finally:
+        env.close()
 
 
 def _with_state(env: Any, value: float) -> Any:
@@ -1210,6 +1232,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
     info = "meta/info.json"
     data = "data/chunk-000/file-000.parquet"
     episodes = "meta/episodes/chunk-000/file-000.parquet"
+    video = "videos/observation.images.image/chunk-000/file-000.mp4"
     return {
         "LeRobot info.json truncated": lerobot(
             "info", lambda o: truncated(o / info), "info.json", "expected a JSON object", "truncated"
@@ -1222,6 +1245,9 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         ),
         "LeRobot episodes parquet truncated": lerobot(
             "episodes", lambda o: truncated(o / episodes), "meta/episodes", "expected a parquet file"
+        ),
+        "LeRobot video .mp4 truncated": lerobot(
+            "video", lambda o: truncated(o / video), "file-000.mp4", "16x16 frames", "cut short", "truncated"
         ),
         "frame set .npy truncated": frames_npy,
         "world-model bundle dataset .npy truncated": bundle_npy,
@@ -1317,6 +1343,19 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
         if saved["run"]["policy_kwargs"] != {"hidden_sizes": [16]} or saved["run"]["total_steps"] != 192:
             raise AssertionError(f"config.json has {saved['run']}")
 
+    def opt_in_it_lacks() -> None:
+        # issue 32: a TypeError of the policy's constructor once the env was built
+        before = digest(run())
+        raises(ValueError, "trust_pickle=True", "CategoricalPolicy) has no trust_pickle argument")(
+            lambda: quiet(["--resume", str(folder), "--policy-kwargs", '{"trust_pickle": true}'])
+        )
+        if digest(folder) != before:
+            raise AssertionError(f"{folder} changed")
+
+    def opt_in_asking_nothing() -> None:
+        run()
+        quiet(["--resume", str(folder), "--total-steps", "256", "--policy-kwargs", '{"trust_pickle": false}'])
+
     return {
         "--resume with another --seed": refused("--seed", "3", "seed 0"),
         "--resume with another --policy": refused("--policy", "gaussian", "policy 'auto'"),
@@ -1327,6 +1366,8 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
         "--resume with another --run-dir": refused("--run-dir", "runs/other", str(folder)),
         "--resume with another --adam-eps": refused("--adam-eps", "0.1", "adam_eps 1e-05"),
         "--resume with the run's own values": same_values,
+        "--resume with an opt-in its policy has no argument for": opt_in_it_lacks,
+        "--resume with an opt-in that asks for nothing (False)": opt_in_asking_nothing,
     }
 
 

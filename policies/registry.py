@@ -12,6 +12,7 @@ Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Collection
 from typing import Any
 
@@ -62,12 +63,34 @@ def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) 
     )
 
 
-def make_policy(
-    name: str, observation_space: spaces.Space, action_space: spaces.Space, **kwargs: Any
-) -> ActionChunkPolicy:
-    """Build the policy ``name`` for single-env ``observation_space`` / ``action_space``."""
+def policy_class(name: str, action_space: spaces.Space | None) -> type[ActionChunkPolicy]:
+    """The class ``make_policy`` builds for ``name`` (imported; ``action_space`` resolves ``auto``)."""
     module_name, _, class_name = resolve_policy(name, action_space).partition(":")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, ActionChunkPolicy)):
         raise ValueError(f"{module_name}:{class_name} is not an ActionChunkPolicy subclass")
-    return cls(observation_space, action_space, **kwargs)
+    return cls
+
+
+def accepted_arguments(cls: type[ActionChunkPolicy]) -> set[str]:
+    """The keyword arguments a policy class names: its constructor's and, as long as a constructor
+    takes ``**options`` (passed on to its parent's), the parent's too, up to ``ActionChunkPolicy``."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is ActionChunkPolicy:
+            break
+        init = vars(klass).get("__init__")
+        if init is None:  # inherits its parent's
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names - {"self"}
+
+
+def make_policy(
+    name: str, observation_space: spaces.Space, action_space: spaces.Space, **kwargs: Any
+) -> ActionChunkPolicy:
+    """Build the policy ``name`` for single-env ``observation_space`` / ``action_space``."""
+    return policy_class(name, action_space)(observation_space, action_space, **kwargs)

@@ -598,6 +598,45 @@ def test_truncated_or_malformed_lerobot_files_are_refused_clearly(tmp_path, case
         load_demos(out, progress=False)
 
 
+VIDEO = "videos/observation.images.image/chunk-000/file-000.mp4"
+
+
+def _cut_mp4(path: Path, how: str) -> None:
+    """Cut a real mp4 (ffmpeg's layout: ftyp, free, mdat, then moov, the frame index) short."""
+    data = path.read_bytes()
+    moov = data.rfind(b"moov") - 4  # where the moov box starts
+    keep = {"half": len(data) // 2, "no moov": moov, "last byte": len(data) - 1}.get(how)
+    path.write_bytes(data[:keep] if keep is not None else b"not a video at all, just text\n")
+
+
+CUT_MP4 = {  # how a video is damaged -> what the error says came
+    "half": r"cut short \(\d+ bytes: its 'mdat' box at byte \d+ declares \d+ bytes, \d+ more than",
+    "no moov": r"cut short \(\d+ bytes: it has no 'moov' box, the index of its frames",
+    "last byte": r"cut short \(\d+ bytes: its 'moov' box at byte \d+ declares \d+ bytes, 1 more than",
+    "not an mp4": r"ffmpeg cannot decode \(is it truncated or damaged\?\): \S",
+}
+
+
+@requires_pyarrow
+@pytest.mark.parametrize("how", list(CUT_MP4))
+def test_a_truncated_video_is_refused_naming_the_file(tmp_path, monkeypatch, how):
+    """Issue 32: a LeRobot video cut short was ffmpeg's RuntimeError. Now a ValueError names the
+    file, what info.json declares (19 frames of 16x16 in this file) and what came; a file cut short
+    is found from its box headers, before ffmpeg is started."""
+    import trainers.datasets.video as video
+
+    out = write_lerobot(_demos(), tmp_path / "ds", progress=False)
+    _cut_mp4(out / VIDEO, how)
+    if how != "not an mp4":  # refused before any decoding
+        monkeypatch.setattr(video.subprocess, "Popen", lambda *a, **k: pytest.fail("ffmpeg started"))
+    expected = (
+        rf"{re.escape(str(out / VIDEO))}: expected a video of 16x16 frames that meta/info.json declares "
+        rf"for 'observation.images.image' \(at least 19\), got a file "
+    )
+    with pytest.raises(ValueError, match=expected + CUT_MP4[how]):
+        load_demos(out, progress=False)
+
+
 def test_a_truncated_world_model_dataset_file_is_named(tmp_path):
     out = write_world_model_dataset(_demos(), tmp_path / "bundle")
     path = sorted(out.glob("*.npy"))[1]
@@ -906,7 +945,7 @@ def test_the_robustness_probe_counts_every_malformed_file_case_handled(tmp_path)
     from benchmarks.robustness import probe_all
 
     results = probe_all(["malformed files"], tmp_path)["malformed files"]
-    assert len(results) == 9 and not any(results.values()), results
+    assert len(results) == 10 and not any(results.values()), results
 
 
 # ------------------------------------------------------------------------------ behaviour cloning

@@ -184,6 +184,30 @@ def test_settings_a_resume_keeps_per_algorithm_and_from_a_config_file(tmp_path):
     assert parse_cli(classes, [*resume, "--config", str(recipe)])["run"].total_steps == 10
 
 
+def test_an_opt_in_the_resumed_policy_has_no_argument_for(tmp_path, monkeypatch):
+    """Issue 32: ``--resume RUN --policy-kwargs '{"trust_pickle": false}'`` on a Gaussian-policy run
+    was TorsoPolicy's TypeError. An opt-in that asks for nothing (False) is what the policy does
+    anyway: left out, the run resumes. One that asks for something (True) is a ValueError naming it
+    and the policy, before any env is built, the folder left as it was."""
+    run_dir = tmp_path / "run"
+    ppo_train.main([a if a != "CartPole-v1" else "Pendulum-v1" for a in _args(run_dir)])  # Gaussian
+    before = _files(run_dir)
+    resume = ["--resume", str(run_dir), "--total-steps", "192", *FAST, "--policy-kwargs"]
+    with monkeypatch.context() as patched:
+        patched.setattr(Run, "make_env", lambda *a, **k: pytest.fail("an env was built"))
+        with pytest.raises(
+            ValueError,
+            match=r"^policy_kwargs trust_pickle=True: the policy of .*iter_000002.pt "
+            r"\(policies.gaussian:GaussianPolicy\) has no trust_pickle argument \(of the opt-ins .* it "
+            r"takes none\)",
+        ):
+            main([*resume, '{"trust_pickle": true}'])
+    assert _files(run_dir) == before
+    main([*resume, '{"trust_pickle": false}'])
+    assert _iterations(run_dir) == [1, 2, 3]
+    assert "trust_pickle" not in ckpt.latest_checkpoint(run_dir)[1]["policy"]["kwargs"]
+
+
 # ---------------------------------------------------------------------- torn and damaged logs
 def test_torn_last_lines_are_dropped_on_resume_and_damage_before_them_is_named(tmp_path):
     run_dir = tmp_path / "run"

@@ -350,6 +350,30 @@ def test_load_policy_drops_the_files_opt_ins_and_still_loads(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), policy.state_dict().values()))
 
 
+def test_the_callers_opt_ins_reach_only_a_policy_that_takes_them(tmp_path):
+    """Issue 32: ``policy_kwargs={"trust_pickle": False}`` for a policy without that argument was
+    its TypeError. False or None asks for nothing and is left out; a value that asks for something
+    is a ValueError naming it and the policy; the pretrained policies take theirs."""
+    from nets.safe_load import OPT_IN_KEYS
+    from policies.cosmos_policy import CosmosPolicy
+    from policies.registry import accepted_arguments
+
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    policy, built = ckpt.build_policy("categorical", {"hidden_sizes": [8]}, *spaces)
+    path = _policy_checkpoint(tmp_path / "p.pt", built["name"], built["kwargs"], policy.state_dict())
+    ckpt.load_policy(path, *spaces, policy_kwargs={"trust_pickle": False, "download": None})
+    refusal = (
+        r"policy_kwargs download=True: the policy of .*p.pt \(policies.categorical:CategoricalPolicy\) "
+        r"has no download argument \(of the opt-ins .* it takes none\); leave download out"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        ckpt.load_policy(path, *spaces, policy_kwargs={"download": True})
+    with pytest.raises(ValueError, match=refusal):
+        ckpt.build_policy("auto", {"download": True}, *spaces, resume=path)
+    assert accepted_arguments(CosmosPolicy) & OPT_IN_KEYS == {"download", "trust_pickle"}
+
+
 @pytest.fixture
 def evil_module(tmp_path, monkeypatch):
     """A module on sys.path whose import creates a marker file."""

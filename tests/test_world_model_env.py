@@ -307,6 +307,65 @@ def test_a_bool_is_no_number_of_envs(bundles, num_envs):
         make(bundles, "cosmos", num_envs=num_envs)
 
 
+@pytest.mark.parametrize("chunk_size", [2, None])
+@pytest.mark.parametrize("backend", list(IDS))
+def test_chunk_size_means_what_it_means_for_libero(bundles, backend, chunk_size):
+    """``chunk_size=K``: K actions per step, one imagined frame each, as LIBERO's K sub-steps; None:
+    one (7,) action and one frame per step. It was Python's TypeError (issue 32)."""
+    env = make(bundles, backend, chunk_size=chunk_size, max_episode_steps=3)
+    k = chunk_size or 1
+    assert env.single_action_space.shape == ((k, 7) if chunk_size else (7,))
+    assert env.unwrapped.model.frames_per_step == k and env.metadata["chunk_size"] == chunk_size
+    assert env.unwrapped.sim_env_kwargs()["chunk_size"] == chunk_size  # LIBERO made to act the same
+    set_reward(env, -20.0)  # never a success: the episodes run to the step limit
+    env.reset(seed=0)
+    env.unwrapped.record_frames = True
+    for step in range(1, -(-3 // k) + 1):  # the last chunk of 2 is cut at the limit
+        _, _, term, trunc, info = env.step(zeros(env))
+        frames = min(k, 3 - (step - 1) * k)
+        assert info["chunk_valid"].shape == (2, k) and info["chunk_valid"].sum(1).tolist() == [frames] * 2
+        assert all(len(f) == frames for f in info["frames"])
+    assert trunc.all() and not term.any() and info["episode"]["length"].tolist() == [3, 3]
+    env.close()
+
+
+def test_the_one_env_view_takes_chunk_size_too(bundles):
+    env = gym.make(IDS["cosmos"], chunk_size=4, model_dir=bundles["cosmos"], image_size=SIZES["cosmos"])
+    assert env.action_space.shape == (4, 7)
+    env.close()
+
+
+BAD_CHUNKS = {
+    "chunk_size=0": ({"chunk_size": 0}, r"bad chunk_size: expected an int >= 1 or None, received 0"),
+    "chunk_size='4'": ({"chunk_size": "4"}, r"bad chunk_size: expected an int >= 1 or None, received '4'"),
+    "frames_per_step disagrees": (
+        {"chunk_size": 4, "model_options": {"frames_per_step": 8}},
+        r"bad model_options\['frames_per_step'\]: expected 4, what chunk_size=4 gives .*received 8",
+    ),
+    "unknown keyword": (
+        {"chunk_sizes": 4},
+        r"bad argument 'chunk_sizes': expected one of .*chunk_size, .*max_episode_steps, .*model_options, "
+        r".*reward_coef, .*received chunk_sizes=4",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CHUNKS))
+@pytest.mark.parametrize("backend", list(IDS))
+def test_bad_chunk_sizes_and_unknown_keywords_are_refused_before_any_loading(tmp_path, backend, case):
+    """A ValueError naming the argument and what it accepts, before the bundle is even looked for
+    (the folder given does not exist): unknown keywords were Python's TypeError once the weights
+    had loaded."""
+    kwargs, message = BAD_CHUNKS[case]
+    with pytest.raises(ValueError, match=f"{IDS[backend]}: {message}"):
+        gym.make_vec(IDS[backend], num_envs=1, model_dir=tmp_path / "absent", **kwargs)
+
+
+def test_cosmos_takes_at_most_its_model_actions_per_step(tmp_path):
+    with pytest.raises(ValueError, match=r"bad chunk_size: expected an int in \[1, 12\] \(model_actions"):
+        gym.make_vec(IDS["cosmos"], num_envs=1, model_dir=tmp_path / "absent", chunk_size=13)
+
+
 def test_a_frame_of_another_libero_suite_is_refused_and_changes_nothing(bundles):
     """A LIBERO-Object frame given to a model of LIBERO-Spatial: a ValueError naming both suites,
     before anything is reset; frames of its own suite, and frames without a LIBERO task key, start."""

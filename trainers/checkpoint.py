@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import random
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,6 +292,31 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
     return {**spec, "kwargs": kwargs}
 
 
+def given_opt_ins(
+    kwargs: Mapping[str, Any], name: str, source: Any, action_space: Any = None
+) -> dict[str, Any]:
+    """The opt-ins (``OPT_IN_KEYS``) among the caller's ``kwargs`` to rebuild a checkpoint's policy
+    ``name`` with (``source``: the checkpoint): those its class takes as arguments. One it has no
+    argument for is left out when it asks for nothing (False or None: what the policy does anyway),
+    else a ``ValueError`` names it, the policy and the opt-ins it takes. ``action_space`` resolves
+    the name ``auto`` (without it: Gaussian; neither it nor the categorical policy takes one)."""
+    from policies.registry import accepted_arguments, policy_class
+
+    given = {k: v for k, v in kwargs.items() if k in OPT_IN_KEYS}
+    if not given:
+        return {}
+    cls = policy_class(name, action_space)
+    takes = accepted_arguments(cls) & OPT_IN_KEYS
+    for key, value in given.items():
+        if key not in takes and value not in (False, None):
+            raise ValueError(
+                f"policy_kwargs {key}={value!r}: the policy of {source} ({cls.__module__}:"
+                f"{cls.__qualname__}) has no {key} argument (of the opt-ins {sorted(OPT_IN_KEYS)} it "
+                f"takes {sorted(takes) or 'none'}); leave {key} out"
+            )
+    return {k: v for k, v in given.items() if k in takes}
+
+
 def load_policy(
     source: str | Path,
     observation_space: Any,
@@ -307,15 +332,18 @@ def load_policy(
 
     What widens what is loaded comes from this call, never from the file: ``policy_kwargs``
     override the saved arguments (e.g. ``{"trust_pickle": True}`` or ``{"download": True}`` for
-    a policy whose pretrained files need them; the file's own opt-ins are dropped with a
-    warning), ``allow_policies`` are ``module:Class`` names besides vla-gym's policies that the
-    file may name, and ``allow_unverified`` reads a version-1 file (no SHA-256)."""
+    a policy whose pretrained files need them: ``given_opt_ins``; the file's own opt-ins are
+    dropped with a warning), ``allow_policies`` are ``module:Class`` names besides vla-gym's
+    policies that the file may name, and ``allow_unverified`` reads a version-1 file (no SHA-256)."""
     from policies.registry import make_policy
 
     path, data = latest_checkpoint(source, allow_unverified=allow_unverified)
     spec = checked_policy_spec(data.get("policy"), path, allow_policies)
     space = policy_observation_space(spec, observation_space, path)
-    policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **(policy_kwargs or {})})
+    given = policy_kwargs or {}
+    overrides = {k: v for k, v in given.items() if k not in OPT_IN_KEYS}
+    opt_ins = given_opt_ins(given, spec["name"], path, action_space)
+    policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **overrides, **opt_ins})
     load_policy_state(policy, spec, path)
     return policy
 
@@ -338,9 +366,10 @@ def build_policy(
     a critic stays the caller's choice) and weights, or, with ``name`` ``"residual"`` or ``"dsrl"``,
     a ``ResidualPolicy`` / ``NoiseSteeredPolicy`` whose frozen base is that policy. With ``resume``
     the policy is rebuilt as the resumed run built it (the caller loads its weights), with the
-    opt-ins of ``kwargs`` (``resumed``: that checkpoint's ``(path, data)`` when the caller has read
-    it already). The checkpoint's spec is checked first (``checked_policy_spec``): its
-    opt-ins are dropped and it may name no ``module:Class`` but vla-gym's policies and ``name``.
+    opt-ins of ``kwargs`` it takes (``given_opt_ins``; ``resumed``: that checkpoint's ``(path,
+    data)`` when the caller has read it already). The checkpoint's spec is checked first
+    (``checked_policy_spec``): its opt-ins are dropped and it may name no ``module:Class`` but
+    vla-gym's policies and ``name``.
     """
     from gymnasium import spaces
 
@@ -351,8 +380,8 @@ def build_policy(
     if resume:
         path, data = resumed or latest_checkpoint(resume)
         spec = checked_policy_spec(data.get("policy"), path, allow)
-        # the resumed run's class and arguments, with the caller's opt-ins (never the file's)
-        opt_ins = {k: v for k, v in kwargs.items() if k in OPT_IN_KEYS}
+        # the resumed run's class and arguments, with the caller's opt-ins it takes (never the file's)
+        opt_ins = given_opt_ins(kwargs, spec["name"], path, action_space)
         name, kwargs = spec["name"], {**spec["kwargs"], **opt_ins}
         observation_space = policy_observation_space(spec, observation_space, path)
     elif init_policy:

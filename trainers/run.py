@@ -37,6 +37,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from nets.safe_load import OPT_IN_KEYS
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
 from trainers import parallel as distributed
@@ -87,6 +88,10 @@ class Run:
         folder: Path | None = None
         if cfg.resume:
             folder, path, data = run_folder.resumable(cfg.resume, algo, cfg.env)
+            if OPT_IN_KEYS & set(cfg.policy_kwargs):  # checked against the policy before any env is built
+                allow = [cfg.policy] if ":" in cfg.policy else []
+                data = {**data, "policy": ckpt.checked_policy_spec(data.get("policy"), path, allow)}
+                ckpt.given_opt_ins(cfg.policy_kwargs, data["policy"]["name"], path)
             self._resumed = (path, data)
         self.ranks, self._owns_group = distributed.init(cfg.num_envs, cfg.device, group_size)
         self.device = distributed.local_device(cfg.device, self.ranks)

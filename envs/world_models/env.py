@@ -26,6 +26,7 @@ trained here in the simulator.
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 from collections.abc import Mapping, Sequence
@@ -95,11 +96,55 @@ def libero_suite(sim_env_id: str | None) -> str | None:
     return f"libero_{parts[1].lower()}" if len(parts) == 3 and parts[0] == "Libero" else None
 
 
+def chunk_options(env_id: str, chunk_size: Any, model_options: Any) -> dict[str, Any]:
+    """``model_options`` with the model's ``frames_per_step`` set from ``chunk_size``, which means
+    what it means for LIBERO: K actions per step (the model imagines one frame per action), or None
+    for one action of shape (D,) per step (one frame). Checked before any weights load: an int >= 1
+    or None, and a ``frames_per_step`` in ``model_options`` must agree with it."""
+    k = check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True)
+    if model_options is not None and not isinstance(model_options, Mapping):
+        raise bad_input(env_id, "model_options", "a dict of the model's options", describe(model_options))
+    options = dict(model_options or {})
+    frames = options.setdefault("frames_per_step", k or 1)
+    if frames != (k or 1):
+        raise bad_input(
+            env_id,
+            "model_options['frames_per_step']",
+            f"{k or 1}, what chunk_size={k} gives (set the actions per step with chunk_size alone)",
+            describe(frames),
+        )
+    return options
+
+
+def check_env_options(env_id: str, env_class: type, options: Mapping[str, Any]) -> None:
+    """Refuse, before any weights load, a keyword that neither ``env_class`` (a backend, whose
+    ``**env_options`` go to ``WorldModelVectorEnv``) nor ``WorldModelVectorEnv`` takes: a
+    ``ValueError`` naming it and listing the accepted ones (not Python's ``TypeError`` once the
+    model is loaded)."""
+    own = _keywords(env_class.__init__)
+    base = _keywords(WorldModelVectorEnv.__init__) - {"model", "reward_model", "initial_frames", "sim_env_id"}
+    unknown = [name for name in options if name not in base]  # the backend's own never reach here
+    if unknown:
+        what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
+        got = ", ".join(f"{name}={describe(options[name])}" for name in unknown)
+        raise bad_input(env_id, what, f"one of {', '.join(sorted(own | base))}", got)
+
+
+def _keywords(function: Any) -> set[str]:
+    """The names ``function`` takes by keyword (not ``self`` nor its ``**`` catch-all)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {n for n, p in inspect.signature(function).parameters.items() if p.kind in kinds} - {"self"}
+
+
 class WorldModelVectorEnv(ChunkedVectorEnv):
     """A video world model as a chunked gymnasium vector env (see the module docstring).
 
     Args:
-        model: the video model (``WorldModel`` protocol); its ``frames_per_step`` is the chunk size.
+        model: the video model (``WorldModel`` protocol): ``frames_per_step`` actions in, as many
+            frames out per step.
+        chunk_size: actions per step, as for LIBERO: the model's ``frames_per_step``, or None for
+            a plain (D,) action space (a model of one frame per step); the backends build their
+            model from it (``chunk_options``).
         reward_model: the frame success classifier.
         initial_frames: the frames episodes start from (ids index this list); any ``InitialFrame``
             with an image can also be passed at reset. Images are resized bilinearly to the
@@ -123,6 +168,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         *,
         env_id: str,
         num_envs: int = 1,
+        chunk_size: int | None = 8,
         max_episode_steps: int = 256,
         reward_coef: float = 1.0,
         relative_reward: bool = True,
@@ -135,6 +181,14 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         render_mode: str | None = "rgb_array",
     ) -> None:
+        chunk_size = check_int(env_id, "chunk_size", chunk_size, low=1, none_ok=True)
+        if (chunk_size or 1) != model.frames_per_step:
+            raise bad_input(
+                env_id,
+                "chunk_size",
+                f"the model's frames_per_step ({model.frames_per_step}), or None for a model of 1",
+                chunk_size,
+            )
         check_int(env_id, "max_episode_steps", max_episode_steps, low=1)
         check_int(env_id, "seed", seed, low=0)
         check_float(env_id, "reward_coef", reward_coef)
@@ -155,7 +209,7 @@ class WorldModelVectorEnv(ChunkedVectorEnv):
             ),
             action_low=np.broadcast_to(np.asarray(model.action_low, np.float32), (model.action_dim,)),
             action_high=np.broadcast_to(np.asarray(model.action_high, np.float32), (model.action_dim,)),
-            chunk_size=model.frames_per_step,
+            chunk_size=chunk_size,
             initial_frames=initial_frames,
             autoreset_mode=autoreset_mode,
             render_mode=render_mode,

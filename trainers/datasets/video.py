@@ -131,8 +131,45 @@ def _pam_header(stream: Any, path: Path) -> tuple[int, int, int] | None:
         raise RuntimeError(f"ffmpeg gave no readable frame header decoding {path}: {fields}") from None
 
 
+def _cut_short(path: Path) -> str | None:
+    """How an mp4 file is cut short, read from its top-level box headers alone (8-16 bytes each):
+    a box that runs past the end of the file, or no ``moov`` box (the frame index, which mp4
+    writers add last). None when the boxes fill the file and include it, and for a file that does
+    not start with an ``ftyp`` box (not an ISO mp4, e.g. another container: ffmpeg judges it)."""
+    size, offset, kinds = path.stat().st_size, 0, set()
+    with open(path, "rb") as f:
+        while offset < size:
+            f.seek(offset)
+            header = f.read(16)
+            if offset == 0 and header[4:8] != b"ftyp":
+                return None
+            if len(header) < 8:
+                return f"it ends {len(header)} bytes into the header of a box at byte {offset}"
+            length, kind = int.from_bytes(header[:4], "big"), header[4:8]
+            if not all(32 <= c < 127 for c in kind):  # not a box header: ffmpeg judges the file
+                return None
+            if length == 1:  # a 64-bit size follows the type
+                if len(header) < 16:
+                    return f"it ends inside the header of its {kind.decode()!r} box at byte {offset}"
+                length = int.from_bytes(header[8:16], "big")
+            elif length == 0:  # the box runs to the end of the file
+                length = size - offset
+            if length < 8:
+                return None
+            if offset + length > size:
+                return (
+                    f"its {kind.decode()!r} box at byte {offset} declares {length} bytes, "
+                    f"{offset + length - size} more than the file holds"
+                )
+            kinds.add(kind)
+            offset += length
+    if b"moov" not in kinds:
+        return "it has no 'moov' box, the index of its frames that mp4 writers add last"
+    return None
+
+
 def read_frames(
-    path: str | Path, height: int, width: int, declared: str = "asked for"
+    path: str | Path, height: int, width: int, declared: str = "asked for", frames: int | None = None
 ) -> Iterator[np.ndarray]:
     """Every frame of a video, decoded to uint8 ``[height, width, 3]`` in order (no frame is
     dropped or repeated: the decoder's own timestamps are kept).
@@ -140,10 +177,21 @@ def read_frames(
     Each decoded frame comes with its own size (ffmpeg writes PAM images, one header per frame), and
     a frame that is not ``height`` x ``width`` is a ValueError naming the file, the size asked for
     (``declared`` says by whom, e.g. "that meta/info.json declares") and the real one: the bytes
-    of a larger frame are never read as several smaller ones."""
+    of a larger frame are never read as several smaller ones. An mp4 file cut short (``_cut_short``,
+    checked before decoding) or one ffmpeg cannot decode is a ValueError naming the file, what was
+    expected (``frames``: how many the caller needs, if it knows) and what came."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"video file {path} is missing")
+    expected = f"a video of {height}x{width} frames {declared}" + (
+        f" (at least {frames})" if frames is not None else ""
+    )
+    why = _cut_short(path) if path.suffix.lower() == ".mp4" else None
+    if why:
+        raise ValueError(
+            f"{path}: expected {expected}, got a file cut short ({path.stat().st_size} bytes: {why}); "
+            "is it truncated (an interrupted copy or download, a full disk)?"
+        )
     cmd = [ffmpeg_exe(), "-loglevel", "error", "-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough"]
     cmd += ["-f", "image2pipe", "-c:v", "pam", "-pix_fmt", "rgb24", "-"]
     frame_bytes = height * width * 3
@@ -173,10 +221,11 @@ def read_frames(
             if proc.poll() is None:  # the caller stopped early
                 proc.kill()
             code = proc.wait()
-        if code not in (0, -9):
+        if code not in (0, -9):  # -9: killed above, the caller had what it wanted
             log.seek(0)
-            raise RuntimeError(
-                f"ffmpeg could not decode {path}: {log.read().decode(errors='replace')[-2000:]}"
+            raise ValueError(
+                f"{path}: expected {expected}, got a file ffmpeg cannot decode (is it truncated or "
+                f"damaged?): {log.read().decode(errors='replace')[-2000:]}"
             )
 
 
@@ -192,7 +241,7 @@ def read_ranges(
     last = max((stop for _, stop in ranges), default=0)
     out: list[np.ndarray] | None = None  # allocated once the first frame showed the declared size true
     count = 0
-    for frame in read_frames(path, height, width, declared):
+    for frame in read_frames(path, height, width, declared, frames=last):
         if count >= last:
             break
         if out is None:

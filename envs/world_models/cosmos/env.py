@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 
-from envs.core.errors import check_image_size
+from envs.core.errors import bad_input, check_image_size
 from envs.world_models.bundles import COSMOS_LIBERO_SPATIAL
 from envs.world_models.env import (
     WorldModelVectorEnv,
     bundle_parts,
+    check_env_options,
+    chunk_options,
     default_device,
     locate_bundle,
     parse_dtype,
@@ -32,6 +34,8 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
     Args:
         suite: the LIBERO suite the checkpoint imagines ("spatial").
         num_envs: envs run as one batch (RLinf: 16 per GPU).
+        chunk_size: actions per step, as for LIBERO (RLinf: 8); the model imagines one frame per
+            action. None: a plain (7,) action space, one action and one frame per step.
         model_dir, download, revision: where the bundle is (see ``find_bundle``; downloads are off
             unless ``download=True`` with a pinned ``revision``).
         trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``,
@@ -45,7 +49,8 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         prefix: checkpoint weights to use, ``"net."`` (RLinf) or ``"net_ema."``.
         model_options: ``CosmosWorldModel`` options (``num_steps``, ``guidance``, ``action_scaler``,
             ``batch_size``, ``faithful`` and the four shortcut switches, ``text_context``, ...).
-        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...).
+        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...);
+            any other keyword is a ``ValueError`` listing the accepted ones, before any weights load.
     """
 
     def __init__(
@@ -53,6 +58,7 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         suite: str = "spatial",
         num_envs: int = 1,
         *,
+        chunk_size: int | None = 8,
         model_dir: str | os.PathLike | None = None,
         download: bool = False,
         revision: str | None = None,
@@ -66,9 +72,15 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
         env_id: str = "CosmosWM-LiberoSpatial-v0",
         **env_options: Any,
     ) -> None:
-        from envs.world_models.cosmos.model import CosmosWorldModel
+        from envs.world_models.cosmos.model import MODEL_ACTIONS, CosmosWorldModel
 
-        image_size = check_image_size(env_id, image_size)  # before any weights are loaded
+        check_env_options(env_id, CosmosWorldModelEnv, env_options)  # all before any weights are loaded
+        image_size = check_image_size(env_id, image_size)
+        model_options = chunk_options(env_id, chunk_size, model_options)
+        most = model_options.get("model_actions", MODEL_ACTIONS)  # the action rows the DiT takes
+        if isinstance(most, int) and model_options["frames_per_step"] > most:
+            expected = f"an int in [1, {most}] (model_actions: the actions the Cosmos DiT takes) or None"
+            raise bad_input(env_id, "chunk_size", expected, chunk_size)
         root, reward_path = locate_bundle(env_id, BUNDLES, suite, reward_model, model_dir, download, revision)
         device = default_device(device)
         model = CosmosWorldModel.from_files(
@@ -79,13 +91,14 @@ class CosmosWorldModelEnv(WorldModelVectorEnv):
             dtype=parse_dtype(dtype),
             image_size=tuple(image_size),
             trust_pickle=trust_pickle,
-            **(model_options or {}),
+            **model_options,
         )
         super().__init__(
             model,
             *bundle_parts(root, trust_pickle, reward_path),
             env_id=env_id,
             num_envs=num_envs,
+            chunk_size=chunk_size,
             sim_env_id=SIM_IDS[suite],
             **env_options,
         )

@@ -26,6 +26,7 @@ from nets.cosmos_sampler import SIGMA_MAX, guided_x0_fn, karras_sigmas, sample_2
 from nets.wan_vae import LATENT_CHANNELS, SPATIAL_FACTOR, TEMPORAL_FACTOR, WanVAE
 
 ACTION_DIM = 7
+MODEL_ACTIONS = 12  # action rows RLinf's DiT takes (13 frames, 4 latents)
 
 
 def pad_actions(actions: torch.Tensor, length: int) -> torch.Tensor:
@@ -80,7 +81,7 @@ class CosmosWorldModel:
         *,
         image_size: tuple[int, int] = (256, 320),
         frames_per_step: int = 8,
-        model_actions: int = 12,
+        model_actions: int = MODEL_ACTIONS,
         action_scaler: float | Sequence[float] = 20.0,
         num_steps: int = 10,
         guidance: float = 7.0,

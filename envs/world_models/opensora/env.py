@@ -13,6 +13,8 @@ from envs.world_models.bundles import OPENSORA_LIBERO_OBJECT, OPENSORA_LIBERO_SP
 from envs.world_models.env import (
     WorldModelVectorEnv,
     bundle_parts,
+    check_env_options,
+    chunk_options,
     default_device,
     locate_bundle,
     parse_dtype,
@@ -32,6 +34,8 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
     Args:
         suite: the LIBERO suite the checkpoint imagines ("spatial" or "object").
         num_envs: envs run as one batch (RLinf: 16 per GPU).
+        chunk_size: actions per step, as for LIBERO (RLinf: 8); the model imagines one frame per
+            action. None: a plain (7,) action space, one action and one frame per step.
         model_dir, download, revision: where the bundle is (see ``find_bundle``; downloads are off
             unless ``download=True`` with a pinned ``revision``).
         trust_pickle: load the bundle's pickle-based files (``resnet_rm.pth``, ``dataset/*.npy``; the
@@ -44,7 +48,8 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         image_size: frame (H, W); RLinf: 256x256.
         model_options: ``OpenSoraWorldModel`` options (``num_steps``, ``condition_frames``,
             ``batch_size``, ...).
-        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...).
+        **env_options: ``WorldModelVectorEnv`` options (``max_episode_steps``, ``reward_coef``, ...);
+            any other keyword is a ``ValueError`` listing the accepted ones, before any weights load.
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         suite: str = "spatial",
         num_envs: int = 1,
         *,
+        chunk_size: int | None = 8,
         model_dir: str | os.PathLike | None = None,
         download: bool = False,
         revision: str | None = None,
@@ -67,7 +73,9 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
         from envs.world_models.opensora.model import OpenSoraWorldModel
 
         env_id = env_id or f"OpenSoraWM-Libero{suite.capitalize()}-v0"
-        image_size = check_image_size(env_id, image_size)  # before any weights are loaded
+        check_env_options(env_id, OpenSoraWorldModelEnv, env_options)  # all before any weights are loaded
+        image_size = check_image_size(env_id, image_size)
+        model_options = chunk_options(env_id, chunk_size, model_options)
         root, reward_path = locate_bundle(env_id, BUNDLES, suite, reward_model, model_dir, download, revision)
         device = default_device(device)
         model = OpenSoraWorldModel.from_files(
@@ -77,13 +85,14 @@ class OpenSoraWorldModelEnv(WorldModelVectorEnv):
             device=device,
             dtype=parse_dtype(dtype),
             image_size=tuple(image_size),
-            **(model_options or {}),
+            **model_options,
         )
         super().__init__(
             model,
             *bundle_parts(root, trust_pickle, reward_path),
             env_id=env_id,
             num_envs=num_envs,
+            chunk_size=chunk_size,
             sim_env_id=SIM_IDS[suite],
             **env_options,
         )
