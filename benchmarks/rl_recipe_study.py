@@ -119,6 +119,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sac": SAC_RECIPE["sac"],
     },
+    "sac-rlpd-weak-std": {
+        "about": "sac-rlpd-weak with actor and critics standardised by the prior data's statistics (the "
+        "clone's raw inputs folded into its first layer: critic_obs_norm, actor_obs_norm 'prior')",
+        "algo": "sac",
+        "run": {
+            **{k: SAC_RECIPE["run"][k] for k in ("init_policy", "total_steps", "torch_threads")},
+            "policy_kwargs": {"noise_dims": None, **SAC_RECIPE["run"]["policy_kwargs"]},
+        },
+        "sac": {**SAC_RECIPE["sac"], "critic_obs_norm": "prior", "actor_obs_norm": "prior"},
+    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
         "run": {"total_steps": 50_000},
