@@ -11,7 +11,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import torch
 
-from trainers import parallel as distributed
+from trainers import parallel
 from trainers.env_factory import AUTORESET, make_vec_env
 
 
@@ -117,11 +117,11 @@ class RunConfig:
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
             )
-        if self.data_parallel not in distributed.DATA_PARALLEL:
+        if self.data_parallel not in parallel.DATA_PARALLEL:
             raise ValueError(
-                f"data_parallel must be one of {list(distributed.DATA_PARALLEL)}, got {self.data_parallel!r}"
+                f"data_parallel must be one of {list(parallel.DATA_PARALLEL)}, got {self.data_parallel!r}"
             )
-        distributed.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
+        parallel.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
         if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
             raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
         if self.resume and self.overwrite:
