@@ -102,7 +102,7 @@ class Run:
         )
         # what the callbacks see; its counters are the run's (the same dict)
         self.checkpoints = ckpt.RunCheckpoints(
-            self.dir, algo, to_dict(self.configs), cfg.keep_checkpoints, self.is_main
+            self.dir, algo, to_dict(self.configs), cfg.keep_checkpoints, self.ranks.is_main
         )
         self.context = RunContext(algo, cfg, self.dir, self.ranks, self.checkpoints)
         self.counters = self.context.counters
@@ -111,18 +111,19 @@ class Run:
             torch.set_num_threads(cfg.torch_threads)
         ckpt.seed_all(cfg.seed)
 
+    # where this process sits: its RunContext's (the one definition; both hold the same Ranks)
     @property
     def rank(self) -> int:
-        return self.ranks.rank
+        return self.context.rank
 
     @property
     def world_size(self) -> int:
-        return self.ranks.world_size
+        return self.context.world_size
 
     @property
     def is_main(self) -> bool:
-        """Whether this process writes the run's files and logs (rank 0)."""
-        return self.ranks.is_main
+        """Whether this process writes the run's files and logs (rank 0): ``RunContext.is_main``."""
+        return self.context.is_main
 
     @property
     def configs(self) -> dict[str, Any]:
