@@ -3,7 +3,8 @@
 Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``residual`` (a correction over a frozen
 Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise), ``libero_expert``
 (scripted), ``openvla_oft``,
-``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
+``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``; their
+typed options: ``options_type``), ``auto``
 (categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
 ``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
 ``(observation_space, action_space, **kwargs)``.
@@ -61,12 +62,25 @@ def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) 
     )
 
 
-def make_policy(
-    name: str, observation_space: spaces.Space, action_space: spaces.Space, **kwargs: Any
-) -> ActionChunkPolicy:
-    """Build the policy ``name`` for single-env ``observation_space`` / ``action_space``."""
+def policy_class(name: str, action_space: spaces.Space | None = None) -> type:
+    """The class ``name`` builds (imported, nothing built); ``action_space`` resolves ``auto``."""
+    if name == "auto" and action_space is None:
+        raise ValueError("policy 'auto' is chosen by the action space: give it")
     module_name, _, class_name = resolve_policy(name, action_space).partition(":")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, ActionChunkPolicy)):
         raise ValueError(f"{module_name}:{class_name} is not an ActionChunkPolicy subclass")
-    return cls(observation_space, action_space, **kwargs)
+    return cls
+
+
+def options_type(name: str) -> type | None:
+    """The options dataclass of the policy ``name`` (its class's ``options_type``: the pretrained
+    VLAs', ``policies/options.py``), or None for a policy whose keywords have none."""
+    return None if name == "auto" else getattr(policy_class(name), "options_type", None)
+
+
+def make_policy(
+    name: str, observation_space: spaces.Space, action_space: spaces.Space, **kwargs: Any
+) -> ActionChunkPolicy:
+    """Build the policy ``name`` for single-env ``observation_space`` / ``action_space``."""
+    return policy_class(name, action_space)(observation_space, action_space, **kwargs)

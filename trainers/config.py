@@ -93,6 +93,27 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return out
 
 
+def describe_fields(cls: type, defaults: dict[str, Any] | None = None, width: int = 100) -> str:
+    """A dataclass's fields for a reader, one per entry: ``name: type = default`` (``(required)``
+    without a default; ``defaults`` override the class's) and its docstring below it, wrapped."""
+    about = field_docs(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        kind = f.type if isinstance(f.type, str) else _describe(f.type)  # as written in the class
+        if defaults and f.name in defaults:
+            value = f" = {defaults[f.name]!r}"
+        elif f.default is not dataclasses.MISSING:
+            value = f" = {f.default!r}"
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f" = {f.default_factory()!r}"
+        else:
+            value = "  (required)"
+        lines.append(f"  {f.name}: {kind}{value}")
+        if f.name in about:
+            lines += textwrap.wrap(about[f.name], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
 def _is_optional_bool(annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
     return origin in (Union, types.UnionType) and set(typing.get_args(annotation)) == {bool, type(None)}

@@ -23,7 +23,7 @@ RLinf run it uses the token mode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import normalize, normalized_to_tokens, tempered_log_softmax, tokens_to_normalized, unnormalize
 from ..heads import ValueHead
 from ..images import resize_images
+from ..options import build_options
 from ..pretrained import (
     PretrainedVLAPolicy,
     add_lora,
@@ -48,6 +49,7 @@ from ..pretrained import (
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .config import OpenVLAConfig, action_stats, dataset_statistics
 from .modeling import OpenVLAModel
+from .options import OpenVLAOFTOptions
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 SPACE_TOKEN = "▁"  # sentencepiece's word boundary: id 29871 in Llama-2's vocabulary
@@ -110,40 +112,10 @@ class OpenVLAOFTPolicy(PretrainedVLAPolicy):
     Args:
         observation_space: a Dict with ``instruction`` and the uint8 ``[H, W, 3]`` images in ``image_keys``.
         action_space: Box ``(K, D)`` (or ``(D,)``, K = 1); K * D placeholders are decoded per call.
-        model_path: checkpoint folder or hub id (Hugging Face cache) in OpenVLA's layout: ``config.json``,
-            safetensors, tokenizer files, optionally ``dataset_statistics.json``.
-        unnorm_key: which dataset's action statistics (e.g. ``libero_spatial_no_noops``); None when the
-            checkpoint has one.
-        norm_stats: statistics to add to the checkpoint's (same keys win), in ``dataset_statistics.json``'s
-            layout ``{key: {"action": {"q01", "q99", "mask", ...}, ...}}``, or the path of such a
-            file: what ``trainers.bc`` computes from demonstrations and saves with its checkpoints.
-        action_head: ``"tokens"`` (the LM head's 256 action bins) or ``"l1"`` (OpenVLA-OFT's
-            continuous L1-regression head on the action positions' hidden states).
-        new_action_head: with ``"l1"``, start a freshly initialised head when the folder has no
-            ``action_head--<step>_checkpoint.pt`` (fine-tuning a model that has none); without it
-            a missing head file is an error.
-        l1_scale: with ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1]
-            space, times ``temperature`` (deterministic acting uses the head's output).
-        temperature, top_k: sampling (SimpleVLA-RL / RLinf LIBERO GRPO: 1.6, 0); kept per sample in
-            the replay. Default: 1.6 with tokens, 1.0 with the L1 head.
-        image_keys: observation images fed as the model's images, in order (OFT-token LIBERO: the
-            third-person view only).
-        center_crop: crop this fraction of the image area before resizing (RLinf LIBERO: 0.9); None off.
-        gripper: ``"libero"`` maps the last dim with ``-sign(2 g - 1)`` (-1 open, +1 close); None
-            leaves actions as un-normalized.
-        max_prompt_tokens: fixed prompt length (padding), so replays from different calls stack.
-        use_critic, value_type: RLinf's value head on the last prompt token's hidden state, one value
-            per chunk (``"chunk"``) or per step (``"step"``); GRPO builds the policy without it.
-        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights
-            (the L1 action head and the value head stay fully trained).
-        lora_targets: module names (or suffixes) LoRA adapts; default RLinf's list (``LORA_LANGUAGE``,
-            plus ``LORA_VISION`` unless ``freeze_vision``). A name the model lacks is an error.
-        freeze_vision: keep the vision towers fixed (and without LoRA).
-        dtype: weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32),
-            ``"float32"`` or ``"bfloat16"``. Log-probs are always computed in float32.
-        append_stop: end the sequence with the STOP token ``</s>`` as OpenVLA-OFT and SimpleVLA-RL
-            do (False: as RLinf, which drops it; with bidirectional attention the two differ).
-        download: let a hub id download into the Hugging Face cache (default: cache only).
+        options: ``OpenVLAOFTOptions`` (``options.py``: ``model_path``, ``action_head``, ``temperature``,
+            ``lora_rank``, ... each with its default and meaning), as keywords or as ``options=``, an
+            instance or a dict of some of them; an unknown keyword is an ``OptionsError`` naming the
+            accepted ones.
 
     Replay: ``input_ids``, ``attention_mask`` ``[B, 1 + max_prompt_tokens]``, ``images`` uint8
     ``[B, n, S, S, 3]``, ``tokens`` int64 ``[B, K, D]`` (0..255; id = vocab - 256 + token),
@@ -152,65 +124,43 @@ class OpenVLAOFTPolicy(PretrainedVLAPolicy):
     """
 
     checkpoint_name, checkpoint_files = "OpenVLA-OFT checkpoint", REQUIRED_FILES
+    options_type = OpenVLAOFTOptions
 
     def __init__(
         self,
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        model_path: str | Path,
-        unnorm_key: str | None = None,
-        norm_stats: dict[str, Any] | str | Path | None = None,
-        action_head: str = "tokens",
-        new_action_head: bool = False,
-        l1_scale: float = 0.05,
-        temperature: float | None = None,
-        top_k: int = 0,
-        image_keys: Sequence[str] = ("image",),
-        center_crop: float | None = None,
-        gripper: str | None = "libero",
-        max_prompt_tokens: int = 64,
-        use_critic: bool = True,
-        value_type: str = "chunk",
-        lora_rank: int = 0,
-        lora_targets: Sequence[str] | None = None,
-        freeze_vision: bool = False,
-        dtype: str = "auto",
-        append_stop: bool = True,
-        download: bool = False,
+        options: OpenVLAOFTOptions | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(observation_space, action_space, image_keys)
-        if action_head not in ("tokens", "l1"):
-            raise ValueError(f"action_head must be 'tokens' or 'l1', got {action_head!r}")
-        if not l1_scale > 0:
-            raise ValueError(f"l1_scale must be > 0, got {l1_scale}")
-        self.action_head_type, self.l1_scale = action_head, float(l1_scale)
+        o = build_options(OpenVLAOFTOptions, options, kwargs, type(self).__name__)
+        super().__init__(observation_space, action_space, o.image_keys)
+        self.options = o
+        action_head = o.action_head
+        self.action_head_type, self.l1_scale = action_head, float(o.l1_scale)
+        temperature = o.temperature
         if temperature is None:
             temperature = 1.0 if action_head == "l1" else 1.6
-        self.temperature, self.top_k = float(temperature), int(top_k)
-        self.image_keys, self.center_crop = tuple(image_keys), center_crop
-        if gripper not in ("libero", None):
-            raise ValueError(f"gripper must be 'libero' or None, got {gripper!r}")
-        if value_type not in ("chunk", "step"):
-            raise ValueError(f"value_type must be 'chunk' or 'step', got {value_type!r}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.gripper = gripper
+        self.temperature, self.top_k = float(temperature), int(o.top_k)
+        self.image_keys, self.center_crop = tuple(o.image_keys), o.center_crop
+        self.gripper = o.gripper
 
-        folder = self.find_folder(model_path, download)
+        folder = self.find_folder(o.model_path, o.download)
         config = OpenVLAConfig.from_folder(folder)
+        norm_stats = o.norm_stats
         if norm_stats is not None:
             if not isinstance(norm_stats, dict):
                 norm_stats = read_json(Path(norm_stats), "OpenVLA dataset statistics")
             config.norm_stats = {**config.norm_stats, **norm_stats}
-        self.unnorm_key, stats = action_stats(config.norm_stats, unnorm_key, self.action_dim)
+        self.unnorm_key, stats = action_stats(config.norm_stats, o.unnorm_key, self.action_dim)
         self.register_buffer("q01", stats.q01)
         self.register_buffer("q99", stats.q99)
         self.register_buffer("mask", stats.mask)
         self.n_bins = config.n_action_bins
-        self.model = load_model(folder, config, resolve_dtype(dtype))
-        self.layout = PromptLayout(load_tokenizer(folder), max_prompt_tokens)
-        self.stop_id = self.layout.tokenizer.eos_token_id if append_stop else None
+        self.model = load_model(folder, config, resolve_dtype(o.dtype))
+        self.layout = PromptLayout(load_tokenizer(folder), o.max_prompt_tokens)
+        self.stop_id = self.layout.tokenizer.eos_token_id if o.append_stop else None
         self.bins_start = self.layout.tokenizer.vocab_size - self.n_bins  # first action-bin id
         self.image_size = self.model.vision_backbone.image_size
 
@@ -221,16 +171,17 @@ class OpenVLAOFTPolicy(PretrainedVLAPolicy):
         self.register_buffer("low", bounds[0], persistent=False)  # L1 actions are clipped to the space
         self.register_buffer("high", bounds[1], persistent=False)
         if action_head == "l1":
-            self.action_head = load_action_head(folder, hidden, self.action_dim, new_action_head)
+            self.action_head = load_action_head(folder, hidden, self.action_dim, o.new_action_head)
             self.action_head.to(next(self.model.parameters()).dtype)
-        kv = 1 if value_type == "chunk" else self.chunk_size
-        self.value_head = ValueHead(hidden, (512, 128), kv, "gelu") if use_critic else None
-        if freeze_vision:
+        kv = 1 if o.value_type == "chunk" else self.chunk_size
+        self.value_head = ValueHead(hidden, (512, 128), kv, "gelu") if o.use_critic else None
+        if o.freeze_vision:
             self.model.vision_backbone.requires_grad_(False)
-        if lora_rank > 0:
+        if o.lora_rank > 0:
+            lora_targets = o.lora_targets
             if lora_targets is None:
-                lora_targets = LORA_LANGUAGE + (() if freeze_vision else LORA_VISION)
-            add_lora(self.model, lora_rank, tuple(lora_targets), "OpenVLA-OFT")
+                lora_targets = LORA_LANGUAGE + (() if o.freeze_vision else LORA_VISION)
+            add_lora(self.model, o.lora_rank, tuple(lora_targets), "OpenVLA-OFT")
 
     @classmethod
     def norm_stats_from_demos(
