@@ -63,8 +63,8 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
 def field_docs(cls: type) -> dict[str, str]:
     """Field name -> its docstring: the string literal right below the field in the class body,
     its whitespace collapsed into one paragraph. Fields inherited from dataclasses ``cls`` derives
-    from have their own class's docstrings (a redefinition's wins). Fields without one, and classes
-    whose source is not available, have none."""
+    from have their own class's docstrings (a redefinition's docstring wins). Fields without one,
+    and classes whose source is not available, have none."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
