@@ -3,7 +3,8 @@
 Names: ``gaussian``, ``categorical``, ``binned``, ``flow``, ``residual`` (a correction over a frozen
 Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise), ``libero_expert``
 (scripted), ``openvla``, ``openvla_oft``,
-``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``), ``auto``
+``pi05``, ``cosmos_policy`` (pretrained VLAs: ``policy_kwargs`` name their ``model_path``; their
+typed options: ``options_type``), ``auto``
 (categorical for Discrete / MultiDiscrete action spaces, Gaussian for Box), or
 ``"package.module:ClassName"`` for any ``ActionChunkPolicy`` subclass whose constructor takes
 ``(observation_space, action_space, **kwargs)``.
@@ -11,6 +12,7 @@ Gaussian base), ``dsrl`` (a frozen flow policy steered through its initial noise
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Collection
@@ -63,8 +65,10 @@ def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) 
     )
 
 
-def policy_class(name: str, action_space: spaces.Space | None) -> type[ActionChunkPolicy]:
-    """The class ``make_policy`` builds for ``name`` (imported; ``action_space`` resolves ``auto``)."""
+def policy_class(name: str, action_space: spaces.Space | None = None) -> type[ActionChunkPolicy]:
+    """The class ``name`` builds (imported, nothing built); ``action_space`` resolves ``auto``."""
+    if name == "auto" and action_space is None:
+        raise ValueError("policy 'auto' is chosen by the action space: give it")
     module_name, _, class_name = resolve_policy(name, action_space).partition(":")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, ActionChunkPolicy)):
@@ -73,9 +77,11 @@ def policy_class(name: str, action_space: spaces.Space | None) -> type[ActionChu
 
 
 def accepted_arguments(cls: type[ActionChunkPolicy]) -> set[str]:
-    """The keyword arguments a policy class names: its constructor's and, as long as a constructor
-    takes ``**options`` (passed on to its parent's), the parent's too, up to ``ActionChunkPolicy``."""
-    names: set[str] = set()
+    """The keyword arguments a policy class names: the fields of its typed options (``options_type``)
+    if it has them, its constructor's and, as long as a constructor takes ``**options`` (passed on to
+    its parent's), the parent's too, up to ``ActionChunkPolicy``."""
+    options = getattr(cls, "options_type", None)
+    names: set[str] = {f.name for f in dataclasses.fields(options)} if options is not None else set()
     for klass in cls.__mro__:
         if klass is ActionChunkPolicy:
             break
@@ -87,6 +93,12 @@ def accepted_arguments(cls: type[ActionChunkPolicy]) -> set[str]:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names - {"self"}
+
+
+def options_type(name: str) -> type | None:
+    """The options dataclass of the policy ``name`` (its class's ``options_type``: the pretrained
+    VLAs', ``policies/options.py``), or None for a policy whose keywords have none."""
+    return None if name == "auto" else getattr(policy_class(name), "options_type", None)
 
 
 def make_policy(

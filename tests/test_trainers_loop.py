@@ -3,6 +3,7 @@ bad input. Short runs on CartPole (seconds); learning-curve figures live in benc
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -107,28 +108,43 @@ def test_bad_settings_are_a_value_error_naming_the_field(tmp_path, settings, mes
         parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
 
 
-def test_help_shows_each_fields_comment(capsys):
+def test_help_shows_each_fields_docstring(capsys):
+    """A field's docstring (the string right below it) is its --help text; comments are not read."""
     from dataclasses import dataclass
 
-    from trainers.config import field_comments
+    from trainers.config import add_arguments, field_docs
 
     @dataclass
-    class Example:
-        # the comment block above a field
-        # is its help
-        a: int = 1
-        b: float = 0.5  # 50% of the end-of-line comment
-        c: str = "x"
-        # a comment above
-        d: int = 2  # its own comment wins
-        # -- a section title
-        e: int = 3
+    class Base:
+        z: int = 0
+        """from the base class"""
 
-    assert field_comments(Example) == {
-        "a": "the comment block above a field is its help",
-        "b": "50% of the end-of-line comment",
-        "d": "its own comment wins",
+    @dataclass
+    class Example(Base):
+        # a comment above a field is no help
+        a: int = 1
+        """the docstring below a field
+        is its help, one paragraph"""
+        b: float = 0.5  # an end-of-line comment is no help either
+        """50% of the docstring"""
+        c: str = "x"
+        # -- a section title
+        d: int = 3
+        """d's docstring"""
+        "a second string is not read"
+
+    assert field_docs(Example) == {
+        "z": "from the base class",
+        "a": "the docstring below a field is its help, one paragraph",
+        "b": "50% of the docstring",
+        "d": "d's docstring",
     }
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, Example)
+    text = " ".join(parser.format_help().split())
+    assert "-a A the docstring below a field is its help, one paragraph (default: 1)" in text
+    assert "-b B 50% of the docstring (default: 0.5)" in text
+    assert "-c C (default: x)" in text and "comment" not in text
     with pytest.raises(SystemExit):
         parse({"run": RunConfig, "ppo": PPOConfig}, ["--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -147,10 +163,10 @@ def test_every_flag_says_what_it_means(algo, capsys):
     from policies.registry import POLICIES
     from trainers.__main__ import ALGOS
     from trainers.__main__ import main as trainers_main
-    from trainers.config import field_comments
+    from trainers.config import field_docs
 
     for cls in (RunConfig, ALGOS[algo][0]):
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in field_comments(cls)]
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in field_docs(cls)]
         assert not missing, f"{cls.__name__} fields without help: {missing}"
     with pytest.raises(SystemExit):
         trainers_main(["--algo", algo, "--help"])
@@ -158,6 +174,20 @@ def test_every_flag_says_what_it_means(algo, capsys):
     policy_help = " ".join(out.split("\n  --policy POLICY", 1)[1].split("--policy-kwargs", 1)[0].split())
     assert all(name in policy_help for name in POLICIES), policy_help
     assert "\n    python -m trainers --config configs/libero_spatial_sac.json" in out
+
+
+def test_every_command_lines_settings_have_docstrings():
+    """Every field of every dataclass a command line parses has a docstring (its --help text)."""
+    from trainers.bc import BCConfig
+    from trainers.config import field_docs
+    from trainers.demos import DemoConfig
+    from trainers.grpo import GRPOConfig
+    from trainers.reward_model.train import RewardModelConfig
+    from trainers.sac import SACConfig
+
+    for cls in (RunConfig, PPOConfig, GRPOConfig, SACConfig, BCConfig, DemoConfig, RewardModelConfig):
+        missing = [f.name for f in dataclasses.fields(cls) if not field_docs(cls).get(f.name)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
 
 
 # ---------------------------------------------------------------------- PPO

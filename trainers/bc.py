@@ -65,23 +65,33 @@ from trainers.run import Run, RunConfig
 
 @dataclass
 class BCConfig:
-    demos: str = "demos/demos.h5"  # our demos file, a LIBERO HDF5 file or folder, or a LeRobot v3 folder
-    epochs: int = 50  # passes over the training demos
-    batch_size: int = 256  # chunk-steps per minibatch
-    learning_rate: float = 1e-3  # AdamW step size
-    weight_decay: float = 0.0  # AdamW weight decay
-    max_grad_norm: float = 1.0  # clip the gradient norm per minibatch
-    val_fraction: float = 0.1  # held-out episodes (at least one when there are 2+ and this is > 0)
-    image_shift: int = 4  # random shift augmentation of uint8 images, in pixels (0: off)
-    max_bad_updates: int = 10  # stop after this many non-finite updates in a row
-    # action / proprio normalisation statistics of policies that have them (VLAs): "demos" computes
-    # them from the training demos, "checkpoint" keeps the model's own; "auto": demos for a new
-    # policy, the checkpoint's with --init-policy or --resume
+    demos: str = "demos/demos.h5"
+    """our demos file, a LIBERO HDF5 file or folder, or a LeRobot v3 folder"""
+    epochs: int = 50
+    """passes over the training demos"""
+    batch_size: int = 256
+    """chunk-steps per minibatch"""
+    learning_rate: float = 1e-3
+    """AdamW step size"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """clip the gradient norm per minibatch"""
+    val_fraction: float = 0.1
+    """held-out episodes (at least one when there are 2+ and this is > 0)"""
+    image_shift: int = 4
+    """random shift augmentation of uint8 images, in pixels (0: off)"""
+    max_bad_updates: int = 10
+    """stop after this many non-finite updates in a row"""
     norm_stats: Literal["auto", "demos", "checkpoint"] = "auto"
-    bf16: bool = False  # run the policy's forward and loss under bfloat16 autocast
-    # discount of the value targets V(s') given to policies whose loss also trains a world model and
-    # a value (Cosmos Policy: the observation after each chunk and its discounted return)
+    """action / proprio normalisation statistics of policies that have them (VLAs): "demos" computes them
+    from the training demos, "checkpoint" keeps the model's own; "auto": demos for a new policy, the
+    checkpoint's with --init-policy or --resume"""
+    bf16: bool = False
+    """run the policy's forward and loss under bfloat16 autocast"""
     value_gamma: float = 0.99
+    """discount of the value targets V(s') given to policies whose loss also trains a world model and a
+    value (Cosmos Policy: the observation after each chunk and its discounted return)"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.value_gamma <= 1.0:

@@ -39,8 +39,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainers import parallel as distributed
-from trainers import report
+from trainers import parallel, report
 from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
 from trainers.files import open_append, write_atomic
@@ -156,7 +155,7 @@ class Evaluation(Callback):
         step = run.counters["env_steps"]
         with run.gathered():  # fsdp: whole parameters (every rank, also one without a share)
             episodes = self._episodes_of(run, step)
-        episodes = [ep for part in distributed.all_gather(episodes) for ep in part]
+        episodes = [ep for part in parallel.all_gather(episodes) for ep in part]
         if run.is_main:
             with open_append(run.dir / self.file) as f:  # a symbolic link is refused
                 for ep in episodes:
@@ -175,7 +174,7 @@ class Evaluation(Callback):
             if frames is None:
                 raise ValueError(f"evaluation {self.name!r}: episodes='all' needs an env with initial_frames")
             count = len(frames)
-        if len(distributed.shard(count, run.rank, run.world_size)):  # this rank's share
+        if len(parallel.shard(count, run.rank, run.world_size)):  # this rank's share
             self._env(run, s)
             video = None
             if s["video"] and run.is_main:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
-from trainers import parallel as distributed
+from trainers import parallel
 from trainers.files import write_atomic
 
 FORMAT = "vla-gym-checkpoint"
@@ -472,9 +472,9 @@ class RunCheckpoints:
         policy, optimizer = self.policy, self.optimizer
         path = self.run_dir / "checkpoints" / f"iter_{counters['iteration']:06d}.pt"
         if self.sharded is not None:  # every rank takes part in gathering the full state (to rank 0)
-            full = distributed.full_state(self.sharded, policy, optimizer)
+            full = parallel.full_state(self.sharded, policy, optimizer)
         if not self.is_main:
-            distributed.barrier()
+            parallel.barrier()
             return path
         if self.sharded is not None:
             state, omitted = policy_state(policy, full[0])
@@ -493,14 +493,14 @@ class RunCheckpoints:
         }
         save_checkpoint(path, payload)
         prune_checkpoints(self.run_dir, self.keep)
-        distributed.barrier()
+        parallel.barrier()
         return path
 
     def restore(self, path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Load checkpoint ``data`` (read from ``path``) into the attached policy, optimizer and
         generators; returns its counters and ``extra``."""
         if self.sharded is not None:  # the weights were loaded before sharding (Run.shard)
-            distributed.load_optimizer_state(self.sharded, self.policy, self.optimizer, data["optimizer"])
+            parallel.load_optimizer_state(self.sharded, self.policy, self.optimizer, data["optimizer"])
         else:
             load_policy_state(self.policy, data["policy"], path)
             self.optimizer.load_state_dict(data["optimizer"])

@@ -3,10 +3,10 @@
 Every field of the given dataclasses becomes a flag (``n_steps`` -> ``--n-steps``) typed from its
 annotation: ``int``, ``float``, ``str``, ``bool`` and ``bool | None`` (``--flag`` / ``--no-flag``),
 ``X | None`` (the word ``none`` gives None), ``Literal[...]`` (choices), ``dict`` (a JSON object) and
-``tuple[...]``/``list[...]`` (a JSON list). A field's comment in its dataclass (at the end of its
-line, else the comment lines right above it; ``# -- title`` lines are section titles) is its flag's
-``--help`` text. ``--config FILE.json`` sets defaults from
-a file written by ``save_config``; flags given on the command line override it.
+``tuple[...]``/``list[...]`` (a JSON list). A field's docstring, the string literal right below it
+in its dataclass (CleanRL's and tyro's convention: ``lr: float = 3e-4`` and, on the next line,
+a triple-quoted ``Adam learning rate.``), is its flag's ``--help`` text. ``--config FILE.json``
+sets defaults from a file written by ``save_config``; flags given on the command line override it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import ast
 import dataclasses
 import functools
 import inspect
-import io
 import json
 import sys
 import textwrap
-import tokenize
 import types
 import typing
 from collections.abc import Collection
@@ -62,35 +60,58 @@ def _parser_for(annotation: Any) -> tuple[Any, dict[str, Any]]:
 
 
 @functools.cache
-def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> its comments in the class source: the comment lines right above the field
-    and the comments on its own lines (empty when the source is not available)."""
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its docstring: the string literal right below the field in the class body,
+    its whitespace collapsed into one paragraph. Fields inherited from dataclasses ``cls`` derives
+    from have their own class's docstrings (a redefinition's docstring wins). Fields without one,
+    and classes whose source is not available, have none."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(_own_field_docs(klass))
+    return out
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    """``field_docs`` of the fields annotated in ``cls``'s own body."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return {}
-    comments: dict[int, str] = {}  # line -> comment text
-    code_lines: set[int] = set()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            text = tok.string.lstrip("#").strip()
-            comments[tok.start[0]] = "" if text.startswith("--") else text  # "# -- title": a section
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            code_lines.update(range(tok.start[0], tok.end[0] + 1))
     body = ast.parse(source).body[0]
+    statements = body.body if isinstance(body, ast.ClassDef) else []
     out = {}
-    for node in getattr(body, "body", []):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        above, line = [], node.lineno - 1
-        while comments.get(line) and line not in code_lines:  # a comment block right above
-            above.insert(0, comments[line])
-            line -= 1
-        own = [comments[i] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1) if i in comments]
-        text = " ".join(own or above)  # a field's own comment wins over a section comment above it
-        if text:
-            out[node.target.id] = text
+    for node, after in zip(statements, statements[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            out[node.target.id] = " ".join(after.value.value.split())
     return out
+
+
+def describe_fields(cls: type, defaults: dict[str, Any] | None = None, width: int = 100) -> str:
+    """A dataclass's fields for a reader, one per entry: ``name: type = default`` (``(required)``
+    without a default; ``defaults`` override the class's) and its docstring below it, wrapped."""
+    about = field_docs(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        kind = f.type if isinstance(f.type, str) else _describe(f.type)  # as written in the class
+        if defaults and f.name in defaults:
+            value = f" = {defaults[f.name]!r}"
+        elif f.default is not dataclasses.MISSING:
+            value = f" = {f.default!r}"
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f" = {f.default_factory()!r}"
+        else:
+            value = "  (required)"
+        lines.append(f"  {f.name}: {kind}{value}")
+        if f.name in about:
+            lines += textwrap.wrap(about[f.name], width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
 
 
 def _is_optional_bool(annotation: Any) -> bool:
@@ -102,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     """Add one flag per field of the dataclass ``cls`` (flag names must be unique in the parser)."""
     group = parser.add_argument_group(title or cls.__name__)
     hints = typing.get_type_hints(cls)
-    about = field_comments(cls)
+    about = field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]

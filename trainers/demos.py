@@ -157,16 +157,28 @@ class DemoConfig:
     """Settings of ``python -m trainers.demos``."""
 
     env: str = "envs:Libero-Spatial-v0"
+    """a gymnasium id; "module:Env-v0" imports module first"""
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"task_state": True, "image_size": 64})
+    """JSON object passed to the env"""
     num_envs: int = 4
-    policy: str = "libero_expert"  # a policy name (see policies.registry), or use checkpoint
+    """envs collecting in parallel (one episode each per round)"""
+    policy: str = "libero_expert"
+    """a policy name (see policies.registry), or use checkpoint"""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    checkpoint: str | None = None  # a run directory or checkpoint file: its trained policy
-    episodes: int = 100  # episodes run (kept: the successful ones, unless keep_failures)
+    """JSON object: the policy's arguments"""
+    checkpoint: str | None = None
+    """a run directory or checkpoint file: its trained policy"""
+    episodes: int = 100
+    """episodes run (kept: the successful ones, unless keep_failures)"""
     keep_failures: bool = False
+    """also keep the episodes that did not succeed"""
     deterministic: bool = True
+    """the policy's deterministic actions (False: sampled)"""
     seed: int = 0
+    """seeds the starts (the order of the initial frames, else each round's reset) and the policy's
+    sampling"""
     out: str = "demos/demos.h5"
+    """the demos file written"""
 
 
 def main(argv: list[str] | None = None) -> Path:

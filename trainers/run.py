@@ -13,14 +13,14 @@ A trainer's loop (``trainers/ppo/train.py``, ``trainers/grpo/train.py``) reads t
         run.end_iteration(env_steps, episodes, metrics)   # log; callbacks evaluate, checkpoint when due
     run.finish()   # callbacks: final evaluation, final checkpoint, summary table and report
 
-Data parallel (``torchrun --nproc-per-node N -m trainers ...``, ``trainers/distributed.py``): every
+Data parallel (``torchrun --nproc-per-node N -m trainers ...``, ``trainers/parallel.py``): every
 rank builds a ``Run`` and runs the same loop on its ``num_envs / N`` envs. Env steps are summed and
 episodes gathered over ranks at each iteration, so every rank agrees on the counters and on
 ``finished``; callbacks run on every rank (evaluation is split over them) and rank 0 alone writes
 the run directory (``run.is_main``; the others wait for each checkpoint). On resume every rank loads
 the same checkpoint, also with another number of ranks than the run that wrote it; with several
 ranks each rank's random streams are then seeded anew from (seed, rank, iteration)
-(``distributed.rank_seed``): a data-parallel resume is reproducible but, unlike a single-process
+(``parallel.rank_seed``): a data-parallel resume is reproducible but, unlike a single-process
 one, not the continuation the uninterrupted run would have drawn.
 """
 
@@ -40,8 +40,7 @@ from torch import nn
 from nets.safe_load import OPT_IN_KEYS
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
-from trainers import parallel as distributed
-from trainers import run_folder
+from trainers import parallel, run_folder
 from trainers.callbacks import Callback, Checkpointing, Evaluation, Report, RunContext
 from trainers.config import save_config, to_dict
 from trainers.metrics import named_metrics
@@ -93,8 +92,8 @@ class Run:
                 data = {**data, "policy": ckpt.checked_policy_spec(data.get("policy"), path, allow)}
                 ckpt.given_opt_ins(cfg.policy_kwargs, data["policy"]["name"], path)
             self._resumed = (path, data)
-        self.ranks, self._owns_group = distributed.init(cfg.num_envs, cfg.device, group_size)
-        self.device = distributed.local_device(cfg.device, self.ranks)
+        self.ranks, self._owns_group = parallel.init(cfg.num_envs, cfg.device, group_size)
+        self.device = parallel.local_device(cfg.device, self.ranks)
         self.callbacks: list[Callback] = [Evaluation(), Checkpointing(), *(callbacks or []), Report()]
         if folder is not None:
             self.dir = folder
@@ -102,13 +101,13 @@ class Run:
             self.dir = Path(cfg.run_dir)
         else:
             name = f"{algo}-{cfg.env.split(':')[-1]}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-            self.dir = Path(distributed.broadcast(str(Path("runs") / name)))  # rank 0's clock names it
+            self.dir = Path(parallel.broadcast(str(Path("runs") / name)))  # rank 0's clock names it
         self._lock = run_folder.claim_on_main(
             self.dir, self.ranks, resume=bool(cfg.resume), overwrite=cfg.overwrite
         )
         # what the callbacks see; its counters are the run's (the same dict)
         self.checkpoints = ckpt.RunCheckpoints(
-            self.dir, algo, to_dict(self.configs), cfg.keep_checkpoints, self.is_main
+            self.dir, algo, to_dict(self.configs), cfg.keep_checkpoints, self.ranks.is_main
         )
         self.context = RunContext(algo, cfg, self.dir, self.ranks, self.checkpoints)
         self.counters = self.context.counters
@@ -117,18 +116,19 @@ class Run:
             torch.set_num_threads(cfg.torch_threads)
         ckpt.seed_all(cfg.seed)
 
+    # where this process sits: its RunContext's (the one definition; both hold the same Ranks)
     @property
     def rank(self) -> int:
-        return self.ranks.rank
+        return self.context.rank
 
     @property
     def world_size(self) -> int:
-        return self.ranks.world_size
+        return self.context.world_size
 
     @property
     def is_main(self) -> bool:
-        """Whether this process writes the run's files and logs (rank 0)."""
-        return self.ranks.is_main
+        """Whether this process writes the run's files and logs (rank 0): ``RunContext.is_main``."""
+        return self.context.is_main
 
     @property
     def configs(self) -> dict[str, Any]:
@@ -167,7 +167,7 @@ class Run:
         return policy
 
     def shard(self, policy: ActionChunkPolicy) -> None:
-        """With fsdp over several ranks, shard ``policy`` (``distributed.fully_shard_policy``),
+        """With fsdp over several ranks, shard ``policy`` (``parallel.fully_shard_policy``),
         after loading the resumed run's weights into it: call it after ``make_policy`` and before
         building the optimizer (which must hold the sharded parameters). Otherwise nothing."""
         cfg = self.config
@@ -183,14 +183,14 @@ class Run:
         if self._resumed is not None:
             path, data = self._resumed
             ckpt.load_policy_state(policy, data["policy"], path)
-        dtype = distributed.param_dtype(cfg.fsdp_param_dtype)
-        self.checkpoints.sharded = distributed.fully_shard_policy(policy, dtype, cfg.activation_checkpointing)
+        dtype = parallel.param_dtype(cfg.fsdp_param_dtype)
+        self.checkpoints.sharded = parallel.fully_shard_policy(policy, dtype, cfg.activation_checkpointing)
 
     def data_parallel(self, policy: ActionChunkPolicy) -> nn.Module:
         """The module the updates call (after ``restore``): the FSDP root from ``shard``, or
-        ``distributed.data_parallel(policy)`` (DDP; the plain policy at world size 1)."""
+        ``parallel.data_parallel(policy)`` (DDP; the plain policy at world size 1)."""
         sharded = self.checkpoints.sharded
-        return sharded if sharded is not None else distributed.data_parallel(policy)
+        return sharded if sharded is not None else parallel.data_parallel(policy)
 
     def gathered(self) -> AbstractContextManager[None]:
         """A context with whole parameters in the policy (rollouts); see ``RunContext.gathered``."""
@@ -224,7 +224,7 @@ class Run:
                 c = self.counters
                 print(f"resumed from {path} (iteration {c['iteration']}, {c['env_steps']} env steps)")
         if self.world_size > 1:  # each rank samples, shuffles and explores on streams of its own
-            seed = distributed.rank_seed(self.config.seed, self.rank, self.counters["iteration"])
+            seed = parallel.rank_seed(self.config.seed, self.rank, self.counters["iteration"])
             ckpt.seed_all(seed, [policy.generator, *generators.values()])
         self.context.clock = time.perf_counter()
         if self.is_main:
@@ -254,7 +254,7 @@ class Run:
         on every rank). A callback returning ``False`` stops the run (``finished``) once every
         callback has had this iteration; with several ranks, a stop on any rank stops all.
         """
-        env_steps, episodes, metrics = distributed.gather_iteration(
+        env_steps, episodes, metrics = parallel.gather_iteration(
             env_steps, episodes, metrics, self.config.num_envs
         )
         c, ctx = self.counters, self.context
@@ -276,7 +276,7 @@ class Run:
         for callback in self.callbacks:
             stop |= callback.on_row_logged(ctx, row) is False
         if self.world_size > 1:  # every rank stops at the same iteration
-            stop = any(distributed.all_gather(stop))
+            stop = any(parallel.all_gather(stop))
         ctx.stop = ctx.stop or stop
 
     def log(self, row: dict[str, Any]) -> None:
@@ -292,7 +292,7 @@ class Run:
             callback.on_training_end(self.context, final)
         self.close()
         if self._owns_group:
-            distributed.shutdown()
+            parallel.shutdown()
         return final
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import torch
 
-from trainers import parallel as distributed
+from trainers import parallel
 from trainers.env_factory import AUTORESET, make_vec_env
 
 
@@ -23,56 +23,83 @@ class RunConfig:
     registers this project's envs; the trainers never import them themselves).
     """
 
-    env: str = "CartPole-v1"  # a gymnasium id; "module:Env-v0" imports module first (envs:Libero-Spatial-v0)
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gym.make_vec
-    num_envs: int = 8  # over all ranks (torchrun): each rank steps num_envs / world size of them
-    # auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync
+    env: str = "CartPole-v1"
+    """a gymnasium id; "module:Env-v0" imports module first (envs:Libero-Spatial-v0)"""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """passed to gym.make_vec"""
+    num_envs: int = 8
+    """over all ranks (torchrun): each rank steps num_envs / world size of them"""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
-    autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"  # auto: the trainer picks
-    # a registered policy (gaussian, categorical, binned, flow, residual, dsrl, openvla, openvla_oft,
-    # pi05, cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or module:Class
+    """auto: the env's own vector env when it takes autoreset_mode (this project's envs), else sync"""
+    autoreset_mode: Literal["auto", "next_step", "same_step", "disabled"] = "auto"
+    """auto: the trainer picks"""
     policy: str = "auto"
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)  # JSON object: the policy's arguments
-    total_steps: int = 100_000  # env steps (executed sub-steps, summed over envs)
-    max_iterations: int = 0  # also stop after this many iterations (0: no limit)
-    seed: int = 0  # seeds the envs, the policy's sampling, the minibatch order and torch
-    device: str = "cpu"  # cuda with several ranks: cuda:LOCAL_RANK
-    torch_threads: int = 0  # 0: torch's default
-    run_dir: str | None = None  # default: runs/<algo>-<env>-s<seed>-<date>
-    # a run directory (its newest checkpoint) or the newest checkpoint file in its checkpoints/: the
-    # same algorithm and env; run_dir is then that directory
+    """a registered policy (gaussian, categorical, binned, flow, residual, dsrl, openvla, openvla_oft,
+    pi05, cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or
+    module:Class"""
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    """JSON object: the policy's arguments. The pretrained VLAs' (openvla_oft, pi05, cosmos_policy) are
+    typed options: python -m trainers --policy-help NAME lists each one's type, default and meaning"""
+    total_steps: int = 100_000
+    """env steps (executed sub-steps, summed over envs)"""
+    max_iterations: int = 0
+    """also stop after this many iterations (0: no limit)"""
+    seed: int = 0
+    """seeds the envs, the policy's sampling, the minibatch order and torch"""
+    device: str = "cpu"
+    """cuda with several ranks: cuda:LOCAL_RANK"""
+    torch_threads: int = 0
+    """0: torch's default"""
+    run_dir: str | None = None
+    """default: runs/<algo>-<env>-s<seed>-<date>"""
     resume: str | None = None
-    # a new run in a run_dir that holds another run's files: remove them first (only a run's own
-    # files, inside the folder: anything else there is refused). Without it such a folder is
-    # refused (a new run never mixes its files with another's); --resume continues the run instead.
-    # Never saved as true: an overwrite comes only from your own command line or call
+    """a run directory (its newest checkpoint) or the newest checkpoint file in its checkpoints/: the same
+    algorithm and env; run_dir is then that directory"""
     overwrite: bool = False
-    # start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its
-    # policy class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic,
-    # override them) and --policy is ignored, except --policy residual: a ResidualPolicy learns a
-    # correction over that policy, kept frozen as its base
+    """a new run in a run_dir that holds another run's files: remove them first (only a run's own files,
+    inside the folder: anything else there is refused). Without it such a folder is refused (a new run
+    never mixes its files with another's); --resume continues the run instead. Never saved as true: an
+    overwrite comes only from your own command line or call"""
     init_policy: str | None = None
-    # evaluate on another env, e.g. train in a world model and evaluate in the simulator; the
-    # kwargs default to env_kwargs when eval_env is unset, else to none
+    """start from the trained policy of a run directory or checkpoint (e.g. behaviour cloning): its policy
+    class and arguments are used (policy_kwargs and the trainer's needs, e.g. a critic, override them) and
+    --policy is ignored, except --policy residual: a ResidualPolicy learns a correction over that policy,
+    kept frozen as its base"""
     eval_env: str | None = None
-    eval_env_kwargs: dict[str, Any] | None = None  # JSON object (see eval_env)
-    eval_every: int = 0  # iterations between evaluations; 0: only at the end; -1: never
-    eval_at_start: bool = False  # also evaluate the initial policy, before training
-    eval_episodes: int = 10  # episodes per evaluation (deterministic actions)
-    eval_num_envs: int = 0  # 0: min(eval_episodes, num_envs)
-    video: bool = True  # an mp4 of the first eval round (needs an env that renders rgb_array)
-    video_fps: int = 20  # frames per second of the eval videos
-    checkpoint_every: int = 10  # iterations between checkpoints; 0: only at the end
-    keep_checkpoints: int = 3  # newest checkpoints kept; 0: all
-    tensorboard: bool = True  # TensorBoard event files in RUN/tb
-    wandb_project: str | None = None  # also log to this Weights & Biases project (wandb installed)
-    progress: bool = True  # a tqdm progress bar over env steps
-    # several ranks (torchrun): ddp keeps a whole copy of the model on every rank; fsdp shards
-    # parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard). At world size 1
-    # fsdp changes nothing (no process group, no sharding; the two options below are then unused)
+    """evaluate on another env, e.g. train in a world model and evaluate in the simulator; the kwargs
+    default to env_kwargs when eval_env is unset, else to none"""
+    eval_env_kwargs: dict[str, Any] | None = None
+    """JSON object (see eval_env)"""
+    eval_every: int = 0
+    """iterations between evaluations; 0: only at the end; -1: never"""
+    eval_at_start: bool = False
+    """also evaluate the initial policy, before training"""
+    eval_episodes: int = 10
+    """episodes per evaluation (deterministic actions)"""
+    eval_num_envs: int = 0
+    """0: min(eval_episodes, num_envs)"""
+    video: bool = True
+    """an mp4 of the first eval round (needs an env that renders rgb_array)"""
+    video_fps: int = 20
+    """frames per second of the eval videos"""
+    checkpoint_every: int = 10
+    """iterations between checkpoints; 0: only at the end"""
+    keep_checkpoints: int = 3
+    """newest checkpoints kept; 0: all"""
+    tensorboard: bool = True
+    """TensorBoard event files in RUN/tb"""
+    wandb_project: str | None = None
+    """also log to this Weights & Biases project (wandb installed)"""
+    progress: bool = True
+    """a tqdm progress bar over env steps"""
     data_parallel: Literal["ddp", "fsdp"] = "ddp"
-    fsdp_param_dtype: str | None = None  # fsdp: compute in this dtype (bfloat16, float16), reduce in float32
-    activation_checkpointing: bool = False  # fsdp: recompute activations in backward
+    """several ranks (torchrun): ddp keeps a whole copy of the model on every rank; fsdp shards parameters,
+    gradients and optimizer state over the ranks (FSDP2 fully_shard). At world size 1 fsdp changes nothing
+    (no process group, no sharding; the two options below are then unused)"""
+    fsdp_param_dtype: str | None = None
+    """fsdp: compute in this dtype (bfloat16, float16), reduce in float32"""
+    activation_checkpointing: bool = False
+    """fsdp: recompute activations in backward"""
 
     def __post_init__(self) -> None:
         for name in ("num_envs", "total_steps", "eval_episodes"):
@@ -92,11 +119,11 @@ class RunConfig:
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
             )
-        if self.data_parallel not in distributed.DATA_PARALLEL:
+        if self.data_parallel not in parallel.DATA_PARALLEL:
             raise ValueError(
-                f"data_parallel must be one of {list(distributed.DATA_PARALLEL)}, got {self.data_parallel!r}"
+                f"data_parallel must be one of {list(parallel.DATA_PARALLEL)}, got {self.data_parallel!r}"
             )
-        distributed.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
+        parallel.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
         if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
             raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
         if self.resume and self.overwrite:

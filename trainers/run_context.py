@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import ActionChunkPolicy
-from trainers import parallel as distributed
+from trainers import parallel
 from trainers.checkpoint import RunCheckpoints
 from trainers.metrics import MetricsLogger, Progress
 from trainers.run_config import RunConfig
@@ -28,7 +28,7 @@ class RunContext:
     algo: str  # "ppo", "grpo", "sac", "bc": stored in the run's checkpoints
     config: RunConfig
     dir: Path
-    ranks: distributed.Ranks
+    ranks: parallel.Ranks
     checkpoints: RunCheckpoints
     counters: dict[str, Any] = field(
         default_factory=lambda: {"iteration": 0, "env_steps": 0, "episodes": 0, "elapsed": 0.0}
@@ -69,8 +69,8 @@ class RunContext:
 
     def gathered(self) -> AbstractContextManager[None]:
         """A context with whole parameters in the policy (rollouts, evaluation); a no-op
-        unless sharded (``distributed.gathered``)."""
-        return distributed.gathered(self.checkpoints.sharded)
+        unless sharded (``parallel.gathered``)."""
+        return parallel.gathered(self.checkpoints.sharded)
 
     def log(self, row: dict[str, Any]) -> None:
         """Write one metrics row at the current env step; only rank 0 writes."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers import checkpoint as ckpt
-from trainers import parallel as distributed
+from trainers import parallel
 from trainers.files import TEMP_SUFFIX, fsync_dir, link_error
 from trainers.metrics import METRICS_FILE, parse_jsonl
 from trainers.report import EVAL_EPISODES_FILE
@@ -221,9 +221,7 @@ def claim(folder: str | Path, *, resume: bool, overwrite: bool) -> FolderLock:
     return lock
 
 
-def claim_on_main(
-    folder: Path, ranks: distributed.Ranks, *, resume: bool, overwrite: bool
-) -> FolderLock | None:
+def claim_on_main(folder: Path, ranks: parallel.Ranks, *, resume: bool, overwrite: bool) -> FolderLock | None:
     """``claim`` on rank 0 (the one writer; None on the other ranks), its refusal raised on every
     rank (a ``ValueError`` stays one; anything else is a ``RuntimeError`` elsewhere)."""
     lock, error = None, None
@@ -233,7 +231,7 @@ def claim_on_main(
         except (OSError, ValueError, RuntimeError) as e:
             error = e
     if ranks.world_size > 1:
-        shared = distributed.broadcast(None if error is None else (isinstance(error, ValueError), str(error)))
+        shared = parallel.broadcast(None if error is None else (isinstance(error, ValueError), str(error)))
         if error is None and shared is not None:
             error = (ValueError if shared[0] else RuntimeError)(f"rank 0: {shared[1]}")
     if error is not None:

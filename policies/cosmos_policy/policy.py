@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,9 +43,11 @@ from nets.cosmos_sampler import SIGMA_MAX, karras_sigmas, rf_x0, step_2ab
 
 from ..base import ActionChunk, PolicyEval
 from ..images import resize_images
+from ..options import build_options
 from ..pretrained import PretrainedVLAPolicy, resolve_dtype
 from . import layout, sft
 from .checkpoint import load_stats, load_t5_embeddings, locate
+from .options import CosmosPolicyOptions
 
 SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
 CHUNK, ACTION_DIM, PROPRIO_DIM = 16, 7, 9
@@ -76,96 +77,55 @@ class CosmosPolicy(PretrainedVLAPolicy):
         observation_space: Dict with ``instruction``, the uint8 images ``image_keys`` (wrist, primary)
             and ``proprio_key``.
         action_space: Box ``(K, 7)`` with K <= 16.
-        model_path: checkpoint folder or hub id (``checkpoint.py`` lists the files); ``vae_path``: the
-            Wan 2.1 ``tokenizer.pth`` when it is not in the folder.
-        image_size: the model's input size (224 for the released checkpoints).
-        num_steps: denoising steps (network calls) of the action pass (LIBERO evaluation: 5).
-        noise_level: RL exploration, the std of the stochastic step in units of the next sigma.
-        num_proposals, planning, num_future_samples, num_value_samples, future_state_steps,
-            value_steps: best-of-N planning (deterministic calls only).
-        image_keys: (wrist, primary) observation keys; ``flip_lr``: mirror the images left-right
-            (our LIBERO images are rotated 180 degrees; Cosmos Policy's are flipped vertically only);
-            ``center_crop``: area fraction kept before resizing (its evaluation: 0.9).
-        use_critic: the model's value frame as the critic (module docstring); GRPO builds it off.
-        proprio_format: ``"libero_axis_angle"`` converts the proprio fields ``eef_pos`` (3),
-            ``eef_axis_angle`` (3) and ``gripper_qpos`` (2), read by name from the proprio space's
-            ``fields`` (LIBERO's env publishes them), to the model's 9-D (gripper 2, eef pos 3,
-            quaternion 4); ``"raw"`` passes a 9-D proprio through.
-        dtype: ``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``.
-        download: let a hub id ``owner/name@revision`` download (pinned) into the Hugging Face cache.
-        trust_pickle: unpickle the T5 ``.pkl``, the DiT ``.pt`` and ``tokenizer.pth`` fully (default:
-            plain data only; anything else is refused with ``UnsafeFileError``).
+        options: ``CosmosPolicyOptions`` (``options.py``: ``model_path``, ``num_steps``, ``noise_level``,
+            the planning and SFT settings, ... each with its default and meaning), as keywords or as
+            ``options=``, an instance or a dict of some of them; an unknown keyword is an
+            ``OptionsError`` naming the accepted ones.
     """
 
     checkpoint_name = "Cosmos Policy checkpoint"
     checkpoint_files = ("libero_dataset_statistics.json|dataset_statistics.json",)
     requires, extras = ("diffusers",), "vla,wm"
+    options_type = CosmosPolicyOptions
 
     def __init__(
         self,
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        model_path: str | Path,
-        vae_path: str | Path | None = None,
-        image_size: int = 224,
-        num_steps: int = 5,
-        noise_level: float = 0.5,
-        num_proposals: int = 1,
-        planning: str = "parallel",
-        num_future_samples: int = 3,
-        num_value_samples: int = 5,
-        future_state_steps: int = 1,
-        value_steps: int = 1,
-        image_keys: Sequence[str] = ("wrist_image", "image"),
-        proprio_key: str = "proprio",
-        proprio_format: str = "libero_axis_angle",
-        flip_lr: bool = True,
-        center_crop: float | None = 0.9,
-        use_critic: bool = True,
-        sft_noise: str = "auto",
-        sft_split: Sequence[float] = sft.SPLIT,
-        sft_loss_weighting: str = "rf",
-        dtype: str = "auto",
-        download: bool = False,
-        trust_pickle: bool = False,
+        options: CosmosPolicyOptions | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(observation_space, action_space, image_keys)
+        o = build_options(CosmosPolicyOptions, options, kwargs, type(self).__name__)
+        super().__init__(observation_space, action_space, o.image_keys)
         from nets.cosmos_checkpoint import load_cosmos_dit
         from nets.wan_vae import WanVAE
 
-        self.use_critic = bool(use_critic)
-        if planning not in ("parallel", "autoregressive"):
-            raise ValueError(f"planning must be 'parallel' or 'autoregressive', got {planning!r}")
-        if proprio_format not in ("libero_axis_angle", "raw"):
-            raise ValueError(f"proprio_format must be 'libero_axis_angle' or 'raw', got {proprio_format!r}")
+        self.options = o
+        self.use_critic = bool(o.use_critic)
         if self.chunk_size > CHUNK or self.action_dim != ACTION_DIM:
             raise ValueError(
                 f"action space {action_space.shape}: expected (K, {ACTION_DIM}) with K <= {CHUNK}"
             )
-        self.image_keys, self.proprio_key = tuple(image_keys), proprio_key
+        self.image_keys, self.proprio_key = tuple(o.image_keys), o.proprio_key
         self._image_shapes = {k: tuple(observation_space.spaces[k].shape) for k in self.image_keys}
-        if sft_noise not in ("auto", *sft.NOISE_KINDS):
-            raise ValueError(f"sft_noise must be 'auto' or one of {sft.NOISE_KINDS}, got {sft_noise!r}")
-        if sft_loss_weighting not in sft.WEIGHTINGS:
-            raise ValueError(
-                f"sft_loss_weighting must be one of {sft.WEIGHTINGS}, got {sft_loss_weighting!r}"
-            )
-        self.sft_split, self.sft_loss_weighting = sft.check_split(sft_split), sft_loss_weighting
+        self.sft_split, self.sft_loss_weighting = sft.check_split(o.sft_split), o.sft_loss_weighting
         self._warned_targets: set[str] = set()
-        if proprio_key not in observation_space.spaces:
-            raise ValueError(f"observations lack the proprio key {proprio_key!r}")
-        self.image_size, self.flip_lr, self.center_crop = int(image_size), flip_lr, center_crop
-        self.proprio_format = proprio_format
-        self._proprio_fields = _proprio_field_slices(observation_space.spaces[proprio_key], proprio_format)
-        self.num_steps, self.noise_level = int(num_steps), float(noise_level)
-        self.num_proposals, self.planning = int(num_proposals), planning
-        self.num_future_samples, self.num_value_samples = int(num_future_samples), int(num_value_samples)
-        self.future_state_steps, self.value_steps = int(future_state_steps), int(value_steps)
+        if o.proprio_key not in observation_space.spaces:
+            raise ValueError(f"observations lack the proprio key {o.proprio_key!r}")
+        self.image_size, self.flip_lr, self.center_crop = int(o.image_size), o.flip_lr, o.center_crop
+        self.proprio_format = o.proprio_format
+        self._proprio_fields = _proprio_field_slices(
+            observation_space.spaces[o.proprio_key], o.proprio_format
+        )
+        self.num_steps, self.noise_level = int(o.num_steps), float(o.noise_level)
+        self.num_proposals, self.planning = int(o.num_proposals), o.planning
+        self.num_future_samples, self.num_value_samples = int(o.num_future_samples), int(o.num_value_samples)
+        self.future_state_steps, self.value_steps = int(o.future_state_steps), int(o.value_steps)
         self.sigmas = policy_sigmas(self.num_steps)
 
-        folder = self.find_folder(model_path, download)
-        files = locate(folder, vae_path)
+        folder = self.find_folder(o.model_path, o.download)
+        files = locate(folder, o.vae_path)
         stats = load_stats(files.stats)
         if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:
             raise ValueError(
@@ -174,15 +134,15 @@ class CosmosPolicy(PretrainedVLAPolicy):
         for key in ("actions", "proprio"):
             self.register_buffer(f"{key}_low", stats[key].low)
             self.register_buffer(f"{key}_high", stats[key].high)
-        self.texts = load_t5_embeddings(files.t5, trust_pickle)
+        self.texts = load_t5_embeddings(files.t5, o.trust_pickle)
         self._text_ids = {text: i for i, text in enumerate(self.texts)}
         width = max(e.shape[0] for e in self.texts.values())
         table = torch.zeros(len(self.texts), width, next(iter(self.texts.values())).shape[1])
         for i, emb in enumerate(self.texts.values()):
             table[i, : emb.shape[0]] = emb  # zero-padded like the T5 encoder's output
         self.register_buffer("text_table", table)
-        weight_dtype = resolve_dtype(dtype)
-        self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype, trust_pickle=trust_pickle)
+        weight_dtype = resolve_dtype(o.dtype)
+        self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype, trust_pickle=o.trust_pickle)
         self.dit.requires_grad_(True)
         if self.dit.config.action_dim is not None:
             raise ValueError(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
@@ -191,11 +151,11 @@ class CosmosPolicy(PretrainedVLAPolicy):
                 f"T5 embeddings are {table.shape[-1]}-D, the DiT's context "
                 f"{self.dit.config.crossattn_emb_channels}-D"
             )
-        self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype, trust_pickle=trust_pickle)
+        self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype, trust_pickle=o.trust_pickle)
         # a Predict2.5 backbone (Reason1 text projection) trains with its logit-normal times, Predict2
         # with the hybrid log-normal / uniform sigmas
         backbone = "predict2.5" if self.dit.config.crossattn_proj_in_channels is not None else "predict2"
-        self.sft_noise = backbone if sft_noise == "auto" else sft_noise
+        self.sft_noise = backbone if o.sft_noise == "auto" else o.sft_noise
 
     # ------------------------------------------------------------------ inputs
     def _images(self, obs: Any) -> list[torch.Tensor]:

@@ -23,7 +23,7 @@ RLinf run it uses the token mode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,11 @@ from gymnasium import spaces
 
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import tempered_log_softmax
+from ..options import build_options
 from ..pretrained import load_strict
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .common import OpenVLABase, PromptLayout, load_model
+from .options import OpenVLAOFTOptions
 
 # PromptLayout and load_model moved to common.py (shared with policies/openvla); still importable here
 __all__ = ["OpenVLAOFTPolicy", "PromptLayout", "laplace_log_prob", "load_action_head", "load_model"]
@@ -48,40 +50,10 @@ class OpenVLAOFTPolicy(OpenVLABase):
     Args:
         observation_space: a Dict with ``instruction`` and the uint8 ``[H, W, 3]`` images in ``image_keys``.
         action_space: Box ``(K, D)`` (or ``(D,)``, K = 1); K * D placeholders are decoded per call.
-        model_path: checkpoint folder or hub id (Hugging Face cache) in OpenVLA's layout: ``config.json``,
-            safetensors, tokenizer files, optionally ``dataset_statistics.json``.
-        unnorm_key: which dataset's action statistics (e.g. ``libero_spatial_no_noops``); None when the
-            checkpoint has one.
-        norm_stats: statistics to add to the checkpoint's (same keys win), in ``dataset_statistics.json``'s
-            layout ``{key: {"action": {"q01", "q99", "mask", ...}, ...}}``, or the path of such a
-            file: what ``trainers.bc`` computes from demonstrations and saves with its checkpoints.
-        action_head: ``"tokens"`` (the LM head's 256 action bins) or ``"l1"`` (OpenVLA-OFT's
-            continuous L1-regression head on the action positions' hidden states).
-        new_action_head: with ``"l1"``, start a freshly initialised head when the folder has no
-            ``action_head--<step>_checkpoint.pt`` (fine-tuning a model that has none); without it
-            a missing head file is an error.
-        l1_scale: with ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1]
-            space, times ``temperature`` (deterministic acting uses the head's output).
-        temperature, top_k: sampling (SimpleVLA-RL / RLinf LIBERO GRPO: 1.6, 0); kept per sample in
-            the replay. Default: 1.6 with tokens, 1.0 with the L1 head.
-        image_keys: observation images fed as the model's images, in order (OFT-token LIBERO: the
-            third-person view only).
-        center_crop: crop this fraction of the image area before resizing (RLinf LIBERO: 0.9); None off.
-        gripper: ``"libero"`` maps the last dim with ``-sign(2 g - 1)`` (-1 open, +1 close); None
-            leaves actions as un-normalized.
-        max_prompt_tokens: fixed prompt length (padding), so replays from different calls stack.
-        use_critic, value_type: RLinf's value head on the last prompt token's hidden state, one value
-            per chunk (``"chunk"``) or per step (``"step"``); GRPO builds the policy without it.
-        lora_rank: > 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights
-            (the L1 action head and the value head stay fully trained).
-        lora_targets: module names (or suffixes) LoRA adapts; default RLinf's list (``LORA_LANGUAGE``,
-            plus ``LORA_VISION`` unless ``freeze_vision``). A name the model lacks is an error.
-        freeze_vision: keep the vision towers fixed (and without LoRA).
-        dtype: weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32),
-            ``"float32"`` or ``"bfloat16"``. Log-probs are always computed in float32.
-        append_stop: end the sequence with the STOP token ``</s>`` as OpenVLA-OFT and SimpleVLA-RL
-            do (False: as RLinf, which drops it; with bidirectional attention the two differ).
-        download: let a hub id download into the Hugging Face cache (default: cache only).
+        options: ``OpenVLAOFTOptions`` (``options.py``: ``model_path``, ``action_head``, ``temperature``,
+            ``lora_rank``, ... each with its default and meaning), as keywords or as ``options=``, an
+            instance or a dict of some of them; an unknown keyword is an ``OptionsError`` naming the
+            accepted ones.
 
     Replay: ``input_ids``, ``attention_mask`` ``[B, 1 + max_prompt_tokens]``, ``images`` uint8
     ``[B, n, S, S, 3]``, ``tokens`` int64 ``[B, K, D]`` (0..255; id = vocab - 256 + token),
@@ -90,49 +62,30 @@ class OpenVLAOFTPolicy(OpenVLABase):
     """
 
     checkpoint_name, model_name = "OpenVLA-OFT checkpoint", "OpenVLA-OFT"
+    options_type = OpenVLAOFTOptions
 
     def __init__(
         self,
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        model_path: str | Path,
-        unnorm_key: str | None = None,
-        norm_stats: dict[str, Any] | str | Path | None = None,
-        action_head: str = "tokens",
-        new_action_head: bool = False,
-        l1_scale: float = 0.05,
-        temperature: float | None = None,
-        top_k: int = 0,
-        image_keys: Sequence[str] = ("image",),
-        center_crop: float | None = None,
-        gripper: str | None = "libero",
-        max_prompt_tokens: int = 64,
-        use_critic: bool = True,
-        value_type: str = "chunk",
-        lora_rank: int = 0,
-        lora_targets: Sequence[str] | None = None,
-        freeze_vision: bool = False,
-        dtype: str = "auto",
-        append_stop: bool = True,
-        download: bool = False,
+        options: OpenVLAOFTOptions | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        if action_head not in ("tokens", "l1"):
-            raise ValueError(f"action_head must be 'tokens' or 'l1', got {action_head!r}")
-        if not l1_scale > 0:
-            raise ValueError(f"l1_scale must be > 0, got {l1_scale}")
-        if value_type not in ("chunk", "step"):
-            raise ValueError(f"value_type must be 'chunk' or 'step', got {value_type!r}")
+        o = build_options(OpenVLAOFTOptions, options, kwargs, type(self).__name__)  # checked first
+        temperature = o.temperature
         if temperature is None:
-            temperature = 1.0 if action_head == "l1" else 1.6
+            temperature = 1.0 if o.action_head == "l1" else 1.6
         super().__init__(
-            observation_space, action_space, model_path=model_path, unnorm_key=unnorm_key,
-            norm_stats=norm_stats, temperature=temperature, top_k=top_k, image_keys=image_keys,
-            center_crop=center_crop, gripper=gripper, max_prompt_tokens=max_prompt_tokens, dtype=dtype,
-            download=download,
+            observation_space, action_space, model_path=o.model_path, unnorm_key=o.unnorm_key,
+            norm_stats=o.norm_stats, temperature=temperature, top_k=o.top_k, image_keys=o.image_keys,
+            center_crop=o.center_crop, gripper=o.gripper, max_prompt_tokens=o.max_prompt_tokens,
+            dtype=o.dtype, download=o.download,
         )  # fmt: skip
-        self.action_head_type, self.l1_scale = action_head, float(l1_scale)
-        self.stop_id = self.layout.tokenizer.eos_token_id if append_stop else None
+        self.options = o
+        action_head = o.action_head
+        self.action_head_type, self.l1_scale = action_head, float(o.l1_scale)
+        self.stop_id = self.layout.tokenizer.eos_token_id if o.append_stop else None
 
         hidden = self.model.language_model.config.hidden_size
         self.action_head = None
@@ -142,10 +95,10 @@ class OpenVLAOFTPolicy(OpenVLABase):
         self.register_buffer("high", bounds[1], persistent=False)
         if action_head == "l1":
             folder = self.checkpoint_folder
-            self.action_head = load_action_head(folder, hidden, self.action_dim, new_action_head)
+            self.action_head = load_action_head(folder, hidden, self.action_dim, o.new_action_head)
             self.action_head.to(next(self.model.parameters()).dtype)
-        kv = 1 if value_type == "chunk" else self.chunk_size
-        self._add_value_head_and_lora(use_critic, kv, lora_rank, lora_targets, freeze_vision)
+        kv = 1 if o.value_type == "chunk" else self.chunk_size
+        self._add_value_head_and_lora(o.use_critic, kv, o.lora_rank, o.lora_targets, o.freeze_vision)
 
     # ------------------------------------------------------------------ one parallel-decoding pass
     def _forward(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

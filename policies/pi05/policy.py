@@ -14,7 +14,7 @@ live in ``processor.py`` (``Pi05Processor``), the network in ``modeling.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from gymnasium import spaces
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..flow import FlowSampling, denoise_indices, flow_mean_std, sample_chain, score_chain, squashed_std
 from ..heads import ValueHead
+from ..options import build_options
 from ..pretrained import (
     PretrainedVLAPolicy,
     add_lora,
@@ -36,10 +37,10 @@ from ..pretrained import (
 from ..torsos import mlp
 from .config import Pi05Config, norm_stats_from_data
 from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys
+from .options import Pi05Options
 from .processor import Pi05Processor, PromptTokenizer, resolve_norm_stats, tokenizer_file
 
 REQUIRED_FILES = ("config.json", "model.safetensors.index.json|model.safetensors")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class Pi05Policy(PretrainedVLAPolicy):
@@ -49,36 +50,11 @@ class Pi05Policy(PretrainedVLAPolicy):
         observation_space: Dict with ``instruction``, the uint8 ``[H, W, 3]`` images named in
             ``cameras`` and (if used) the state ``state_key``.
         action_space: Box ``(K, D)``: K <= the model's horizon, D <= its action dims and statistics.
-        model_path: checkpoint folder (``config.json``, ``model.safetensors`` or shards, ``norm_stats.json``
-            under ``assets/<asset_id>/``) or hub id (Hugging Face cache).
-        asset_id: which ``norm_stats.json`` (e.g. ``physical-intelligence/libero``); None: the only one.
-        norm_stats: statistics to use instead of the folder's: ``norm_stats.json``'s content
-            (``{"norm_stats": {"actions": {...}, "state": {...}}}``) or its path; what
-            ``trainers.bc`` computes from demonstrations and saves with its checkpoints. The state's
-            may be absent when the policy does not read the state (no ``discrete_state_input``).
-        tokenizer_path: PaliGemma's sentencepiece model; default ``tokenizer.model`` or
-            ``paligemma_tokenizer.model`` in the checkpoint folder.
-        cameras: observation keys of the images, in the model's order (openpi LIBERO: agentview as
-            ``base_0_rgb``, wrist as ``left_wrist_0_rgb``; the masked third slot is omitted).
-        state_key: observation key of the robot state (quantile-normalized; used only with
-            ``discrete_state_input``).
-        discrete_state_input: put the 256-bin state in the prompt. None: the checkpoint's
-            ``config.json`` value, else False (openpi's ``pi05_libero``; cosmos-rl runs the LIBERO
-            checkpoint with True: check against reference outputs).
-        max_token_len: prompt length (openpi pi0.5: 200).
-        sampling: the RL sampler, as in ``FlowPolicy``: a ``FlowSampling`` (``num_steps`` N, here
-            default 10 as openpi's inference, RLinf RL 3-5; ``noise_method``, ``noise_level``,
-            ``joint_logprob``, ``ignore_last``, ``noise_std_range``; RLinf pi0.5: flow_sde, 0.5), a
-            dict of some of its fields, or its fields as keywords of this constructor.
-        use_critic, value_vlm_mode: value head ``ValueHead(width, (1024, 512, 256), 1, relu)`` on the
-            PaliGemma prefix output, averaged over real tokens (``"mean_token"``) or the last one
-            (``"last_token"``), RLinf's ``value_after_vlm``.
-        train_expert_only: freeze PaliGemma (SigLIP + Gemma 2B); train the action expert and heads.
-        lora_rank, lora_targets: > 0 trains LoRA adapters (peft; alpha = rank) on the Gemma layers'
-            ``lora_targets`` (of the expert only with ``train_expert_only``) instead of their weights;
-            the action / time projections and heads stay fully trained. A name the model lacks is an error.
-        dtype: ``"auto"`` (bfloat16 with CUDA, else float32), ``"float32"`` or ``"bfloat16"``.
-        download: let a hub id download into the Hugging Face cache.
+        options: ``Pi05Options`` (``options.py``: ``model_path``, ``asset_id``, ``cameras``,
+            ``sampling``, ``lora_rank``, ... each with its default and meaning), as keywords or as
+            ``options=``, an instance or a dict of some of them; ``FlowSampling``'s fields (the RL
+            sampler, as in ``FlowPolicy``; ``num_steps`` default 10 here) are keywords too, or given
+            together as ``sampling=``. An unknown keyword is an ``OptionsError`` naming the accepted ones.
 
     Replay: ``images`` uint8 ``[B, n, S, S, 3]``, ``tokens`` / ``token_mask`` ``[B, max_token_len]``,
     ``chains`` float32 ``[B, N+1, H, A]`` (normalized model actions), ``denoise_inds`` ``[B, N]``,
@@ -86,39 +62,24 @@ class Pi05Policy(PretrainedVLAPolicy):
     """
 
     checkpoint_name, checkpoint_files = "pi0.5 checkpoint", REQUIRED_FILES
+    options_type = Pi05Options
 
     def __init__(
         self,
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        model_path: str | Path,
-        asset_id: str | None = None,
-        norm_stats: dict[str, Any] | str | Path | None = None,
-        tokenizer_path: str | Path | None = None,
-        cameras: Sequence[str] = ("image", "wrist_image"),
-        state_key: str = "proprio",
-        discrete_state_input: bool | None = None,
-        max_token_len: int = 200,
-        sampling: FlowSampling | Mapping[str, Any] | None = None,
-        use_critic: bool = True,
-        value_vlm_mode: str = "mean_token",
-        train_expert_only: bool = False,
-        lora_rank: int = 0,
-        lora_targets: Sequence[str] = LORA_TARGETS,
-        dtype: str = "auto",
-        download: bool = False,
-        **sampling_options: Any,
+        options: Pi05Options | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        sampling = FlowSampling.from_options(sampling, sampling_options, num_steps=10)
-        if sampling_options:
-            raise TypeError(f"Pi05Policy got unexpected keyword arguments {sorted(sampling_options)}")
-        super().__init__(observation_space, action_space, cameras)
-        if value_vlm_mode not in ("mean_token", "last_token"):
-            raise ValueError(f"value_vlm_mode must be 'mean_token' or 'last_token', got {value_vlm_mode!r}")
-        self.cameras, self.state_key, self.value_vlm_mode = tuple(cameras), state_key, value_vlm_mode
+        o = build_options(Pi05Options, options, kwargs, type(self).__name__)
+        sampling = o.sampling
+        assert isinstance(sampling, FlowSampling)  # Pi05Options.__post_init__ makes it one
+        super().__init__(observation_space, action_space, o.cameras)
+        self.options = o
+        self.cameras, self.state_key, self.value_vlm_mode = tuple(o.cameras), o.state_key, o.value_vlm_mode
 
-        folder = self.find_folder(model_path, download)
+        folder = self.find_folder(o.model_path, o.download)
         config = Pi05Config.from_folder(folder)
         self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
         if self.chunk_size > self.horizon or self.action_dim > self.model_action_dim:
@@ -126,28 +87,28 @@ class Pi05Policy(PretrainedVLAPolicy):
                 f"action space {action_space.shape} exceeds the model's horizon {self.horizon} x "
                 f"{self.model_action_dim} action dims"
             )
-        discrete = config.discrete_state_input if discrete_state_input is None else discrete_state_input
+        discrete = config.discrete_state_input if o.discrete_state_input is None else o.discrete_state_input
         self.discrete_state_input = bool(discrete)
-        stats = resolve_norm_stats(folder, asset_id, norm_stats, self.discrete_state_input)
+        stats = resolve_norm_stats(folder, o.asset_id, o.norm_stats, self.discrete_state_input)
         if len(stats["actions"].q01) < self.action_dim:
             raise ValueError(
                 f"action statistics are {len(stats['actions'].q01)}-D, the env's actions {self.action_dim}-D"
             )
-        if self.discrete_state_input and state_key not in observation_space.spaces:
-            raise ValueError(f"discrete_state_input needs the state {state_key!r} in the observations")
+        if self.discrete_state_input and o.state_key not in observation_space.spaces:
+            raise ValueError(f"discrete_state_input needs the state {o.state_key!r} in the observations")
         tokenizer = PromptTokenizer(
-            tokenizer_file(folder, tokenizer_path), max_token_len, self.discrete_state_input
+            tokenizer_file(folder, o.tokenizer_path), o.max_token_len, self.discrete_state_input
         )
         self.processor = Pi05Processor(
             tokenizer,
             stats.get("state"),
             stats["actions"],
             self.cameras,
-            state_key,
+            o.state_key,
             config.vision().image_size,
         )
 
-        self.model = load_model(folder, config, resolve_dtype(dtype))
+        self.model = load_model(folder, config, resolve_dtype(o.dtype))
         self.image_size = self.processor.image_size
         sampling.attach(self)
         width = config.expert().width
@@ -157,14 +118,14 @@ class Pi05Policy(PretrainedVLAPolicy):
             sampling.attach_noise_bounds(self)
         pali_width = config.paligemma().width
         self.value_head = (
-            ValueHead(pali_width, (1024, 512, 256), 1, "relu", bias_last=True) if use_critic else None
+            ValueHead(pali_width, (1024, 512, 256), 1, "relu", bias_last=True) if o.use_critic else None
         )
-        if train_expert_only:
+        if o.train_expert_only:
             self.model.paligemma_with_expert.paligemma.requires_grad_(False)
-        if lora_rank > 0:
+        if o.lora_rank > 0:
             both = self.model.paligemma_with_expert
-            adapted = both.gemma_expert if train_expert_only else both
-            add_lora(adapted, lora_rank, tuple(lora_targets), "pi0.5")
+            adapted = both.gemma_expert if o.train_expert_only else both
+            add_lora(adapted, o.lora_rank, tuple(o.lora_targets), "pi0.5")
 
     @classmethod
     def norm_stats_from_demos(

@@ -56,65 +56,86 @@ class GRPOConfig:
     """GRPO/DAPO hyperparameters (defaults: RLinf / SimpleVLA-RL OpenVLA-OFT LIBERO settings, except
     ``group_size``)."""
 
-    # rollouts per start; a rollout of N envs updates on N / group_size starts. 4 (RLinf and
-    # SimpleVLA-RL use 8, over 64+ envs): with 16 envs an update sees 4 starts, not 2, and moves
-    # the actions of starts outside the batch less blindly
     group_size: int = 4
-    std: Literal["unbiased", "population", "none"] = "unbiased"  # "none": mean only (Dr. GRPO)
-    adv_eps: float = 1e-6  # added to the group std of the scores
-    # "dapo" or "grpo": the settings of VARIANTS for clip_high, dynamic_sampling and loss_agg where
-    # those are left unset (None); a value given for one of them wins
+    """rollouts per start; a rollout of N envs updates on N / group_size starts. 4 (RLinf and SimpleVLA-RL
+    use 8, over 64+ envs): with 16 envs an update sees 4 starts, not 2, and moves the actions of starts
+    outside the batch less blindly"""
+    std: Literal["unbiased", "population", "none"] = "unbiased"
+    """ "none": mean only (Dr. GRPO)"""
+    adv_eps: float = 1e-6
+    """added to the group std of the scores"""
     variant: Literal["dapo", "grpo"] = "dapo"
-    clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float | None = None  # upper clip of the ratio (None: the variant's, DAPO 0.28)
-    dual_clip: float | None = None  # c > 1 caps the loss of A < 0 samples at c |A| (none: off)
-    log_prob_level: LogProbLevel = "element"  # the ratio per action element, per sub-step or per chunk
-    # "token_mean": every loss entry of the batch weighs the same; "traj_mean": each trajectory
-    # counts once (None: the variant's)
+    """ "dapo" or "grpo": the settings of VARIANTS for clip_high, dynamic_sampling and loss_agg where those
+    are left unset (None); a value given for one of them wins"""
+    clip_low: float = 0.2
+    """the ratio is clipped to [1 - clip_low, 1 + clip_high]"""
+    clip_high: float | None = None
+    """upper clip of the ratio (None: the variant's, DAPO 0.28)"""
+    dual_clip: float | None = None
+    """c > 1 caps the loss of A < 0 samples at c |A| (none: off)"""
+    log_prob_level: LogProbLevel = "element"
+    """the ratio per action element, per sub-step or per chunk"""
     loss_agg: Literal["token_mean", "traj_mean"] | None = None
-    kl_beta: float = 0.0  # weight of the k3 KL to the starting policy (0: none, as DAPO)
-    # self-imitation (trainers/self_imitation.py): sil_coef x the NLL of buffered chunk-steps of
-    # episodes that beat their group's mean score, added to every minibatch's loss
+    """ "token_mean": every loss entry of the batch weighs the same; "traj_mean": each trajectory counts
+    once (None: the variant's)"""
+    kl_beta: float = 0.0
+    """weight of the k3 KL to the starting policy (0: none, as DAPO)"""
     sil_coef: float = 0.0
-    pg_coef: float = (
-        1.0  # weight of the clipped policy-gradient loss (0 with sil_coef > 0: self-imitation alone)
-    )
-    sil_capacity: int = 20_000  # chunk-steps kept (oldest dropped first)
-    # each stored chunk-step weighs its episode's clipped group advantage when stored, (R - group
-    # mean)+ / (group std + adv_eps) with `std` as the policy gradient's (imitation_weights);
-    # False: weight 1 on every episode above its group's mean (baseline-free, as before issue 31)
+    """self-imitation (trainers/self_imitation.py): sil_coef x the NLL of buffered chunk-steps of episodes
+    that beat their group's mean score, added to every minibatch's loss"""
+    pg_coef: float = 1.0
+    """weight of the clipped policy-gradient loss (0 with sil_coef > 0: self-imitation alone)"""
+    sil_capacity: int = 20_000
+    """chunk-steps kept (oldest dropped first)"""
     sil_baseline: bool = True
-    dynamic_sampling: bool | None = None  # mask groups whose scores are all equal (None: the variant's)
-    # DAPO's overlong shaping of episodes cut by the time limit: "filter" masks a truncated first
-    # episode out of the loss (its score still counts in its group's baseline); "punish" adds the
-    # soft penalty 0 up to overlong_max_steps - overlong_buffer executed sub-steps, falling linearly
-    # to -1 at overlong_max_steps (and -1 beyond) to the episode's score. Off by default: in LIBERO
-    # a truncation is how a failure ends
+    """each stored chunk-step weighs its episode's clipped group advantage when stored, (R - group mean)+ /
+    (group std + adv_eps) with `std` as the policy gradient's (imitation_weights); False: weight 1 on every
+    episode above its group's mean (baseline-free, as before issue 31)"""
+    dynamic_sampling: bool | None = None
+    """mask groups whose scores are all equal (None: the variant's)"""
     overlong: Literal["off", "filter", "punish"] = "off"
-    overlong_max_steps: int | None = None  # the episode limit in sub-steps (None: the env's)
-    overlong_buffer: int = 0  # sub-steps before the limit over which the penalty grows
-    score_low: float | None = None  # also mask groups whose mean score is outside [low, high]
-    score_high: float | None = None  # (see score_low)
-    resample_rounds: int = 0  # > 0: collect up to this many extra rounds to replace dropped groups
-    rollout_steps: int = 0  # policy steps per round; 0: until every env finished its episode
-    # where groups start (trainers/grpo/groups.py): groups keep their start's task for this many
-    # iterations (envs that rebuild a scene on a task switch, LIBERO, reset several times faster);
-    # "informative" draws tasks by the share of their groups that carried signal
+    """DAPO's overlong shaping of episodes cut by the time limit: "filter" masks a truncated first episode
+    out of the loss (its score still counts in its group's baseline); "punish" adds the soft penalty 0 up
+    to overlong_max_steps - overlong_buffer executed sub-steps, falling linearly to -1 at
+    overlong_max_steps (and -1 beyond) to the episode's score. Off by default: in LIBERO a truncation is
+    how a failure ends"""
+    overlong_max_steps: int | None = None
+    """the episode limit in sub-steps (None: the env's)"""
+    overlong_buffer: int = 0
+    """sub-steps before the limit over which the penalty grows"""
+    score_low: float | None = None
+    """also mask groups whose mean score is outside [low, high]"""
+    score_high: float | None = None
+    """(see score_low)"""
+    resample_rounds: int = 0
+    """> 0: collect up to this many extra rounds to replace dropped groups"""
+    rollout_steps: int = 0
+    """policy steps per round; 0: until every env finished its episode"""
     same_task_iters: int = 1
-    start_weighting: Literal["uniform", "informative"] = "uniform"  # how tasks are drawn (see above)
-    n_epochs: int = 1  # passes over the rollout per update
-    batch_size: int | None = None  # chunk-steps per minibatch; None = the whole rollout
-    # stop the update once a minibatch's approx KL per chunk-step (trainers.losses.chunk_kl, whatever
-    # log_prob_level is) passes 1.5 * target_kl (SB3's rule)
+    """where groups start (trainers/grpo/groups.py): groups keep their start's task for this many
+    iterations (envs that rebuild a scene on a task switch, LIBERO, reset several times faster);
+    "informative" draws tasks by the share of their groups that carried signal"""
+    start_weighting: Literal["uniform", "informative"] = "uniform"
+    """how tasks are drawn (see above)"""
+    n_epochs: int = 1
+    """passes over the rollout per update"""
+    batch_size: int | None = None
+    """chunk-steps per minibatch; None = the whole rollout"""
     target_kl: float | None = None
-    learning_rate: float = 2e-5  # AdamW step size
-    weight_decay: float = 0.01  # AdamW weight decay
-    max_grad_norm: float | None = 1.0  # clip the gradient norm per minibatch (none: no clipping)
-    max_bad_updates: int = 10  # stop the run after this many non-finite updates in a row
-    # a control, not a method: each batch's episode scores permuted among its episodes before the
-    # update and self-imitation see them (same starts and update sizes, no information); the
-    # reported env success stays the real one
+    """stop the update once a minibatch's approx KL per chunk-step (trainers.losses.chunk_kl, whatever
+    log_prob_level is) passes 1.5 * target_kl (SB3's rule)"""
+    learning_rate: float = 2e-5
+    """AdamW step size"""
+    weight_decay: float = 0.01
+    """AdamW weight decay"""
+    max_grad_norm: float | None = 1.0
+    """clip the gradient norm per minibatch (none: no clipping)"""
+    max_bad_updates: int = 10
+    """stop the run after this many non-finite updates in a row"""
     placebo: bool = False
+    """a control, not a method: each batch's episode scores permuted among its episodes before the update
+    and self-imitation see them (same starts and update sizes, no information); the reported env success
+    stays the real one"""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:

@@ -41,42 +41,64 @@ class PPOConfig:
     """PPO hyperparameters. Defaults = Stable-Baselines3 2.9 ``PPO`` when K = 1."""
 
     # -- rollout and optimisation
-    n_steps: int = 2048  # policy steps per env per rollout
-    batch_size: int = 64  # chunk-steps per minibatch
-    n_epochs: int = 10  # passes over the rollout per update
-    learning_rate: float = 3e-4  # Adam step size (see lr_schedule)
-    adam_eps: float = 1e-5  # Adam epsilon (SB3: 1e-5)
-    max_grad_norm: float | None = 0.5  # clip the gradient norm per minibatch (none: no clipping)
-    # stop the epochs once the approx KL per chunk-step (trainers.losses.chunk_kl) > 1.5 * target_kl
-    # (SB3's rule and, for K = 1, SB3's approx_kl)
+    n_steps: int = 2048
+    """policy steps per env per rollout"""
+    batch_size: int = 64
+    """chunk-steps per minibatch"""
+    n_epochs: int = 10
+    """passes over the rollout per update"""
+    learning_rate: float = 3e-4
+    """Adam step size (see lr_schedule)"""
+    adam_eps: float = 1e-5
+    """Adam epsilon (SB3: 1e-5)"""
+    max_grad_norm: float | None = 0.5
+    """clip the gradient norm per minibatch (none: no clipping)"""
     target_kl: float | None = None
-    # linear: value * (fraction of the step budget left after this rollout), as SB3's "lin_" schedules
+    """stop the epochs once the approx KL per chunk-step (trainers.losses.chunk_kl) > 1.5 * target_kl
+    (SB3's rule and, for K = 1, SB3's approx_kl)"""
     lr_schedule: Literal["constant", "linear"] = "constant"
-    clip_schedule: Literal["constant", "linear"] = "constant"  # the clip range, as lr_schedule
+    """linear: value * (fraction of the step budget left after this rollout), as SB3's "lin_" schedules"""
+    clip_schedule: Literal["constant", "linear"] = "constant"
+    """the clip range, as lr_schedule"""
     # -- advantages
-    gamma: float = 0.99  # discount per time unit (time_unit)
-    gae_lambda: float = 0.95  # GAE lambda (1: Monte Carlo returns, 0: one-step TD)
-    time_unit: Literal["step", "chunk"] = "step"  # discount per sub-step, or per chunk (SMDP)
-    bootstrap: Bootstrap = "truncated"  # which ended episodes add gamma * V(final obs)
-    # standardise advantages per minibatch (SB3), over the whole rollout, or not at all
+    gamma: float = 0.99
+    """discount per time unit (time_unit)"""
+    gae_lambda: float = 0.95
+    """GAE lambda (1: Monte Carlo returns, 0: one-step TD)"""
+    time_unit: Literal["step", "chunk"] = "step"
+    """discount per sub-step, or per chunk (SMDP)"""
+    bootstrap: Bootstrap = "truncated"
+    """which ended episodes add gamma * V(final obs)"""
     adv_norm: Literal["minibatch", "global", "none"] = "minibatch"
-    adv_norm_eps: float = 1e-8  # added to the std when standardising advantages
+    """standardise advantages per minibatch (SB3), over the whole rollout, or not at all"""
+    adv_norm_eps: float = 1e-8
+    """added to the std when standardising advantages"""
     # -- policy loss
-    clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.2  # upper clip of the ratio (DAPO raises it above clip_low)
-    dual_clip: float | None = None  # c > 1 caps the loss of A < 0 samples at c |A|
-    log_prob_level: LogProbLevel = "chunk"  # "chunk" = SB3's sum over action dims when K = 1
-    ent_coef: float = 0.0  # weight of the entropy bonus
+    clip_low: float = 0.2
+    """the ratio is clipped to [1 - clip_low, 1 + clip_high]"""
+    clip_high: float = 0.2
+    """upper clip of the ratio (DAPO raises it above clip_low)"""
+    dual_clip: float | None = None
+    """c > 1 caps the loss of A < 0 samples at c |A|"""
+    log_prob_level: LogProbLevel = "chunk"
+    """ "chunk" = SB3's sum over action dims when K = 1"""
+    ent_coef: float = 0.0
+    """weight of the entropy bonus"""
     # -- value loss
-    value_loss: Literal["mse", "huber"] = "mse"  # the critic's loss to the returns
-    huber_delta: float = 10.0  # huber: quadratic below this error, linear above
-    clip_value: float | None = None  # clip V around the rollout's V (max of both losses)
-    vf_coef: float = 0.5  # weight of the value loss
-    # first iterations train the critic only (the actor is frozen): a critic added to a pretrained
-    # actor starts random, and its advantages would only push the actor around
+    value_loss: Literal["mse", "huber"] = "mse"
+    """the critic's loss to the returns"""
+    huber_delta: float = 10.0
+    """huber: quadratic below this error, linear above"""
+    clip_value: float | None = None
+    """clip V around the rollout's V (max of both losses)"""
+    vf_coef: float = 0.5
+    """weight of the value loss"""
     critic_warmup_iters: int = 0
-    # safety
-    max_bad_updates: int = 10  # raise after this many non-finite updates in a row
+    """first iterations train the critic only (the actor is frozen): a critic added to a pretrained actor
+    starts random, and its advantages would only push the actor around"""
+    # -- safety
+    max_bad_updates: int = 10
+    """raise after this many non-finite updates in a row"""
 
     def __post_init__(self) -> None:
         _choice("time_unit", self.time_unit, ("step", "chunk"))

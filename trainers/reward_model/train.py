@@ -42,37 +42,60 @@ class RewardModelConfig:
     """Settings of ``python -m trainers.reward_model``."""
 
     # -- collection
-    # any registered id whose info reports success ('module:Id' imports module first)
     env: str = "envs:Libero-Spatial-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(LIBERO_ENV_KWARGS))  # JSON object
-    # policy specs NAME[,episodes=N,noise=S,...] (repeat --policy for a mix; see collect.py)
+    """any registered id whose info reports success ('module:Id' imports module first)"""
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: dict(LIBERO_ENV_KWARGS))
+    """JSON object"""
     policy: list[str] = field(
         default_factory=lambda: ["libero_expert,episodes=36", "libero_expert,noise=0.3,episodes=24"]
     )
-    num_envs: int = 2  # envs collecting in parallel
-    image_key: str = "image"  # the observation holding the camera frame
-    sub_steps: bool = False  # a frame after every sub-step (info['frames']), not only per chunk
-    frames: str | None = None  # train from this frame file instead of collecting
-    collect_only: bool = False  # stop after writing <out>/frames.h5
+    """policy specs NAME[,episodes=N,noise=S,...] (repeat --policy for a mix; see collect.py)"""
+    num_envs: int = 2
+    """envs collecting in parallel"""
+    image_key: str = "image"
+    """the observation holding the camera frame"""
+    sub_steps: bool = False
+    """a frame after every sub-step (info['frames']), not only per chunk"""
+    frames: str | None = None
+    """train from this frame file instead of collecting"""
+    collect_only: bool = False
+    """stop after writing <out>/frames.h5"""
     # -- model and training
-    frame_size: tuple[int, int] = (256, 256)  # the world model's frames (OpenSora 256x256, Cosmos 256x320)
-    width: int | None = None  # base channels: 64 (RLinf's ResNet-18) unless init_from says otherwise
-    init_from: str | None = None  # start from this resnet_rm.pth (e.g. a bundle's) instead of random weights
-    steps: int = 3000  # optimizer steps (AdamW, warm-up then cosine decay)
+    frame_size: tuple[int, int] = (256, 256)
+    """the world model's frames (OpenSora 256x256, Cosmos 256x320)"""
+    width: int | None = None
+    """base channels: 64 (RLinf's ResNet-18) unless init_from says otherwise"""
+    init_from: str | None = None
+    """start from this resnet_rm.pth (e.g. a bundle's) instead of random weights"""
+    steps: int = 3000
+    """optimizer steps (AdamW, warm-up then cosine decay)"""
     batch_size: int = 32
+    """frames per optimizer step"""
     lr: float = 1e-3
+    """AdamW peak learning rate (after the warm-up, before the cosine decay)"""
     weight_decay: float = 1e-4
-    balance: Literal["sampler", "loss", "none"] = "sampler"  # balanced batches, or a weighted loss
-    augment: bool = True  # shifts, colour jitter, blur, noise (augment.py): toward world-model frames
-    held_out: float = 0.2  # fraction of episodes (grouped by start frame) kept for the report
-    eval_every: int = 500  # steps between held-out measurements logged to TensorBoard (0: only at the end)
-    seed: int = 0  # collection (start frames, noise), split and training
-    device: str = "cpu"  # where the network trains ("cuda" on a GPU)
-    torch_threads: int | None = None  # torch intra-op threads (None: torch's default)
+    """AdamW weight decay"""
+    balance: Literal["sampler", "loss", "none"] = "sampler"
+    """balanced batches, or a weighted loss"""
+    augment: bool = True
+    """shifts, colour jitter, blur, noise (augment.py): toward world-model frames"""
+    held_out: float = 0.2
+    """fraction of episodes (grouped by start frame) kept for the report"""
+    eval_every: int = 500
+    """steps between held-out measurements logged to TensorBoard (0: only at the end)"""
+    seed: int = 0
+    """collection (start frames, noise), split and training"""
+    device: str = "cpu"
+    """where the network trains ("cuda" on a GPU)"""
+    torch_threads: int | None = None
+    """torch intra-op threads (None: torch's default)"""
     # -- output
-    out: str = "runs/reward_model"  # resnet_rm.pth, report.json / .md, frames.h5, metrics.jsonl, tb/
+    out: str = "runs/reward_model"
+    """resnet_rm.pth, report.json / .md, frames.h5, metrics.jsonl, tb/"""
     tensorboard: bool = True
-    progress: bool = True  # progress bars
+    """TensorBoard event files in <out>/tb"""
+    progress: bool = True
+    """progress bars"""
 
 
 # ---------------------------------------------------------------------------- split

@@ -37,46 +37,69 @@ from trainers.sac.replay import Batch
 class SACConfig:
     """SAC settings (defaults: SB3's SAC)."""
 
-    learning_rate: float = 3e-4  # Adam, for actor, critics and temperature
-    buffer_size: int = 1_000_000  # transitions kept
-    batch_size: int = 256  # transitions per gradient step (online and prior rows together)
-    gamma: float = 0.99  # discount per env sub-step
-    tau: float = 0.005  # Polyak factor of the target critics
-    learning_starts: int = 100  # transitions in the buffer before the first update
-    # env steps of every env (vector steps) per iteration; each iteration logs a row
+    learning_rate: float = 3e-4
+    """Adam, for actor, critics and temperature"""
+    buffer_size: int = 1_000_000
+    """transitions kept"""
+    batch_size: int = 256
+    """transitions per gradient step (online and prior rows together)"""
+    gamma: float = 0.99
+    """discount per env sub-step"""
+    tau: float = 0.005
+    """Polyak factor of the target critics"""
+    learning_starts: int = 100
+    """transitions in the buffer before the first update"""
     steps_per_iteration: int = 1000
-    gradient_steps: int = 1  # gradient steps after each vector step (the update-to-data ratio)
-    n_step: int = 1  # chunk-steps per return (each chunk's executed sub-steps are always summed)
+    """env steps of every env (vector steps) per iteration; each iteration logs a row"""
+    gradient_steps: int = 1
+    """gradient steps after each vector step (the update-to-data ratio)"""
+    n_step: int = 1
+    """chunk-steps per return (each chunk's executed sub-steps are always summed)"""
     # -- temperature
-    init_alpha: float = 1.0  # the entropy temperature alpha at the start
-    learn_alpha: bool = True  # tune alpha toward target_entropy (False: alpha stays init_alpha)
-    target_entropy: float | None = None  # None: -(number of sampled action elements per chunk)
+    init_alpha: float = 1.0
+    """the entropy temperature alpha at the start"""
+    learn_alpha: bool = True
+    """tune alpha toward target_entropy (False: alpha stays init_alpha)"""
+    target_entropy: float | None = None
+    """None: -(number of sampled action elements per chunk)"""
     # -- critics
-    n_critics: int = 2  # Q ensemble members
-    critic_subsample: int = 0  # the target's min over this many random members (0: all)
-    critic_layer_norm: bool = False  # LayerNorm after each hidden layer of the critics (RLPD)
-    critic_hidden_sizes: tuple[int, ...] = (256, 256)  # each critic member's hidden layers
-    critic_activation: str = "relu"  # a name of policies.torsos.ACTIVATIONS
-    actor_q: Literal["min", "mean"] = "min"  # how the actor's loss reduces the members' Q
-    # the critics' observation standardisation: "actor" as the actor does (its obs_norm), "prior"
-    # fixed from the prior data's statistics whatever the actor does (e.g. a clone fed raw features)
+    n_critics: int = 2
+    """Q ensemble members"""
+    critic_subsample: int = 0
+    """the target's min over this many random members (0: all)"""
+    critic_layer_norm: bool = False
+    """LayerNorm after each hidden layer of the critics (RLPD)"""
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    """each critic member's hidden layers"""
+    critic_activation: str = "relu"
+    """a name of policies.torsos.ACTIVATIONS"""
+    actor_q: Literal["min", "mean"] = "min"
+    """how the actor's loss reduces the members' Q"""
     critic_obs_norm: Literal["actor", "prior"] = "actor"
-    # "prior": an actor fed raw observations (a clone trained without obs_norm) is switched to fixed
-    # standardisation by the prior data's statistics with the same function (its first layer absorbs
-    # them), so that its updates move every input feature on the same scale; "keep": as it is
+    """the critics' observation standardisation: "actor" as the actor does (its obs_norm), "prior"
+    fixed from the prior data's statistics whatever the actor does (e.g. a clone fed raw features)"""
     actor_obs_norm: Literal["keep", "prior"] = "keep"
-    # actions before learning_starts: uniform in the Box (SB3) or the policy's own
+    """with "prior" an actor fed raw observations (a clone trained without obs_norm) is switched to fixed
+    standardisation by the prior data's statistics with the same function (its first layer absorbs
+    them), so that its updates move every input feature on the same scale; "keep": as it is"""
     warmup: Literal["uniform", "policy"] = "uniform"
+    """actions before learning_starts: uniform in the Box (SB3) or the policy's own"""
     # -- prior data (RLPD)
-    prior_data: str | None = None  # demonstrations (any trainers.datasets format) or an earlier SAC run
-    prior_ratio: float = 0.5  # share of every batch drawn from the prior data
-    offline_steps: int = 0  # gradient steps on the prior data alone before the first env step
-    bc_coef: float = 0.0  # weight of the actor's imitation loss on the batch's prior rows
-    max_grad_norm: float | None = None  # clip each loss's gradient norm (None: no clipping, as SB3)
-    max_bad_updates: int = 10  # non-finite updates in a row before the run stops
-    # a control, not a method: each batch's (reward, discount) pairs permuted among its rows, so the
-    # update has the same data and sizes but no information on what each chunk earned
+    prior_data: str | None = None
+    """demonstrations (any trainers.datasets format) or an earlier SAC run"""
+    prior_ratio: float = 0.5
+    """share of every batch drawn from the prior data"""
+    offline_steps: int = 0
+    """gradient steps on the prior data alone before the first env step"""
+    bc_coef: float = 0.0
+    """weight of the actor's imitation loss on the batch's prior rows"""
+    max_grad_norm: float | None = None
+    """clip each loss's gradient norm (None: no clipping, as SB3)"""
+    max_bad_updates: int = 10
+    """non-finite updates in a row before the run stops"""
     placebo: bool = False
+    """a control, not a method: each batch's (reward, discount) pairs permuted among its rows, so the
+    update has the same data and sizes but no information on what each chunk earned"""
 
     def __post_init__(self) -> None:
         for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
