@@ -301,10 +301,11 @@ def train_epoch(
     sub-steps, as in one process: each rank's mean over its own sub-steps is weighted by their
     share of the minibatch's (every rank holds the whole data set, so that count needs no
     communication) and scaled by the world size, since DDP and FSDP average the gradients over
-    the ranks (exact for a loss averaged over executed sub-steps, as ``imitation_loss`` says; Cosmos
-    Policy's, a mean over the batch's latent values, is weighted the same way). A rank without a share (a last minibatch with fewer rows than ranks) evaluates one
-    row of it with weight 0, so that it joins the forward and backward. At world size 1 this is the
-    plain loss.
+    the ranks. That is exact for a loss averaged over executed sub-steps, as ``imitation_loss``
+    says (Cosmos Policy's, a mean over the batch's latent values, is weighted the same way). A
+    rank without a share (a last minibatch with fewer rows than ranks) evaluates one row of it
+    with weight 0, so that it joins the forward and backward. At world size 1 this is the plain
+    loss.
     """
     world, rank = parallel.world_size(), parallel.rank()
     actions, valid = torch.as_tensor(data["actions"]), torch.as_tensor(data["valid"])
