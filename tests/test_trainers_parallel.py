@@ -255,7 +255,7 @@ def test_ranks_stay_in_step_over_shuffled_minibatches_and_early_stop(tmp_path):
 FAST = ["--no-progress", "--no-video", "--torch-threads", "1"]
 
 
-def _torchrun(*args: str) -> str:
+def _torchrun(*args: str, timeout: float = 120) -> str:
     """``torchrun --nproc-per-node 2`` (as ``python -m torch.distributed.run``) on this checkout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # --standalone: the rendezvous on a free port (other tests may run torchrun at the same time)
@@ -268,7 +268,7 @@ def _torchrun(*args: str) -> str:
         str(WORLD),
         *args,
     ]
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 

@@ -18,6 +18,14 @@ One iteration is one epoch; ``--total-steps`` is ignored (the run counts demonst
 Episodes are split into training and held-out sets (``val_fraction``) for ``train/val_loss``.
 The checkpoint starts RL: ``python -m trainers.grpo --init-policy RUN_DIR ...``.
 
+Data parallel, as the RL trainers (``trainers/parallel.py``): ``torchrun --nproc-per-node N -m
+trainers.bc ...`` with DDP, or ``--data-parallel fsdp`` (FSDP2; ``--fsdp-param-dtype``,
+``--activation-checkpointing`` of the policy's ``fsdp_units``, e.g. a VLA's transformer blocks).
+Every rank loads the demos and walks the same shuffled epoch (``epoch_order``, from the run seed);
+each trains on its share of every minibatch of ``--batch-size`` rows (a multiple of N), and the
+loss and its gradient are the whole minibatch's (``train_epoch``). Rank 0 writes the run folder;
+the held-out loss and the evaluation are split over the ranks.
+
 VLAs (``openvla``, ``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the
 same way, with their recipe's loss (OpenVLA: teacher-forced token cross-entropy; OpenVLA-OFT: token
 cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching). A policy class with
@@ -50,6 +58,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from policies.base import ActionChunkPolicy
 from trainers import parallel
@@ -182,11 +191,14 @@ def batch_obs(obs: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     configs = parse_cli({"run": RunConfig, "bc": BCConfig}, argv, description=__doc__)
-    world = parallel.from_env().world_size
-    if world > 1:  # each rank would clone the whole data set on its own
-        raise ValueError(f"behaviour cloning runs in one process; got WORLD_SIZE={world} (torchrun)")
     run_cfg: RunConfig = configs["run"]
     cfg: BCConfig = configs["bc"]
+    world = parallel.from_env().world_size
+    if cfg.batch_size % world:  # before any work (Run starts the process group)
+        raise ValueError(
+            f"batch_size={cfg.batch_size} (the minibatch over all ranks) does not split over {world} "
+            f"ranks (world size): use a multiple of {world}"
+        )
     demos = load_demos(cfg.demos)
     train_demos, val_demos = split_episodes(demos, cfg.val_fraction, run_cfg.seed)
     # a one-env copy of the env lends its spaces (evaluation builds its own envs)
@@ -239,61 +251,110 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             raise
         check_observation_keys(policy, demo_keys, obs_keys, cfg.demos)
         check_compatible(train, policy, obs_space, cfg.demos)
-        for name, content in stats_files.items():  # in the model's own format, with the checkpoints
-            (run.dir / "checkpoints").mkdir(exist_ok=True)
-            write_atomic(run.dir / "checkpoints" / name, json.dumps(content, indent=2))
+        if run.is_main:  # in the model's own format, with the checkpoints
+            for name, content in stats_files.items():
+                (run.dir / "checkpoints").mkdir(exist_ok=True)
+                write_atomic(run.dir / "checkpoints" / name, json.dumps(content, indent=2))
+        run.shard(policy)  # fsdp over several ranks: before the optimizer
         optimizer = torch.optim.AdamW(
             policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-        generator = torch.Generator().manual_seed(run_cfg.seed)
+        generator = torch.Generator().manual_seed(run_cfg.seed)  # augmentation (each rank its own)
         run.restore(policy, optimizer, {"bc": generator})
         if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
             policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
-        images = [  # keys to augment
-            key
-            for key, v in train["obs"].items()
-            if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
-        ]
-        actions = torch.as_tensor(train["actions"])
-        valid = torch.as_tensor(train["valid"])
+        evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         future = None  # what follows each sample, for a loss that takes it (world model and value)
         if {"next_obs", "returns"} <= set(inspect.signature(policy.imitation_loss).parameters):
             future = train_demos.future(k, cfg.value_gamma)
         guard = BadUpdateGuard(cfg.max_bad_updates)
-        m = len(actions)
         while not run.finished:
             policy.train()
-            order = torch.randperm(m, generator=generator).numpy()
-            losses, norms = [], []
-            for start in range(0, m, cfg.batch_size):
-                idx = order[start : start + cfg.batch_size]
-                obs = batch_obs(train["obs"], idx)
-                for key in images:
-                    obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
-                extra = {}
-                if future is not None:
-                    extra = {
-                        "next_obs": batch_obs(train["obs"], future["next_row"][idx]),
-                        "returns": torch.as_tensor(future["returns"][idx]),
-                    }
-                with autocast(cfg.bf16, run.device):
-                    loss = policy.imitation_loss(obs, actions[idx], valid[idx], **extra)
-                stepped, norm = step_optimizer(loss, optimizer, cfg.max_grad_norm, guard)
-                if stepped:
-                    losses.append(loss.detach())
-                    norms.append(norm)
-            metrics = {
-                "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
-                "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
-            }
+            order = epoch_order(len(train["actions"]), run_cfg.seed, run.counters["iteration"])
+            metrics, executed = train_epoch(
+                evaluator, optimizer, train, order, cfg, guard, generator, future, run.device
+            )
             if val is not None:
-                with autocast(cfg.bf16, run.device):
-                    metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size)
-            run.end_iteration(sub_steps, [], metrics)
+                with run.gathered(), autocast(cfg.bf16, run.device):  # fsdp: whole parameters
+                    metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size // run.world_size)
+            run.end_iteration(executed, [], metrics)  # summed over ranks: the epoch's sub-steps
         policy.eval()
         return run.finish()
     finally:
         run.close()  # releases the folder on an error too (a no-op after finish)
+
+
+def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled rows of an epoch, drawn from ``(seed, epoch)`` alone: the same on every rank,
+    and after a resume."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
+def train_epoch(
+    evaluator: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: dict[str, Any],
+    order: np.ndarray,
+    cfg: BCConfig,
+    guard: BadUpdateGuard,
+    generator: torch.Generator,
+    future: dict[str, np.ndarray] | None,
+    device: Any,
+) -> tuple[dict[str, float], int]:
+    """One pass over the rows ``order`` of ``data`` in minibatches of ``cfg.batch_size``, one guarded
+    optimizer step each on the policy's ``imitation_loss`` (through ``evaluator``: ``parallel``'s
+    DDP or FSDP module). Returns the metrics (means over the steps taken) and the executed sub-steps
+    of this rank's rows.
+
+    Data parallel: the minibatch is split over the ranks (each takes its contiguous share, and
+    augments it with its own ``generator``), and its loss is the mean over all its executed
+    sub-steps, as in one process: each rank's mean over its own sub-steps is weighted by their
+    share of the minibatch's (every rank holds the whole data set, so that count needs no
+    communication) and scaled by the world size, since DDP and FSDP average the gradients over
+    the ranks. That is exact for a loss averaged over executed sub-steps, as ``imitation_loss``
+    says (Cosmos Policy's, a mean over the batch's latent values, is weighted the same way). A
+    rank without a share (a last minibatch with fewer rows than ranks) evaluates one row of it
+    with weight 0, so that it joins the forward and backward. At world size 1 this is the plain
+    loss.
+    """
+    world, rank = parallel.world_size(), parallel.rank()
+    actions, valid = torch.as_tensor(data["actions"]), torch.as_tensor(data["valid"])
+    images = [  # keys to augment
+        key
+        for key, v in data["obs"].items()
+        if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
+    ]
+    losses, norms, executed = [], [], 0
+    for start in range(0, len(order), cfg.batch_size):
+        batch = order[start : start + cfg.batch_size]
+        share = parallel.shard(len(batch), rank, world)
+        idx = batch[share.start : share.stop]
+        mine, total = int(valid[idx].sum()), int(valid[batch].sum())
+        executed += mine
+        if len(idx) == 0:
+            idx = batch[:1]  # weight 0: this rank only joins the collectives
+        obs = batch_obs(data["obs"], idx)
+        for key in images:
+            obs[key] = random_shift(torch.as_tensor(obs[key]), cfg.image_shift, generator)
+        extra = {}
+        if future is not None:
+            extra = {
+                "next_obs": batch_obs(data["obs"], future["next_row"][idx]),
+                "returns": torch.as_tensor(future["returns"][idx]),
+            }
+        with autocast(cfg.bf16, device):
+            loss = parallel.imitation_loss(evaluator, obs, actions[idx], valid[idx], **extra)
+        loss = loss * (mine / max(total, 1))  # this rank's share of the minibatch's loss
+        reported = parallel.sum_over_ranks({"loss": loss})["loss"]  # the minibatch's loss
+        stepped, norm = step_optimizer(loss * world, optimizer, cfg.max_grad_norm, guard, guard_loss=reported)
+        if stepped:
+            losses.append(reported.detach())
+            norms.append(norm)
+    metrics = {
+        "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
+        "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),
+    }
+    return metrics, executed
 
 
 def autocast(bf16: bool, device: Any) -> contextlib.AbstractContextManager:
@@ -305,16 +366,20 @@ def autocast(bf16: bool, device: Any) -> contextlib.AbstractContextManager:
 
 @torch.no_grad()
 def held_out_loss(policy: ActionChunkPolicy, data: dict[str, Any], batch_size: int) -> float:
-    """Mean imitation loss over a data set (no augmentation), weighted by executed sub-steps."""
+    """Mean imitation loss over a data set (no augmentation), weighted by executed sub-steps.
+    Data parallel, each rank evaluates its contiguous share of the rows (call it on every rank,
+    FSDP inside ``gathered``) and the sums are taken over the ranks."""
     policy.eval()
     total, count = 0.0, 0
     actions, valid = torch.as_tensor(data["actions"]), torch.as_tensor(data["valid"])
-    for start in range(0, len(actions), batch_size):
-        idx = np.arange(start, min(start + batch_size, len(actions)))
+    rows = parallel.shard(len(actions), parallel.rank(), parallel.world_size())
+    for start in range(rows.start, rows.stop, batch_size):
+        idx = np.arange(start, min(start + batch_size, rows.stop))
         n = int(valid[idx].sum())
         total += float(policy.imitation_loss(batch_obs(data["obs"], idx), actions[idx], valid[idx])) * n
         count += n
-    return total / max(count, 1)
+    sums = parallel.sum_over_ranks({"total": torch.tensor(total, dtype=torch.float64), "count": count})
+    return float(sums["total"]) / max(float(sums["count"]), 1)
 
 
 if __name__ == "__main__":

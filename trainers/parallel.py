@@ -3,14 +3,14 @@
     torchrun --nproc-per-node 2 -m trainers.ppo --env CartPole-v1 --num-envs 8
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m trainers ...
 
-Each process (rank) steps its own ``num_envs / world_size`` envs and computes its share of every
-loss; ``DistributedDataParallel`` sums the gradients over ranks during ``backward``, so that every
-rank applies the same update to the same weights. The loss math stays in the algorithms
-(``trainers/ppo/algorithm.py``, ``trainers/grpo/algorithm.py``); what they need from here is small:
-sums of a few numbers over ranks (``sum_over_ranks``), gathering python objects
-(``all_gather``), and the DDP wrapper (``data_parallel``). At world size 1 (no ``torchrun``, or
-``--nproc-per-node 1``) no process group is started and every helper returns its input: a
-single-process run is exactly what it was.
+Each process (rank) steps its own ``num_envs / world_size`` envs (behaviour cloning: trains on its
+share of each minibatch of demos) and computes its share of every loss; ``DistributedDataParallel``
+sums the gradients over ranks during ``backward``, so that every rank applies the same update to the
+same weights. The loss math stays in the algorithms (``trainers/ppo/algorithm.py``,
+``trainers/grpo/algorithm.py``, ``trainers/bc.py``); what they need from here is small: sums of a
+few numbers over ranks (``sum_over_ranks``), gathering python objects (``all_gather``), and the DDP
+wrapper (``data_parallel``). At world size 1 (no ``torchrun``, or ``--nproc-per-node 1``) no process
+group is started and every helper returns its input: a single-process run is exactly what it was.
 
 ``--data-parallel fsdp`` shards the policy instead (FSDP2 ``fully_shard``, ``fully_shard_policy``):
 each rank keeps a shard of every parameter, gradient and optimizer state; ``Evaluate(policy)`` is
@@ -249,6 +249,8 @@ class Evaluate(nn.Module):
     per batch, as plain tuples (DDP looks for output tensors in tuples); ``evaluate`` below turns
     them back into ``PolicyEval``. Several batches go through one forward (GRPO's minibatch and
     its self-imitation batch) because DDP expects one forward per backward.
+    ``forward(imitation=(obs, actions, mask, extra))`` returns ``policy.imitation_loss`` instead
+    (behaviour cloning, ``imitation_loss`` below).
     """
 
     def __init__(self, policy: ActionChunkPolicy) -> None:
@@ -258,8 +260,13 @@ class Evaluate(nn.Module):
         # in tensors of their own (float32 buffers, constants) that FSDP does not cast
         self.autocast_dtype: torch.dtype | None = None
 
-    def forward(self, *replays: dict[str, torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
+    def forward(
+        self, *replays: dict[str, torch.Tensor], imitation: tuple[Any, ...] | None = None
+    ) -> tuple[tuple[Any, ...], ...] | torch.Tensor:
         with _autocast(self.policy, self.autocast_dtype):
+            if imitation is not None:
+                obs, actions, mask, extra = imitation
+                return self.policy.imitation_loss(obs, actions, mask, **extra)
             outs = [self.policy.evaluate(replay) for replay in replays]
         return tuple((o.log_probs, o.entropy, o.value) for o in outs)
 
@@ -299,6 +306,15 @@ def data_parallel(policy: ActionChunkPolicy) -> nn.Module:
 def evaluate(evaluator: nn.Module, *replays: dict[str, torch.Tensor]) -> list[PolicyEval]:
     """``policy.evaluate`` of each replay batch through ``evaluator`` (``data_parallel``'s module)."""
     return [PolicyEval(*out) for out in evaluator(*replays)]
+
+
+def imitation_loss(
+    evaluator: nn.Module, obs: Any, actions: torch.Tensor, mask: torch.Tensor, **extra: Any
+) -> torch.Tensor:
+    """``policy.imitation_loss(obs, actions, mask, **extra)`` through ``evaluator``
+    (``data_parallel``'s module, or ``fully_shard_policy``'s root), so that DDP and FSDP see the
+    forward (behaviour cloning)."""
+    return evaluator(imitation=(obs, actions, mask, extra))
 
 
 def broadcast_module(module: nn.Module) -> None:

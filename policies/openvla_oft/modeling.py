@@ -106,7 +106,9 @@ class OpenVLAModel(nn.Module):
         position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
         mask = torch.zeros(b, 1, valid.shape[1], valid.shape[1], dtype=embeds.dtype, device=device)
         mask = mask.masked_fill(~valid[:, None, None, :], torch.finfo(embeds.dtype).min)  # pad keys only
-        hidden = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids).last_hidden_state
+        # no KV cache: one pass (activation checkpointing would update a cache again in its recompute)
+        out = lm(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state
         first = hidden.shape[1] - tail - num_actions  # first placeholder
         at_actions = hidden[:, first - 1 : first - 1 + num_actions]
         if output == "hidden":
