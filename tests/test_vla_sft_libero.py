@@ -81,7 +81,8 @@ def test_fine_tune_oft_then_grpo_and_evaluate(demos, tmp_path):
     model = write_tiny_openvla(tmp_path / "oft")
     kwargs = {"model_path": str(model), "action_head": "l1", "new_action_head": True}
     losses = _bc(demos, tmp_path / "bc", "openvla_oft", kwargs, epochs=300)
-    assert losses[0] / np.mean(losses[-10:]) > 4, losses  # measured 4.95x
+    # measured 4.95x, and 3.6x since BC shuffles by (seed, epoch) (data-parallel BC): one order of the demos
+    assert losses[0] / np.mean(losses[-10:]) > 3, losses
     assert (tmp_path / "bc" / "checkpoints" / "dataset_statistics.json").is_file()
 
     rl = {**ENV, "max_episode_steps": 16}
