@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import requires_libero
 from gymnasium import spaces
+from test_openvla_oft import _obs, _take  # the same 32x32 observations and instructions
 
 from policies.openvla import OpenVLAPolicy
 from policies.openvla_oft.tiny import TINY_STATS, write_tiny_openvla
@@ -48,20 +49,6 @@ def folder(tmp_path_factory):
 def _policy(folder, obs_space=OBS_SPACE, act_space=ACT_SPACE, **kwargs) -> OpenVLAPolicy:
     kwargs.setdefault("unnorm_key", "libero_spatial")
     return OpenVLAPolicy(obs_space, act_space, model_path=folder, **kwargs)
-
-
-def _obs(instructions=INSTRUCTIONS, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    n = len(instructions)
-    return {
-        "image": rng.integers(0, 256, (n, S, S, 3), dtype=np.uint8),
-        "proprio": rng.standard_normal((n, 8)).astype(np.float32),
-        "instruction": tuple(instructions),
-    }
-
-
-def _take(obs: dict, idx) -> dict:
-    return {k: (tuple(v[i] for i in idx) if k == "instruction" else v[idx]) for k, v in obs.items()}
 
 
 @torch.no_grad()

@@ -335,15 +335,20 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
          "--run-dir", str(tmp_path / "second"), *FAST]
     )  # fmt: skip
     assert math.isfinite(final["train/critic_loss"])
+
+    def standardised(name: str, policy: dict, *flags: str) -> dict:
+        """A short SAC run from the prior data; its newest checkpoint."""
+        sac_train.main(
+            ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
+             "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4",
+             "--batch-size", "8", "--prior-data", str(demos), "--eval-every", "-1",
+             "--policy-kwargs", json.dumps(policy),
+             "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / name), *flags, *FAST]
+        )  # fmt: skip
+        return ckpt.latest_checkpoint(tmp_path / name)[1]
+
     # obs_norm "fixed": actor and critics standardise by the prior data's statistics, set once
-    policy = {"hidden_sizes": [16], "torso_kwargs": {"obs_norm": "fixed"}}
-    sac_train.main(
-        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
-         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
-         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", json.dumps(policy),
-         "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "fixed"), *FAST]
-    )  # fmt: skip
-    data = ckpt.latest_checkpoint(tmp_path / "fixed")[1]
+    data = standardised("fixed", {"hidden_sizes": [16], "torso_kwargs": {"obs_norm": "fixed"}})
     prior_proprio = data["policy"]["state_dict"]["torso.encoders.proprio.norm_mean"]
     for state in (data["policy"]["state_dict"], data["extra"]["learner"]):
         counts = [int(v) for k, v in state.items() if k.endswith("proprio.norm_count")]
@@ -351,28 +356,14 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
         means = [v for k, v in state.items() if k.endswith("proprio.norm_mean")]
         assert all(torch.equal(m, prior_proprio) for m in means)
     # critic_obs_norm "prior": the critics standardise by the prior data while the actor stays raw
-    sac_train.main(
-        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
-         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
-         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", '{"hidden_sizes": [16]}',
-         "--critic-obs-norm", "prior", "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "critic"),
-         *FAST]
-    )  # fmt: skip
-    data = ckpt.latest_checkpoint(tmp_path / "critic")[1]
+    data = standardised("critic", {"hidden_sizes": [16]}, "--critic-obs-norm", "prior")
     assert not any("norm_" in k for k in data["policy"]["state_dict"])
     learner = data["extra"]["learner"]
     for target in ("critic.", "critic_target."):
         assert torch.equal(learner[target + "encoder.encoders.proprio.norm_mean"], prior_proprio)
         assert int(learner[target + "encoder.encoders.proprio.norm_count"]) == 7
     # actor_obs_norm "prior": a raw actor is folded to fixed standardisation; its checkpoints rebuild it
-    sac_train.main(
-        ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
-         "--total-steps", "10", "--steps-per-iteration", "5", "--learning-starts", "4", "--batch-size", "8",
-         "--prior-data", str(demos), "--eval-every", "-1", "--policy-kwargs", '{"hidden_sizes": [16]}',
-         "--actor-obs-norm", "prior", "--critic-hidden-sizes", "[16]", "--run-dir", str(tmp_path / "actor"),
-         *FAST]
-    )  # fmt: skip
-    data = ckpt.latest_checkpoint(tmp_path / "actor")[1]
+    data = standardised("actor", {"hidden_sizes": [16]}, "--actor-obs-norm", "prior")
     assert data["policy"]["kwargs"]["torso_kwargs"] == {"obs_norm": "fixed"}
     assert torch.equal(data["policy"]["state_dict"]["torso.encoders.proprio.norm_mean"], prior_proprio)
     assert not any("norm_" in k for k in data["extra"]["learner"])  # critics: as the actor was built
