@@ -280,6 +280,10 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
     cases["LIBERO task_ids=[True]"] = lambda: raises(ValueError, "task_ids must be in", "[True]")(
         lambda: probe.libero(task_ids=[True])
     )
+    # was Python's TypeError from inside the constructor (issue 32): named, with the closest one
+    cases["LIBERO unknown keyword"] = lambda: raises(
+        ValueError, "bad argument 'camera': expected one of", "did you mean 'cameras'"
+    )(lambda: probe.libero(camera=[]))
     world_model = {
         "image_size": (0, 0),
         "success_threshold": "x",

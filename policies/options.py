@@ -1,13 +1,15 @@
-"""Typed options of the pretrained VLAs (``openvla_oft``, ``pi05``, ``cosmos_policy``).
+"""Typed options of the pretrained VLAs (``openvla``, ``openvla_oft``, ``pi05``, ``cosmos_policy``).
 
-Each of them has a frozen dataclass of its options (``OpenVLAOFTOptions``, ``Pi05Options``,
-``CosmosPolicyOptions``, the policy class's ``options_type``): one field per keyword of its
-constructor, with the constructor's default and, right below it, a docstring (what
+Each of them has a frozen dataclass of its options (``OpenVLAOptions``, ``OpenVLAOFTOptions``,
+``Pi05Options``, ``CosmosPolicyOptions``, the policy class's ``options_type``): one field per keyword
+of its constructor, with the constructor's default and, right below it, a docstring (what
 ``python -m trainers --policy-help NAME`` shows). The constructor takes the options as keywords,
 as ``--policy-kwargs`` and saved checkpoints give them, or as ``options=``: an instance, or a dict
 of some of its fields. ``build_options`` checks them before anything is loaded: a keyword the
 dataclass does not have, or a required one left out, is an ``OptionsError`` naming it and the
-keywords the policy accepts; the dataclass's ``__post_init__`` checks the values it can check alone.
+keywords the policy accepts, and so is a value whose type does not fit its field's annotation
+(``nets.field_types.check_value``: ``"temperature": "hot"``); the dataclass's ``__post_init__``
+checks what the values mean.
 
 An options dataclass may take the fields of a field's own options type as keywords too
 (``KEYWORD_GROUPS``): pi0.5 takes ``num_steps=4`` as well as ``sampling={"num_steps": 4}``
@@ -17,8 +19,11 @@ An options dataclass may take the fields of a field's own options type as keywor
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
+
+from nets.field_types import check_value
 
 T = TypeVar("T")
 
@@ -68,7 +73,16 @@ def build_options(cls: type[T], options: Any, keywords: Mapping[str, Any], owner
     if both:
         raise OptionsError(f"{owner}: {both} given both in options= and as keywords: give each once")
     values = {**given, **keywords}
-    for name, (group, defaults) in keyword_groups(cls).items():
+    groups = keyword_groups(cls)
+    hints = typing.get_type_hints(cls)
+    for group, _ in groups.values():
+        hints = {**typing.get_type_hints(group), **hints}
+    for name, value in values.items():
+        try:
+            values[name] = check_value(hints[name], value)
+        except ValueError as e:
+            raise OptionsError(f"{owner}: option {name}: {e}, got {value!r:.100}") from None
+    for name, (group, defaults) in groups.items():
         flat = {f.name: values.pop(f.name) for f in dataclasses.fields(group) if f.name in values}
         values[name] = group.from_options(values.get(name), flat, **defaults)  # type: ignore[attr-defined]
     missing = [

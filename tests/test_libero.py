@@ -409,6 +409,18 @@ def test_bad_constructor_arguments_are_named_before_any_worker_starts(kwargs, na
         gym.make_vec("Libero-Spatial-v0", **{"num_envs": 1, "cameras": [], **kwargs})
 
 
+@pytest.mark.parametrize("make", [gym.make, gym.make_vec])
+def test_an_unknown_keyword_is_named_with_the_accepted_ones(make):
+    """Not Python's TypeError from inside the constructor: a ValueError naming the keyword, every
+    accepted one and the closest, before any worker starts; the same on the Ray path's driver."""
+    match = r"Libero-Spatial-v0: bad argument 'camera': expected one of .*, cameras, .*received camera="
+    match += r"\[\] \(did you mean 'cameras'\?\)"
+    with pytest.raises(ValueError, match=match):
+        make("Libero-Spatial-v0", camera=[])
+    with pytest.raises(ValueError, match="bad argument 'bogus'"):
+        gym.make_vec("Libero-Spatial-v0", num_envs=2, ray_actors=1, cameras=[], bogus=1)
+
+
 def test_a_frame_of_another_suite_is_refused_and_changes_nothing(vec):
     """A LIBERO-Object frame given to LIBERO-Spatial: a ValueError naming both suites, raised before
     any env is reset (issue 32 item 8); a frame of the env's own suite still starts."""

@@ -15,7 +15,7 @@ from policies.options import OptionsError, accepted_keywords, build_options
 from policies.registry import POLICIES, options_type
 from trainers.config import field_docs
 
-VLAS = ["openvla_oft", "pi05", "cosmos_policy"]
+VLAS = ["openvla", "openvla_oft", "pi05", "cosmos_policy"]
 OBS = spaces.Dict({"instruction": spaces.Text(64), "image": spaces.Box(0, 255, (8, 8, 3), np.uint8)})
 ACT = spaces.Box(-1, 1, (2, 7), np.float32)
 
@@ -55,6 +55,14 @@ def test_options_keep_the_constructors_defaults():
         200,
         "mean_token",
     )
+    openvla = options_type("openvla")(model_path="m")
+    assert (openvla.temperature, openvla.top_k, openvla.use_cache, openvla.image_keys) == (
+        None,
+        0,
+        True,
+        ("image",),
+    )
+    assert not hasattr(openvla, "action_head")  # OpenVLA-OFT's heads are not the original's options
     cosmos = options_type("cosmos_policy")(model_path="m")
     assert (cosmos.image_size, cosmos.num_steps, cosmos.noise_level, cosmos.center_crop) == (224, 5, 0.5, 0.9)
     assert (cosmos.image_keys, cosmos.sft_split, cosmos.trust_pickle) == (
@@ -98,6 +106,34 @@ def test_build_options_takes_keywords_a_dict_or_an_instance():
     assert build_options(pi05, None, nested, "P") == flat
     with pytest.raises(ValueError, match=r"\['num_steps'\] given both"):
         build_options(pi05, None, {"model_path": "m", "sampling": {"num_steps": 4}, "num_steps": 3}, "P")
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("openvla_oft", {"temperature": "hot"}, r"option temperature: expected float \| None, got 'hot'"),
+        ("openvla_oft", {"top_k": 2.5}, "option top_k: expected int, got 2.5"),
+        ("openvla_oft", {"image_keys": "image"}, "option image_keys: expected a JSON list of str, got 'im"),
+        ("openvla_oft", {"lora_targets": ["q_proj", 3]}, "option lora_targets: expected .*Sequence"),
+        ("openvla_oft", {"new_action_head": "yes"}, "option new_action_head: expected bool"),
+        ("pi05", {"num_steps": "4"}, "option num_steps: expected int, got '4'"),
+        ("pi05", {"sampling": 4}, r"option sampling: expected FlowSampling \| Mapping"),
+        ("cosmos_policy", {"sft_split": [0.5, "a", 0.25]}, "option sft_split: expected a JSON list of float"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_before_anything_loads(name, kwargs, match):
+    """``"temperature": "hot"`` in --policy-kwargs: an OptionsError naming the option, the type its
+    field declares and what came, before the model folder is read (``model_path`` does not exist)."""
+    from policies.registry import make_policy
+
+    with pytest.raises(OptionsError, match=match):
+        make_policy(name, OBS, ACT, model_path="/nonexistent", **kwargs)
+
+
+def test_values_that_fit_are_kept_or_widened():
+    cls = options_type("openvla_oft")
+    built = build_options(cls, None, {"model_path": "m", "l1_scale": 1, "image_keys": ["image"]}, "P")
+    assert built.l1_scale == 1.0 and isinstance(built.l1_scale, float) and list(built.image_keys) == ["image"]
 
 
 def test_help_points_to_the_options_and_policy_help_lists_them(capsys):

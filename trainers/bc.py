@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import inspect
 import json
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ import torch
 from torch import nn
 
 from policies.base import ActionChunkPolicy
+from policies.registry import policy_class
 from trainers import parallel
 from trainers.config import parse_cli
 from trainers.datasets import load_demos
@@ -130,14 +130,6 @@ def split_episodes(demos: Demos, val_fraction: float, seed: int) -> tuple[Demos,
     train = [ep for i, ep in enumerate(demos.episodes) if i not in val]
     held = [ep for i, ep in enumerate(demos.episodes) if i in val]
     return Demos(demos.meta, train), Demos(demos.meta, held)
-
-
-def policy_class(name: str, action_space: Any) -> type:
-    """The class ``--policy`` names (nothing is built)."""
-    from policies.registry import resolve_policy
-
-    module, _, cls = resolve_policy(name, action_space).partition(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 def check_observation_keys(

@@ -25,6 +25,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from nets.field_types import check_value, describe
 from trainers.files import write_atomic
 
 T = TypeVar("T")
@@ -99,7 +100,7 @@ def describe_fields(cls: type, defaults: dict[str, Any] | None = None, width: in
     about = field_docs(cls)
     lines = []
     for f in dataclasses.fields(cls):
-        kind = f.type if isinstance(f.type, str) else _describe(f.type)  # as written in the class
+        kind = f.type if isinstance(f.type, str) else describe(f.type)  # as written in the class
         if defaults and f.name in defaults:
             value = f" = {defaults[f.name]!r}"
         elif f.default is not dataclasses.MISSING:
@@ -136,49 +137,6 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
             continue
         convert, extra = _parser_for(hints[f.name])
         group.add_argument(flag, dest=f.name, type=convert, default=argparse.SUPPRESS, help=text, **extra)
-
-
-def check_value(annotation: Any, value: Any) -> Any:
-    """``value`` if it fits the field ``annotation`` (an int where a float is wanted becomes a
-    float, a list where a tuple is wanted a tuple), else a ``ValueError`` saying what was expected."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        for option in args:
-            try:
-                return None if option is type(None) and value is None else check_value(option, value)
-            except ValueError:
-                continue
-        raise ValueError(f"expected {_describe(annotation)}")
-    if origin is Literal:
-        if value in args and not isinstance(value, bool):
-            return value
-        raise ValueError(f"expected one of {list(args)}")
-    if annotation is type(None):
-        if value is None:
-            return None
-        raise ValueError("expected null")
-    if annotation is bool or annotation is int or annotation is str:
-        if isinstance(value, annotation) and (annotation is bool or not isinstance(value, bool)):
-            return value
-        raise ValueError(f"expected {annotation.__name__}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ValueError("expected a number")
-    kind = origin or annotation
-    if kind is dict:
-        if isinstance(value, dict):
-            return value
-        raise ValueError("expected a JSON object")
-    if kind in (list, tuple):
-        if isinstance(value, (list, tuple)):
-            return tuple(value) if kind is tuple else list(value)
-        raise ValueError("expected a JSON list")
-    return value  # an annotation without a check here
-
-
-def _describe(annotation: Any) -> str:
-    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
 def build(cls: type[T], values: dict[str, Any]) -> T:

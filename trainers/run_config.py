@@ -38,8 +38,9 @@ class RunConfig:
     pi05, cosmos_policy, libero_expert; policies/registry.py), auto (from the action space), or
     module:Class"""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    """JSON object: the policy's arguments. The pretrained VLAs' (openvla_oft, pi05, cosmos_policy) are
-    typed options: python -m trainers --policy-help NAME lists each one's type, default and meaning"""
+    """JSON object: the policy's arguments. The pretrained VLAs' (openvla, openvla_oft, pi05,
+    cosmos_policy) are typed options: python -m trainers --policy-help NAME lists each one's type,
+    default and meaning"""
     total_steps: int = 100_000
     """env steps (executed sub-steps, summed over envs)"""
     max_iterations: int = 0

@@ -7,12 +7,15 @@ in local worker processes), or, with ``ray_actors=M``, spread over M Ray actors
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
+from envs.core.errors import bad_input, describe
 from envs.core.single import SingleEnvView
 from envs.core.vector_env import ChunkedVectorEnv
 
@@ -34,19 +37,45 @@ def make_vector(
     or over ``ray_actors`` Ray actors (with ``ray_options``, ``ray_placement``, ``ray_address``,
     ``ray_max_restarts`` and the deadlines ``ray_step_timeout_s``, ``ray_reset_timeout_s``,
     ``ray_restart_timeout_s``: see ``RayVectorEnv``)."""
+    creator = load_env_creator(vector_class)  # imports the class's module only (no simulator)
     if ray_actors is None:
         given = [k for k in RAY_KWARGS if k in kwargs]
         if given:
             raise ValueError(
                 f"{kwargs.get('env_id', vector_class)}: {given} need ray_actors=<number of actors>"
             )
-        return load_env_creator(vector_class)(num_envs=num_envs, **kwargs)
+        check_keywords(kwargs.get("env_id", vector_class), creator, kwargs)
+        return creator(num_envs=num_envs, **kwargs)
     from envs.ray.ray_env import RayVectorEnv
 
     ray_kwargs = {k.removeprefix("ray_"): kwargs.pop(k) for k in RAY_KWARGS if k in kwargs}
     if "options" in ray_kwargs:
         ray_kwargs["actor_options"] = ray_kwargs.pop("options")
+    check_keywords(kwargs.get("env_id", vector_class), creator, kwargs)  # on the driver, before any actor
     return RayVectorEnv(vector_class, num_envs, num_actors=ray_actors, env_kwargs=kwargs, **ray_kwargs)
+
+
+def keywords(function: Any) -> set[str]:
+    """The names ``function`` takes by keyword (not ``self`` nor its ``**`` catch-all)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {n for n, p in inspect.signature(function).parameters.items() if p.kind in kinds} - {"self"}
+
+
+def check_keywords(env_id: str, creator: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword that ``creator`` does not take with a ``ValueError`` naming it and the accepted
+    ones (not Python's ``TypeError``, and before any worker starts). A creator with a ``**`` catch-all
+    (the world-model backends) checks its own."""
+    params = inspect.signature(creator).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = keywords(creator) | set(RAY_KWARGS) | {"ray_actors"}
+    unknown = [name for name in kwargs if name not in accepted]
+    if unknown:
+        what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
+        got = ", ".join(f"{name}={describe(kwargs[name])}" for name in unknown)
+        close = [m for name in unknown for m in difflib.get_close_matches(name, accepted, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise bad_input(env_id, what, f"one of {', '.join(sorted(accepted))}", got + hint)
 
 
 def make_single(vector_class: str, **kwargs: Any) -> SingleEnvView:

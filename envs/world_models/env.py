@@ -26,7 +26,6 @@ trained here in the simulator.
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ from gymnasium.vector import AutoresetMode
 from envs.core.errors import bad_input, check_float, check_int, describe
 from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
+from envs.core.registration import keywords
 from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.bundles import Bundle, find_bundle
@@ -121,19 +121,13 @@ def check_env_options(env_id: str, env_class: type, options: Mapping[str, Any]) 
     ``**env_options`` go to ``WorldModelVectorEnv``) nor ``WorldModelVectorEnv`` takes: a
     ``ValueError`` naming it and listing the accepted ones (not Python's ``TypeError`` once the
     model is loaded)."""
-    own = _keywords(env_class.__init__)
-    base = _keywords(WorldModelVectorEnv.__init__) - {"model", "reward_model", "initial_frames", "sim_env_id"}
+    own = keywords(env_class.__init__)
+    base = keywords(WorldModelVectorEnv.__init__) - {"model", "reward_model", "initial_frames", "sim_env_id"}
     unknown = [name for name in options if name not in base]  # the backend's own never reach here
     if unknown:
         what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
         got = ", ".join(f"{name}={describe(options[name])}" for name in unknown)
         raise bad_input(env_id, what, f"one of {', '.join(sorted(own | base))}", got)
-
-
-def _keywords(function: Any) -> set[str]:
-    """The names ``function`` takes by keyword (not ``self`` nor its ``**`` catch-all)."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {n for n, p in inspect.signature(function).parameters.items() if p.kind in kinds} - {"self"}
 
 
 class WorldModelVectorEnv(ChunkedVectorEnv):

@@ -22,8 +22,7 @@ out as keys and position ids count real tokens, so a padded sample computes what
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,7 +31,9 @@ from gymnasium import spaces
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import tempered_log_softmax
 from ..openvla_oft.common import OpenVLABase
+from ..options import build_options
 from ..torso_policy import box_chunk_shape
+from .options import OpenVLAOptions
 
 
 class OpenVLAPolicy(OpenVLABase):
@@ -42,18 +43,10 @@ class OpenVLAPolicy(OpenVLABase):
         observation_space: a Dict with ``instruction`` and the uint8 ``[H, W, 3]`` images in ``image_keys``.
         action_space: Box ``(D,)`` or ``(1, D)``: OpenVLA predicts one action per step (chunks: the
             ``openvla_oft`` policy).
-        model_path: checkpoint folder or hub id in OpenVLA's Hugging Face layout (``config.json``,
-            safetensors, ``tokenizer.json``, statistics in ``config.json``'s ``norm_stats`` and/or
-            ``dataset_statistics.json``); a hub id is read from the Hugging Face cache only, unless
-            ``download``.
-        unnorm_key: which dataset's action statistics (e.g. ``bridge_orig``, ``libero_spatial``); None
-            when the checkpoint has one.
-        temperature, top_k: sampling; kept per sample in the replay. Greedy acting ignores them.
-        use_cache: decode with a KV cache (False: re-run the whole sequence for each token; the same
-            tokens and log-probs, slower).
-        norm_stats, image_keys, center_crop, gripper, max_prompt_tokens, use_critic, lora_rank,
-            lora_targets, freeze_vision, dtype, download: as ``OpenVLAOFTPolicy``'s (the value head
-            reads the hidden state at the last prompt token, one value per step).
+        options, **kwargs: ``OpenVLAOptions`` (``policies/openvla/options.py``), as an instance, a dict
+            or keywords: ``model_path`` (OpenVLA's Hugging Face layout, statistics in ``config.json``'s
+            ``norm_stats`` and/or ``dataset_statistics.json``), ``unnorm_key`` (e.g. ``bridge_orig``),
+            sampling ``temperature`` and ``top_k``, ``use_cache``, LoRA...
 
     Replay: ``input_ids``, ``attention_mask`` ``[B, 1 + max_prompt_tokens]``, ``images`` uint8
     ``[B, n, S, S, 3]``, ``tokens`` int64 ``[B, 1, D]`` (0..255; id = vocab - 256 + token),
@@ -61,43 +54,32 @@ class OpenVLAPolicy(OpenVLABase):
     """
 
     checkpoint_name, model_name = "OpenVLA checkpoint", "OpenVLA"
+    options_type = OpenVLAOptions
 
     def __init__(
         self,
         observation_space: spaces.Space,
         action_space: spaces.Box,
         *,
-        model_path: str | Path,
-        unnorm_key: str | None = None,
-        norm_stats: dict[str, Any] | str | Path | None = None,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        use_cache: bool = True,
-        image_keys: Sequence[str] = ("image",),
-        center_crop: float | None = None,
-        gripper: str | None = "libero",
-        max_prompt_tokens: int = 64,
-        use_critic: bool = True,
-        lora_rank: int = 0,
-        lora_targets: Sequence[str] | None = None,
-        freeze_vision: bool = False,
-        dtype: str = "auto",
-        download: bool = False,
+        options: OpenVLAOptions | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        k, d = box_chunk_shape(action_space)
+        o = build_options(OpenVLAOptions, options, kwargs, type(self).__name__)  # checked first
+        k, _ = box_chunk_shape(action_space)
         if k != 1:
             raise ValueError(
                 f"OpenVLA predicts one action per step: expected an action space of shape (D,) or (1, D), "
                 f"got {action_space.shape} (for chunks of actions use the openvla_oft policy)"
             )
         super().__init__(
-            observation_space, action_space, model_path=model_path, unnorm_key=unnorm_key,
-            norm_stats=norm_stats, temperature=temperature, top_k=top_k, image_keys=image_keys,
-            center_crop=center_crop, gripper=gripper, max_prompt_tokens=max_prompt_tokens, dtype=dtype,
-            download=download,
+            observation_space, action_space, model_path=o.model_path, unnorm_key=o.unnorm_key,
+            norm_stats=o.norm_stats, temperature=1.0 if o.temperature is None else o.temperature,
+            top_k=o.top_k, image_keys=o.image_keys, center_crop=o.center_crop, gripper=o.gripper,
+            max_prompt_tokens=o.max_prompt_tokens, dtype=o.dtype, download=o.download,
         )  # fmt: skip
-        self.use_cache = bool(use_cache)
-        self._add_value_head_and_lora(use_critic, 1, lora_rank, lora_targets, freeze_vision)
+        self.options = o
+        self.use_cache = bool(o.use_cache)
+        self._add_value_head_and_lora(o.use_critic, 1, o.lora_rank, o.lora_targets, o.freeze_vision)
 
     # ------------------------------------------------------------------ the causal language model
     def _prefix(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

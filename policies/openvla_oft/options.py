@@ -1,5 +1,6 @@
 """``OpenVLAOFTOptions``: the options of ``OpenVLAOFTPolicy`` (``--policy openvla_oft``), one
-documented field per keyword of its constructor (see ``policies/options.py``)."""
+documented field per keyword of its constructor (see ``policies/options.py``), the fields it shares
+with the original OpenVLA (``policies/openvla/options.py``) in ``OpenVLACommonOptions``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class OpenVLAOFTOptions:
-    """What ``OpenVLAOFTPolicy`` is built with besides its spaces."""
+class OpenVLACommonOptions:
+    """What both OpenVLA policies (``OpenVLABase``) are built with besides their spaces."""
 
     model_path: str | Path
     """Checkpoint folder or hub id (Hugging Face cache) in OpenVLA's layout: ``config.json``,
@@ -23,19 +24,10 @@ class OpenVLAOFTOptions:
     """Statistics to add to the checkpoint's (same keys win), in ``dataset_statistics.json``'s layout
     ``{key: {"action": {"q01", "q99", "mask", ...}, ...}}``, or the path of such a file: what
     ``trainers.bc`` computes from demonstrations and saves with its checkpoints."""
-    action_head: str = "tokens"
-    """``"tokens"`` (the LM head's 256 action bins) or ``"l1"`` (OpenVLA-OFT's continuous
-    L1-regression head on the action positions' hidden states)."""
-    new_action_head: bool = False
-    """With ``"l1"``, start a freshly initialised head when the folder has no
-    ``action_head--<step>_checkpoint.pt`` (fine-tuning a model that has none); without it a missing
-    head file is an error."""
-    l1_scale: float = 0.05
-    """With ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1] space, times
-    ``temperature`` (deterministic acting uses the head's output)."""
     temperature: float | None = None
-    """Sampling temperature (SimpleVLA-RL / RLinf LIBERO GRPO: 1.6), kept per sample in the replay.
-    None: 1.6 with tokens, 1.0 with the L1 head."""
+    """Sampling temperature, kept per sample in the replay; greedy acting ignores it. None: the policy's
+    default (OpenVLA-OFT: 1.6 with tokens, as SimpleVLA-RL / RLinf LIBERO GRPO, 1.0 with the L1 head;
+    OpenVLA: 1.0)."""
     top_k: int = 0
     """Sampling top-k (SimpleVLA-RL / RLinf LIBERO GRPO: 0, off), kept per sample in the replay."""
     image_keys: Sequence[str] = ("image",)
@@ -49,10 +41,8 @@ class OpenVLAOFTOptions:
     max_prompt_tokens: int = 64
     """Fixed prompt length (padding), so replays from different calls stack."""
     use_critic: bool = True
-    """RLinf's value head on the last prompt token's hidden state (``value_type``); GRPO builds the
-    policy without it."""
-    value_type: str = "chunk"
-    """The value head's outputs: one value per chunk (``"chunk"``) or per step (``"step"``)."""
+    """RLinf's value head on the last prompt token's hidden state (OpenVLA-OFT: per ``value_type``;
+    OpenVLA: one value per step); GRPO builds the policy without it."""
     lora_rank: int = 0
     """> 0 trains LoRA adapters (peft; alpha = rank, Gaussian init) instead of the weights (the L1
     action head and the value head stay fully trained)."""
@@ -64,20 +54,41 @@ class OpenVLAOFTOptions:
     dtype: str = "auto"
     """Weights' dtype: ``"auto"`` (bfloat16 when CUDA is available, else float32), ``"float32"`` or
     ``"bfloat16"``. Log-probs are always computed in float32."""
-    append_stop: bool = True
-    """End the sequence with the STOP token ``</s>`` as OpenVLA-OFT and SimpleVLA-RL do (False: as
-    RLinf, which drops it; with bidirectional attention the two differ)."""
     download: bool = False
     """Let a hub id download into the Hugging Face cache (default: cache only)."""
 
     def __post_init__(self) -> None:
+        if self.gripper not in ("libero", None):
+            raise ValueError(f"gripper must be 'libero' or None, got {self.gripper!r}")
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class OpenVLAOFTOptions(OpenVLACommonOptions):
+    """What ``OpenVLAOFTPolicy`` is built with besides its spaces: the common options and its heads'."""
+
+    action_head: str = "tokens"
+    """``"tokens"`` (the LM head's 256 action bins) or ``"l1"`` (OpenVLA-OFT's continuous
+    L1-regression head on the action positions' hidden states)."""
+    new_action_head: bool = False
+    """With ``"l1"``, start a freshly initialised head when the folder has no
+    ``action_head--<step>_checkpoint.pt`` (fine-tuning a model that has none); without it a missing
+    head file is an error."""
+    l1_scale: float = 0.05
+    """With ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1] space, times
+    ``temperature`` (deterministic acting uses the head's output)."""
+    value_type: str = "chunk"
+    """The value head's outputs: one value per chunk (``"chunk"``) or per step (``"step"``)."""
+    append_stop: bool = True
+    """End the sequence with the STOP token ``</s>`` as OpenVLA-OFT and SimpleVLA-RL do (False: as
+    RLinf, which drops it; with bidirectional attention the two differ)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.action_head not in ("tokens", "l1"):
             raise ValueError(f"action_head must be 'tokens' or 'l1', got {self.action_head!r}")
         if not self.l1_scale > 0:
             raise ValueError(f"l1_scale must be > 0, got {self.l1_scale}")
-        if self.gripper not in ("libero", None):
-            raise ValueError(f"gripper must be 'libero' or None, got {self.gripper!r}")
         if self.value_type not in ("chunk", "step"):
             raise ValueError(f"value_type must be 'chunk' or 'step', got {self.value_type!r}")
-        if self.temperature is not None and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
