@@ -326,6 +326,13 @@ def test_rlpd_from_demos_mixes_batches_after_offline_steps(tmp_path):
     assert final["train/bc_loss"] != 0 and math.isfinite(final["train/critic_loss"])
     rows = read_metrics(tmp_path / "run")
     assert any("offline/critic_loss" in r for r in rows)
+    # benchmarks.sac_critic reads the run back: its critics, actor, buffer and prior data
+    from benchmarks.sac_critic import diagnose
+
+    found = diagnose(tmp_path / "run", rows=8)
+    assert list(found) == ["prior", "online"] and 0 <= found["prior"]["stored_above_mean"] <= 1
+    assert found["prior"]["grad_q"] > 0 and found["prior"]["grad_bc"] > 0 and "grad_bc" not in found["online"]
+    assert all(math.isfinite(v) for rows in found.values() for v in rows.values())
     # an earlier run's transitions as prior data; a run of another algorithm is refused
     final = sac_train.main(
         ["--env", "SacCounting-v0", "--env-kwargs", '{"chunk_size": 2}', "--num-envs", "2",
