@@ -18,6 +18,7 @@ from trainers.checkpoint import export_policy, latest_checkpoint
 from trainers.datasets.demos import Demos, Episode, read_demos, write_demos
 from trainers.demos import collect_episodes
 from trainers.grpo.algorithm import GRPOConfig
+from trainers.optim import BadUpdateGuard
 from trainers.run import Run, RunConfig
 
 
@@ -183,6 +184,40 @@ def test_imitation_loss_falls_for_each_box_policy(cls, kwargs):
     if cls is not FlowPolicy:  # the mode of the cloned policy is near the demonstrated actions
         act = policy.act(obs, deterministic=True).actions
         assert (act - actions).abs().mean() < 0.25
+
+
+def test_bc_learning_rate_schedule_is_openvla_ofts_and_counts_optimizer_steps():
+    """``lr_warmup_steps``: linear from 10% of the rate; ``lr_decay_steps``: 10x lower from then on
+    (OpenVLA-OFT's recipe); off by default. ``train_epoch`` sets each minibatch step's rate from the
+    run's step count, so a resumed run continues the same schedule."""
+    assert bc.BCConfig(learning_rate=0.1).lr_at(12345) == 0.1
+    cfg = bc.BCConfig(learning_rate=0.1, batch_size=2, image_shift=0, lr_warmup_steps=20, lr_decay_steps=20)
+    assert cfg.lr_at(0) == pytest.approx(0.1 * (0.1 + 0.9 / 20))
+    assert [cfg.lr_at(s) for s in (19, 20, 1000)] == pytest.approx([0.1, 0.01, 0.01])
+    with pytest.raises(ValueError, match="lr_warmup_steps"):
+        bc.BCConfig(lr_warmup_steps=-1)
+
+    class Evaluator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, imitation):
+            obs, actions, mask, _ = imitation
+            return ((self.w * torch.as_tensor(obs["x"])).sum(-1) - actions[:, 0, 0]).abs().mean()
+
+    evaluator = Evaluator()
+    optimizer = torch.optim.AdamW(evaluator.parameters(), lr=cfg.learning_rate)
+    seen = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    data = {
+        "obs": {"x": np.ones((5, 1), np.float32)},
+        "actions": torch.zeros(5, 1, 1),
+        "valid": np.ones((5, 1), bool),
+    }
+    guard = BadUpdateGuard(3)
+    bc.train_epoch(evaluator, optimizer, data, np.arange(5), cfg, guard, None, None, "cpu", first_step=18)
+    assert seen == pytest.approx([cfg.lr_at(18), 0.1, 0.01])  # three minibatches: steps 18, 19, 20
 
 
 def test_bc_sets_fixed_obs_norm_statistics_from_the_demos(tmp_path):

@@ -28,7 +28,8 @@ the held-out loss and the evaluation are split over the ranks.
 
 VLAs (``openvla``, ``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the
 same way, with their recipe's loss (OpenVLA: teacher-forced token cross-entropy; OpenVLA-OFT: token
-cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching). A policy class with
+cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching), and OpenVLA-OFT's
+step-size schedule is there too (``--lr-warmup-steps``, ``--lr-decay-steps``). A policy class with
 ``norm_stats_from_demos`` gets its action (and proprio) normalisation statistics computed from the
 training demos (``--norm-stats demos``, the default for a new policy) in the format its checkpoints
 carry: OpenVLA's ``dataset_statistics.json``
@@ -82,6 +83,12 @@ class BCConfig:
     """chunk-steps per minibatch"""
     learning_rate: float = 1e-3
     """AdamW step size"""
+    lr_warmup_steps: int = 0
+    """optimizer steps over which the step size rises linearly from 10% to learning_rate (OpenVLA-OFT's
+    lr_warmup_steps; 0: none)"""
+    lr_decay_steps: int = 0
+    """optimizer steps after which the step size drops 10x (OpenVLA-OFT's num_steps_before_decay, a
+    MultiStepLR; 0: never)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -105,6 +112,21 @@ class BCConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.value_gamma <= 1.0:
             raise ValueError(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
+        if self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
+            raise ValueError(
+                f"bc lr_warmup_steps and lr_decay_steps must be >= 0, got {self.lr_warmup_steps}, "
+                f"{self.lr_decay_steps}"
+            )
+
+    def lr_at(self, step: int) -> float:
+        """The step size of optimizer step ``step`` (from 0): OpenVLA-OFT's schedule, linear warmup
+        from 10% over ``lr_warmup_steps``, then 10x lower from ``lr_decay_steps`` on."""
+        lr = self.learning_rate
+        if self.lr_warmup_steps:
+            lr *= 0.1 + 0.9 * min((step + 1) / self.lr_warmup_steps, 1.0)
+        if self.lr_decay_steps and step >= self.lr_decay_steps:
+            lr *= 0.1
+        return lr
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -263,8 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         while not run.finished:
             policy.train()
             order = epoch_order(len(train["actions"]), run_cfg.seed, run.counters["iteration"])
+            step = run.counters["iteration"] * -(-len(order) // cfg.batch_size)  # steps so far
             metrics, executed = train_epoch(
-                evaluator, optimizer, train, order, cfg, guard, generator, future, run.device
+                evaluator, optimizer, train, order, cfg, guard, generator, future, run.device, step
             )
             if val is not None:
                 with run.gathered(), autocast(cfg.bf16, run.device):  # fsdp: whole parameters
@@ -292,11 +315,13 @@ def train_epoch(
     generator: torch.Generator,
     future: dict[str, np.ndarray] | None,
     device: Any,
+    first_step: int = 0,
 ) -> tuple[dict[str, float], int]:
     """One pass over the rows ``order`` of ``data`` in minibatches of ``cfg.batch_size``, one guarded
     optimizer step each on the policy's ``imitation_loss`` (through ``evaluator``: ``parallel``'s
     DDP or FSDP module). Returns the metrics (means over the steps taken) and the executed sub-steps
-    of this rank's rows.
+    of this rank's rows. The step size of each step is ``cfg.lr_at`` its index, counted from
+    ``first_step`` (the run's steps before this epoch).
 
     Data parallel: the minibatch is split over the ranks (each takes its contiguous share, and
     augments it with its own ``generator``), and its loss is the mean over all its executed
@@ -317,7 +342,9 @@ def train_epoch(
         if cfg.image_shift > 0 and not isinstance(v, list) and v.dtype == np.uint8 and v.ndim == 4
     ]
     losses, norms, executed = [], [], 0
-    for start in range(0, len(order), cfg.batch_size):
+    for i, start in enumerate(range(0, len(order), cfg.batch_size)):
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr_at(first_step + i)
         batch = order[start : start + cfg.batch_size]
         share = parallel.shard(len(batch), rank, world)
         idx = batch[share.start : share.stop]
