@@ -71,11 +71,17 @@ def check_keywords(env_id: str, creator: Any, kwargs: dict[str, Any]) -> None:
     accepted = keywords(creator) | set(RAY_KWARGS) | {"ray_actors"}
     unknown = [name for name in kwargs if name not in accepted]
     if unknown:
-        what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
-        got = ", ".join(f"{name}={describe(kwargs[name])}" for name in unknown)
-        close = [m for name in unknown for m in difflib.get_close_matches(name, accepted, n=1)]
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise bad_input(env_id, what, f"one of {', '.join(sorted(accepted))}", got + hint)
+        raise unknown_keywords(env_id, {name: kwargs[name] for name in unknown}, accepted)
+
+
+def unknown_keywords(env_id: str, unknown: dict[str, Any], accepted: set[str]) -> ValueError:
+    """The ``ValueError`` for keywords an env does not take: each with its value, every accepted
+    keyword, and the closest accepted ones."""
+    what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
+    got = ", ".join(f"{name}={describe(value)}" for name, value in unknown.items())
+    close = [m for name in unknown for m in difflib.get_close_matches(name, accepted, n=1)]
+    hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    return bad_input(env_id, what, f"one of {', '.join(sorted(accepted))}", got + hint)
 
 
 def make_single(vector_class: str, **kwargs: Any) -> SingleEnvView:

@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode
 from envs.core.errors import bad_input, check_float, check_int, describe
 from envs.core.frames import InitialFrame, load_initial_frames
 from envs.core.images import resize_bilinear, to_uint8
-from envs.core.registration import keywords
+from envs.core.registration import keywords, unknown_keywords
 from envs.core.spaces import observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.world_models.bundles import Bundle, find_bundle
@@ -123,11 +123,9 @@ def check_env_options(env_id: str, env_class: type, options: Mapping[str, Any]) 
     model is loaded)."""
     own = keywords(env_class.__init__)
     base = keywords(WorldModelVectorEnv.__init__) - {"model", "reward_model", "initial_frames", "sim_env_id"}
-    unknown = [name for name in options if name not in base]  # the backend's own never reach here
+    unknown = {name: value for name, value in options.items() if name not in base}  # not the backend's own
     if unknown:
-        what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
-        got = ", ".join(f"{name}={describe(options[name])}" for name in unknown)
-        raise bad_input(env_id, what, f"one of {', '.join(sorted(own | base))}", got)
+        raise unknown_keywords(env_id, unknown, own | base)
 
 
 class WorldModelVectorEnv(ChunkedVectorEnv):
