@@ -465,11 +465,12 @@ def test_flow_denoise_is_the_deterministic_chain_from_its_noise():
 
 def test_dsrl_trains_the_noise_actor_of_a_frozen_flow_policy(tmp_path):
     base = _flow_checkpoint(tmp_path / "flow.pt")
+    actor = {"hidden_sizes": [16], "max_noise": 1.5, "torso_kwargs": {"obs_norm": "running"}}
     final = sac_train.main(
         ["--env", "SacReach-v0", "--num-envs", "2", "--total-steps", "60", "--steps-per-iteration", "10",
          "--learning-starts", "20", "--batch-size", "16", "--policy", "dsrl",
          "--init-policy", str(tmp_path / "flow.pt"),
-         "--policy-kwargs", '{"hidden_sizes": [16], "max_noise": 1.5, "torso_kwargs": {"obs_norm": "running"}}',
+         "--policy-kwargs", json.dumps(actor),
          "--critic-hidden-sizes", "[16]",
          "--eval-episodes", "2", "--run-dir", str(tmp_path / "run"), *FAST]
     )  # fmt: skip
