@@ -133,7 +133,8 @@ def test_dsrl_recipe_end_to_end(tmp_path):
     final = main(
         [
             "--config", str(DSRL_RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
-            "--num-envs", "2", "--steps-per-iteration", "2", "--learning-starts", "2", "--batch-size", "8",
+            # 24-step episodes end after 3 chunks, when their 4-chunk returns are written
+            "--num-envs", "2", "--steps-per-iteration", "4", "--learning-starts", "2", "--batch-size", "4",
             "--eval-episodes", "2", "--eval-num-envs", "2",
             "--env-kwargs", json.dumps({**short, "init_states": [0, 1]}),
             "--eval-env-kwargs", json.dumps({**short, "init_states": [40]}), "--no-progress",
