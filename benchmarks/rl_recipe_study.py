@@ -60,6 +60,9 @@ SAMPLED = "sampled"  # the runs' evaluation of the fixed training starts: sample
 SAC_RECIPE = json.loads(
     (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sac.json").read_text()
 )
+DSRL_RECIPE = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_dsrl.json").read_text()
+)
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -129,6 +132,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sac": {**SAC_RECIPE["sac"], "critic_obs_norm": "prior", "actor_obs_norm": "prior"},
     },
+    "dsrl-flow": {
+        "about": "configs/libero_spatial_dsrl.json: DSRL, SAC on the initial noise of the frozen flow clone "
+        "(noise in [-1, 1], 5 critics, target min of 2, learned alpha), no prior data",
+        "algo": "sac",
+        "run": {
+            k: DSRL_RECIPE["run"][k]
+            for k in ("policy", "init_policy", "policy_kwargs", "total_steps", "torch_threads")
+        },
+        "sac": DSRL_RECIPE["sac"],
+    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
         "run": {"total_steps": 50_000},
@@ -151,8 +164,9 @@ def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, d
     """The variant's algorithm, run settings and algorithm settings (recipe + changes)."""
     algo = spec.get("algo", "grpo")
     run = {**copy.deepcopy(recipe["run"]), **spec.get("run", {})}
-    run["policy_kwargs"] = {
-        **recipe["run"].get("policy_kwargs", {}),
+    own_policy = run.get("policy") not in (None, recipe["run"].get("policy"), "residual")
+    run["policy_kwargs"] = {  # a variant with a policy of its own (dsrl) takes none of the recipe's options
+        **({} if own_policy else recipe["run"].get("policy_kwargs", {})),
         **spec.get("run", {}).get("policy_kwargs", {}),
     }
     return algo, run, {**recipe.get(algo, {}), **spec.get(algo, {})}

@@ -86,6 +86,15 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         self.base.eval()  # frozen: never in training mode
         return self
 
+    @property
+    def obs_norm(self) -> str:
+        """The noise actor's observation standardisation (``torso_kwargs={"obs_norm": ...}``)."""
+        return self.actor.obs_norm
+
+    def update_obs_stats(self, obs: Any) -> None:
+        """Merge observations into the noise actor's statistics (the frozen base keeps its own)."""
+        self.actor.update_obs_stats(obs)
+
     def decode(self, obs: Any, noise: torch.Tensor) -> torch.Tensor:
         """The env actions the base makes of ``noise``."""
         return self.base.denoise(obs, noise)

@@ -279,3 +279,25 @@ def test_rl_recipe_study_placebo_variants():
     assert grpo["grpo"] == {"placebo": True} and grpo["about"].startswith("placebo of: ")
     assert sac["sac"] == {**VARIANTS["sac-rlpd-weak"]["sac"], "placebo": True} and sac["algo"] == "sac"
     assert "placebo" not in VARIANTS["sac-rlpd-weak"]["sac"]  # the variant itself is unchanged
+
+
+def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
+    """A variant with a policy of its own takes none of the GRPO recipe's policy options (its
+    log-std bounds would reach DSRL's noise actor); a residual one keeps them."""
+    from benchmarks.rl_recipe_study import DSRL_RECIPE, VARIANTS, recipe_variant
+
+    recipe = json.loads(
+        (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_grpo.json").read_text()
+    )
+    algo, run, sac = recipe_variant(recipe, VARIANTS["dsrl-flow"])
+    assert (
+        algo == "sac"
+        and sac == DSRL_RECIPE["sac"]
+        and run["policy_kwargs"] == DSRL_RECIPE["run"]["policy_kwargs"]
+    )
+    for key in ("env_kwargs", "eval_env_kwargs", "num_envs", "init_policy", "policy"):
+        assert run[key] == DSRL_RECIPE["run"][key], key
+    assert (
+        recipe_variant(recipe, VARIANTS["residual-lr3e-4"])[1]["policy_kwargs"]
+        == recipe["run"]["policy_kwargs"]
+    )

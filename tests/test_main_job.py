@@ -19,6 +19,7 @@ from trainers.run import RunConfig
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "configs" / "libero_spatial_grpo.json"
 SAC_RECIPE = ROOT / "configs" / "libero_spatial_sac.json"  # with its prior data's demos config
+DSRL_RECIPE = ROOT / "configs" / "libero_spatial_dsrl.json"  # steers the shipped flow clone
 DEMOS = ROOT / "configs" / "libero_spatial_demos.json"
 
 
@@ -43,6 +44,20 @@ def test_sac_recipe_and_its_prior_data_use_training_starts_only():
     assert set(demos.env_kwargs["init_states"]) == train and not train & held_out
     assert demos.env_kwargs["chunk_size"] is None and demos.env_kwargs["cameras"] == run.env_kwargs["cameras"]
     assert config_algo(["--config", str(SAC_RECIPE)]) == "sac"
+
+
+def test_dsrl_recipe_steers_the_shipped_flow_clone_on_training_starts_only():
+    from trainers.sac import SACConfig
+
+    data = load_config(DSRL_RECIPE, {"run": RunConfig, "sac": SACConfig})
+    run, config = RunConfig(**data["run"]), SACConfig(**data["sac"])
+    assert run.policy == "dsrl" and (ROOT / run.init_policy).is_file() and config.prior_data is None
+    train, held_out = set(run.env_kwargs["init_states"]), set(run.eval_env_kwargs["init_states"])
+    sac = load_config(SAC_RECIPE, {"run": RunConfig, "sac": SACConfig})["run"]
+    assert train == set(sac["env_kwargs"]["init_states"]) and held_out == set(
+        sac["eval_env_kwargs"]["init_states"]
+    )
+    assert config_algo(["--config", str(DSRL_RECIPE)]) == "sac"
 
 
 def test_the_shipped_prior_data_is_what_its_demos_config_makes():
@@ -103,3 +118,30 @@ def test_main_job_end_to_end(tmp_path):
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)
     assert (run_dir / "learning_curve.png").stat().st_size > 5000
     assert list((run_dir / "tb").iterdir()) and list((run_dir / "checkpoints").glob("iter_*.pt"))
+
+
+@pytest.mark.slow
+@requires_libero
+def test_dsrl_recipe_end_to_end(tmp_path):
+    """The DSRL recipe, cut to a tiny budget: the noise actor trains, the shipped flow clone stays."""
+    import torch
+
+    from trainers.checkpoint import latest_checkpoint
+
+    short = {"chunk_size": 8, "task_state": True, "cameras": [], "max_episode_steps": 24}
+    run_dir = tmp_path / "dsrl"
+    final = main(
+        [
+            "--config", str(DSRL_RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
+            # 24-step episodes end after 3 chunks, when their 4-chunk returns are written
+            "--num-envs", "2", "--steps-per-iteration", "4", "--learning-starts", "2", "--batch-size", "4",
+            "--eval-episodes", "2", "--eval-num-envs", "2",
+            "--env-kwargs", json.dumps({**short, "init_states": [0, 1]}),
+            "--eval-env-kwargs", json.dumps({**short, "init_states": [40]}), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert final["train/updates"] > 0 and torch.isfinite(torch.tensor(final["train/critic_loss"]))
+    state = latest_checkpoint(run_dir)[1]["policy"]["state_dict"]
+    flow = latest_checkpoint(ROOT / "checkpoints" / "flow_libero_spatial_state.pt")[1]["policy"]["state_dict"]
+    assert all(torch.equal(state[f"base.{k}"], v) for k, v in flow.items())
+    assert state["actor.torso.encoders.task_state.norm_count"] > 0  # the actor standardises its input

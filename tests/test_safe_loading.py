@@ -374,6 +374,54 @@ def test_the_callers_opt_ins_reach_only_a_policy_that_takes_them(tmp_path):
     assert accepted_arguments(CosmosPolicy) & OPT_IN_KEYS == {"download", "trust_pickle"}
 
 
+def test_a_frozen_bases_opt_ins_come_from_the_callers_base_kwargs(tmp_path):
+    """Issue 32: a DSRL / residual checkpoint's base loses its opt-ins like the top level; the
+    caller gives them back as ``{"base": {"kwargs": {...}}}``, checked against the base's class."""
+    saved = {"max_noise": 1.0, "base": {"name": "cosmos_policy", "kwargs": {"model_path": "m"}}}  # takes both
+    given = {"base": {"kwargs": {"trust_pickle": True, "download": None}}}
+    found = ckpt.given_opt_ins(given, "dsrl", "ckpt.pt", saved=saved)
+    opt_ins = {"model_path": "m", "trust_pickle": True, "download": None}
+    assert found == {"base": {"name": "cosmos_policy", "kwargs": opt_ins}}
+    saved_flow = {"base": {"name": "flow", "kwargs": {"num_steps": 3}}}
+    with pytest.raises(
+        ValueError, match=r"trust_pickle=True: the policy of ckpt.pt \(policies.flow:FlowPolicy\)"
+    ):
+        ckpt.given_opt_ins(given, "dsrl", "ckpt.pt", saved=saved_flow)
+    assert (
+        ckpt.given_opt_ins({"base": {"kwargs": {"trust_pickle": False}}}, "dsrl", "c", saved=saved_flow) == {}
+    )
+    with pytest.raises(ValueError, match="has no frozen base to give opt-ins to"):
+        ckpt.given_opt_ins(given, "gaussian", "ckpt.pt", saved={"hidden_sizes": [8]})
+    # through load_policy: a base without a name carries opt-ins only
+    env = gym.make("Pendulum-v1")
+    spaces = (env.observation_space, env.action_space)
+    flow, built = ckpt.build_policy(
+        "flow", {"hidden_sizes": [8], "velocity_hidden": [8], "use_critic": False}, *spaces
+    )
+    base_path = _policy_checkpoint(tmp_path / "flow.pt", built["name"], built["kwargs"], flow.state_dict())
+    dsrl, spec = ckpt.build_policy("dsrl", {"hidden_sizes": [8]}, *spaces, init_policy=base_path)
+    path = _policy_checkpoint(tmp_path / "dsrl.pt", spec["name"], spec["kwargs"], dsrl.state_dict())
+    with pytest.raises(ValueError, match=r"opt-ins only .* got \['num_steps'\]"):
+        ckpt.load_policy(path, *spaces, policy_kwargs={"base": {"kwargs": {"num_steps": 2}}})
+    back = ckpt.load_policy(path, *spaces, policy_kwargs={"base": {"kwargs": {"trust_pickle": False}}})
+    assert torch.equal(back.base.velocity_out.weight, flow.velocity_out.weight)
+
+
+def test_dsrl_from_a_checkpoint_takes_additions_to_its_base(tmp_path):
+    """``--policy dsrl --init-policy FLOW --policy-kwargs '{"base": {"kwargs": {...}}}'`` adds to
+    the checkpoint's base arguments (a ``base`` with a ``name`` replaces it, as before)."""
+    env = gym.make("Pendulum-v1")
+    spaces = (env.observation_space, env.action_space)
+    flow, built = ckpt.build_policy(
+        "flow", {"hidden_sizes": [8], "velocity_hidden": [8], "use_critic": False}, *spaces
+    )
+    path = _policy_checkpoint(tmp_path / "flow.pt", built["name"], built["kwargs"], flow.state_dict())
+    extra = {"base": {"kwargs": {"deterministic_init": "zeros"}}}
+    dsrl, spec = ckpt.build_policy("dsrl", extra, *spaces, init_policy=path)
+    assert dsrl.base.deterministic_init == "zeros" and spec["kwargs"]["base"]["kwargs"]["hidden_sizes"] == [8]
+    assert torch.equal(dsrl.base.velocity_out.weight, flow.velocity_out.weight)
+
+
 @pytest.fixture
 def evil_module(tmp_path, monkeypatch):
     """A module on sys.path whose import creates a marker file."""

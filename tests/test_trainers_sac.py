@@ -465,11 +465,13 @@ def test_flow_denoise_is_the_deterministic_chain_from_its_noise():
 
 def test_dsrl_trains_the_noise_actor_of_a_frozen_flow_policy(tmp_path):
     base = _flow_checkpoint(tmp_path / "flow.pt")
+    actor = {"hidden_sizes": [16], "max_noise": 1.5, "torso_kwargs": {"obs_norm": "running"}}
     final = sac_train.main(
         ["--env", "SacReach-v0", "--num-envs", "2", "--total-steps", "60", "--steps-per-iteration", "10",
          "--learning-starts", "20", "--batch-size", "16", "--policy", "dsrl",
          "--init-policy", str(tmp_path / "flow.pt"),
-         "--policy-kwargs", '{"hidden_sizes": [16], "max_noise": 1.5}', "--critic-hidden-sizes", "[16]",
+         "--policy-kwargs", json.dumps(actor),
+         "--critic-hidden-sizes", "[16]",
          "--eval-episodes", "2", "--run-dir", str(tmp_path / "run"), *FAST]
     )  # fmt: skip
     assert math.isfinite(final["train/critic_loss"]) and math.isfinite(final["eval/return"])
@@ -478,6 +480,8 @@ def test_dsrl_trains_the_noise_actor_of_a_frozen_flow_policy(tmp_path):
     for key, value in base.state_dict().items():  # the base is frozen
         assert torch.equal(state[f"base.{key}"], value), key
     noise = data["extra"]["buffer"]["actions"]
+    # the noise actor standardises its input with running statistics of every stored observation
+    assert state["actor.torso.encoders.obs.norm_count"] == len(noise)
     assert noise.abs().max() <= 1.5 and data["policy"]["name"] == "policies.dsrl:NoiseSteeredPolicy"
     # the buffer holds the noise, the env got the base's action for it
     from trainers.checkpoint import load_policy

@@ -293,28 +293,47 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
 
 
 def given_opt_ins(
-    kwargs: Mapping[str, Any], name: str, source: Any, action_space: Any = None
+    kwargs: Mapping[str, Any],
+    name: str,
+    source: Any,
+    action_space: Any = None,
+    saved: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The opt-ins (``OPT_IN_KEYS``) among the caller's ``kwargs`` to rebuild a checkpoint's policy
     ``name`` with (``source``: the checkpoint): those its class takes as arguments. One it has no
     argument for is left out when it asks for nothing (False or None: what the policy does anyway),
     else a ``ValueError`` names it, the policy and the opt-ins it takes. ``action_space`` resolves
-    the name ``auto`` (without it: Gaussian; neither it nor the categorical policy takes one)."""
+    the name ``auto`` (without it: Gaussian; neither it nor the categorical policy takes one).
+
+    A frozen base's opt-ins (DSRL's or a residual policy's ``base``, whose saved ``kwargs`` lost
+    theirs) are given as ``{"base": {"kwargs": {"trust_pickle": true}}}``: with ``saved`` (the
+    checkpoint's policy kwargs) they are checked against the base's class the same way and the
+    result holds the saved ``base`` with them added."""
     from policies.registry import accepted_arguments, policy_class
 
     given = {k: v for k, v in kwargs.items() if k in OPT_IN_KEYS}
-    if not given:
-        return {}
-    cls = policy_class(name, action_space)
-    takes = accepted_arguments(cls) & OPT_IN_KEYS
-    for key, value in given.items():
-        if key not in takes and value not in (False, None):
+    found = {}
+    if given:
+        cls = policy_class(name, action_space)
+        takes = accepted_arguments(cls) & OPT_IN_KEYS
+        for key, value in given.items():
+            if key not in takes and value not in (False, None):
+                raise ValueError(
+                    f"policy_kwargs {key}={value!r}: the policy of {source} ({cls.__module__}:"
+                    f"{cls.__qualname__}) has no {key} argument (of the opt-ins {sorted(OPT_IN_KEYS)} it "
+                    f"takes {sorted(takes) or 'none'}); leave {key} out"
+                )
+        found = {k: v for k, v in given.items() if k in takes}
+    base, saved_base = kwargs.get("base"), (saved or {}).get("base")
+    if isinstance(base, Mapping) and isinstance(base.get("kwargs"), Mapping):
+        if not (isinstance(saved_base, Mapping) and isinstance(saved_base.get("kwargs"), Mapping)):
             raise ValueError(
-                f"policy_kwargs {key}={value!r}: the policy of {source} ({cls.__module__}:"
-                f"{cls.__qualname__}) has no {key} argument (of the opt-ins {sorted(OPT_IN_KEYS)} it "
-                f"takes {sorted(takes) or 'none'}); leave {key} out"
+                f"policy_kwargs base: the policy of {source} ({name}) has no frozen base to give opt-ins to"
             )
-    return {k: v for k, v in given.items() if k in takes}
+        inner = given_opt_ins(base["kwargs"], saved_base["name"], source, action_space, saved_base["kwargs"])
+        if inner:
+            found["base"] = {**saved_base, "kwargs": {**saved_base["kwargs"], **inner}}
+    return found
 
 
 def load_policy(
@@ -342,7 +361,16 @@ def load_policy(
     space = policy_observation_space(spec, observation_space, path)
     given = policy_kwargs or {}
     overrides = {k: v for k, v in given.items() if k not in OPT_IN_KEYS}
-    opt_ins = given_opt_ins(given, spec["name"], path, action_space)
+    base = overrides.get("base")
+    if isinstance(base, Mapping) and "name" not in base:  # opt-ins for the saved frozen base
+        extra = sorted(set(base) - {"kwargs"}) + sorted(set(base.get("kwargs") or {}) - OPT_IN_KEYS)
+        if extra:
+            raise ValueError(
+                f"policy_kwargs base: without a 'name' it gives the saved base of {path} opt-ins only "
+                f"(base.kwargs of {sorted(OPT_IN_KEYS)}), got {extra}; give a whole spec to replace it"
+            )
+        del overrides["base"]
+    opt_ins = given_opt_ins(given, spec["name"], path, action_space, spec["kwargs"])
     policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **overrides, **opt_ins})
     load_policy_state(policy, spec, path)
     return policy
@@ -381,7 +409,7 @@ def build_policy(
         path, data = resumed or latest_checkpoint(resume)
         spec = checked_policy_spec(data.get("policy"), path, allow)
         # the resumed run's class and arguments, with the caller's opt-ins it takes (never the file's)
-        opt_ins = given_opt_ins(kwargs, spec["name"], path, action_space)
+        opt_ins = given_opt_ins(kwargs, spec["name"], path, action_space, spec["kwargs"])
         name, kwargs = spec["name"], {**spec["kwargs"], **opt_ins}
         observation_space = policy_observation_space(spec, observation_space, path)
     elif init_policy:
@@ -389,7 +417,12 @@ def build_policy(
         spec = checked_policy_spec(data.get("policy"), path, allow)
         kept = {k: v for k, v in spec["kwargs"].items() if k != "use_critic"}
         if name in FROZEN_BASE:  # the checkpoint's policy becomes the frozen base
-            kwargs = {"base": {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}, **kwargs}
+            base = {"name": spec["name"], "kwargs": {**kept, "use_critic": False}}
+            given = kwargs.get("base")
+            if isinstance(given, Mapping) and "name" not in given:  # additions to the checkpoint's base
+                base["kwargs"].update(dict(given.get("kwargs", {})))
+                given = None
+            kwargs = {**kwargs, "base": given or base}
         else:
             name, kwargs = spec["name"], {**kept, **kwargs}
         state = (path, spec)

@@ -87,10 +87,11 @@ class Run:
         folder: Path | None = None
         if cfg.resume:
             folder, path, data = run_folder.resumable(cfg.resume, algo, cfg.env)
-            if OPT_IN_KEYS & set(cfg.policy_kwargs):  # checked against the policy before any env is built
+            if OPT_IN_KEYS & set(cfg.policy_kwargs) or "base" in cfg.policy_kwargs:  # before any env is built
                 allow = [cfg.policy] if ":" in cfg.policy else []
-                data = {**data, "policy": ckpt.checked_policy_spec(data.get("policy"), path, allow)}
-                ckpt.given_opt_ins(cfg.policy_kwargs, data["policy"]["name"], path)
+                spec = ckpt.checked_policy_spec(data.get("policy"), path, allow)
+                data = {**data, "policy": spec}
+                ckpt.given_opt_ins(cfg.policy_kwargs, spec["name"], path, saved=spec["kwargs"])
             self._resumed = (path, data)
         self.ranks, self._owns_group = parallel.init(cfg.num_envs, cfg.device, group_size)
         self.device = parallel.local_device(cfg.device, self.ranks)
