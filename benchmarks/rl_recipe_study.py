@@ -164,8 +164,8 @@ def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, d
     """The variant's algorithm, run settings and algorithm settings (recipe + changes)."""
     algo = spec.get("algo", "grpo")
     run = {**copy.deepcopy(recipe["run"]), **spec.get("run", {})}
-    own_policy = run.get("policy") not in (None, recipe["run"].get("policy"), "residual")
-    run["policy_kwargs"] = {  # a variant with a policy of its own (dsrl) takes none of the recipe's options
+    own_policy = "policy" in spec.get("run", {})
+    run["policy_kwargs"] = {  # a variant that names its policy takes none of the recipe's policy options
         **({} if own_policy else recipe["run"].get("policy_kwargs", {})),
         **spec.get("run", {}).get("policy_kwargs", {}),
     }

@@ -282,8 +282,8 @@ def test_rl_recipe_study_placebo_variants():
 
 
 def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
-    """A variant with a policy of its own takes none of the GRPO recipe's policy options (its
-    log-std bounds would reach DSRL's noise actor); a residual one keeps them."""
+    """A variant that names its policy takes none of the GRPO recipe's policy options (its
+    log-std bounds would reach DSRL's noise actor): the residual one states its own."""
     from benchmarks.rl_recipe_study import DSRL_RECIPE, VARIANTS, recipe_variant
 
     recipe = json.loads(
