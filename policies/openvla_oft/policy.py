@@ -123,7 +123,8 @@ class OpenVLAOFTPolicy(OpenVLABase):
         return prepared
 
     def required_observation_keys(self) -> tuple[str, ...]:
-        return (*super().required_observation_keys(), *(("proprio",) if self.proprio_projector else ()))
+        state = ("proprio",) if self.proprio_projector is not None else ()
+        return (*super().required_observation_keys(), *state)
 
     # ------------------------------------------------------------------ one parallel-decoding pass
     def _forward(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
