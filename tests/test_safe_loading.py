@@ -262,16 +262,16 @@ def test_hub_downloads_are_opt_in_and_pinned(tmp_path):
 
 
 def test_cosmos_policy_t5_embeddings_refuse_a_payload(tmp_path, marker):
-    from policies.cosmos_policy.checkpoint import load_t5_embeddings
+    from policies.cosmos_policy.checkpoint import load_text_embeddings
     from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
 
     folder = write_tiny_cosmos_policy(tmp_path / "ckpt")
     path = folder / "libero_t5_embeddings.pkl"
-    assert len(load_t5_embeddings(path)) > 0  # the real format (pickled bf16 tensors) loads
+    assert len(load_text_embeddings(path)) > 0  # the real format (pickled bf16 tensors) loads
     with open(path, "wb") as f:
         pickle.dump({"pick": Payload(marker)}, f)
     with refused():
-        load_t5_embeddings(path)
+        load_text_embeddings(path)
 
 
 def test_readme_says_what_is_trusted():
