@@ -358,9 +358,9 @@ def keep_resumed(
                 same = all(k in theirs and theirs[k] == v for k, v in own.items())
                 if same:  # the run's arguments, with the opt-ins given (what the policy is built with)
                     merged = {**theirs, **value}
-                    if base_opt_ins and isinstance(theirs.get("base"), dict) and "name" in theirs["base"]:
-                        named = theirs["base"]  # the run's own base spec, with the opt-ins added
-                        merged["base"] = {**named, "kwargs": {**named.get("kwargs", {}), **base["kwargs"]}}
+                    if base_opt_ins and isinstance(theirs.get("base"), dict):
+                        ours = theirs["base"]  # the run's own base (spec or additions), opt-ins added
+                        merged["base"] = {**ours, "kwargs": {**ours.get("kwargs", {}), **base["kwargs"]}}
                     out[key] = cfg = dataclasses.replace(cfg, **{name: merged})
             else:
                 same = value == theirs
