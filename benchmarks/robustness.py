@@ -206,12 +206,12 @@ def untrusted_files(probe: Probe) -> dict[str, Callable[[], None]]:
         env.close()
 
     def t5() -> None:
-        from policies.cosmos_policy.checkpoint import load_t5_embeddings
+        from policies.cosmos_policy.checkpoint import load_text_embeddings
 
         path = probe.root / "t5_embeddings.pkl"
         with open(path, "wb") as f:
             pickle.dump({"pick": Payload(probe.marker)}, f)
-        _refused(probe, lambda: load_t5_embeddings(path))
+        _refused(probe, lambda: load_text_embeddings(path))
 
     def init_states() -> None:
         from envs.libero.suites import _load_init_states_file

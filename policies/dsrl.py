@@ -4,8 +4,10 @@ flow policy whose initial denoising noise is chosen by a small squashed-Gaussian
 The env executes ``base.denoise(obs, w)``, the base's deterministic chain from the noise ``w``; SAC
 trains the noise actor and a critic on (observation, ``w``), so the base's behaviour is never
 changed, only which of its outputs is picked. ``w`` lies in ``[-max_noise, max_noise]`` (a noise
-actor that wanders far outside the base's N(0, I) training noise leaves its training data). At
-initialisation the actor's noise is about N(0, I) near 0, so DSRL starts close to the base policy.
+actor that wanders far outside the base's N(0, I) training noise leaves its training data). With
+``start_at_base`` (the default) the actor's mean head starts at zero: its deterministic noise is
+exactly 0, so before any update DSRL acts as the base does from zero noise (a flow policy with
+``deterministic_init="zeros"``: the clone as evaluated), and explores around it.
 ``sac_action_space`` tells the trainer that the critic's action is the noise (``replay["sac_action"]``).
 """
 
@@ -33,6 +35,9 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
             ``denoise(obs, noise)`` and ``noise_shape`` (``flow``, ``pi05``); the trainers fill it
             from ``--init-policy`` (or name it directly, e.g. a pi0.5 ``model_path``).
         max_noise: the noise actor's bound.
+        start_at_base: zero the noise actor's mean head (weights and bias), so that its
+            deterministic noise is 0 until the first update (False: PyTorch's default init, a
+            small observation-dependent noise).
         use_critic: must be False (the trainers pass it).
         **actor_options: ``GaussianPolicy`` options of the noise actor over ``SAC_ACTOR``'s
             (SB3's SAC actor), e.g. ``hidden_sizes``.
@@ -50,6 +55,7 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         *,
         base: Mapping[str, Any],
         max_noise: float = 2.0,
+        start_at_base: bool = True,
         use_critic: bool = False,
         **actor_options: Any,
     ) -> None:
@@ -75,6 +81,10 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
         self.sac_action_space = spaces.Box(-float(max_noise), float(max_noise), shape, np.float32)
         options = {**SAC_ACTOR, **actor_options, "use_critic": False}
         self.actor = GaussianPolicy(observation_space, self.sac_action_space, **options)
+        if start_at_base:
+            with torch.no_grad():
+                self.actor.mean_head.weight.zero_()
+                self.actor.mean_head.bias.zero_()
         self.log_prob_dim = self.actor.log_prob_dim
 
     def seed(self, seed: int) -> None:

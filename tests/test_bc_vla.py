@@ -131,6 +131,31 @@ def test_openvla_statistics_from_the_demos_travel_with_the_checkpoint(models, tm
     assert trained and all(torch.equal(policy.state_dict()[k], v) for k, v in trained.items())
 
 
+def test_openvla_oft_fine_tunes_a_new_proprio_projector_on_the_demos_state(models, tmp_path):
+    """``use_proprio`` + ``new_proprio_projector``: the state is normalised by the demos' proprio
+    q01/q99 (computed by trainers.bc, saved with the checkpoint) and the projector is trained."""
+    demos = _demos(tmp_path / "demos.h5")
+    kwargs = {"model_path": str(models["oft"]), "action_head": "l1", "new_action_head": True,
+              "use_proprio": True, "new_proprio_projector": True}  # fmt: skip
+    _bc(demos, tmp_path / "bc", "openvla_oft", kwargs)
+    _, proprio = _executed(demos)
+    _, data = latest_checkpoint(tmp_path / "bc")
+    env = StandInEnv()
+    policy = load_policy(tmp_path / "bc", env.observation_space, env.action_space)
+    assert policy.proprio_projector is not None and "proprio" in policy.required_observation_keys()
+    np.testing.assert_allclose(policy.proprio_q99.numpy(), np.quantile(proprio, 0.99, 0), rtol=1e-5)
+    state = data["policy"]["state_dict"]
+    for key in ("proprio_projector.fc1.weight", "proprio_projector.fc2.bias"):
+        assert torch.equal(policy.state_dict()[key], state[key])
+    # the imitation loss reaches the projector (what BC trained)
+    from trainers.datasets.demos import read_demos
+
+    episode = read_demos(demos).episodes[0]
+    obs = {**episode.obs, "instruction": (episode.instruction,) * len(episode.actions)}
+    policy.imitation_loss(obs, torch.as_tensor(episode.actions)).backward()
+    assert policy.proprio_projector.fc1.weight.grad.abs().sum() > 0
+
+
 def test_pi05_statistics_in_openpis_format(models, tmp_path):
     demos = _demos(tmp_path / "demos.h5")
     kwargs = {

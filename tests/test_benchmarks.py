@@ -301,3 +301,19 @@ def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
         recipe_variant(recipe, VARIANTS["residual-lr3e-4"])[1]["policy_kwargs"]
         == recipe["run"]["policy_kwargs"]
     )
+
+
+def test_code_paths_follows_each_call_edge_once():
+    from benchmarks.code_paths import PathRecorder, measure
+
+    # a hand-made path: a.py calls b.py twice in a loop (read once), b.py calls back into a.py
+    recorder = PathRecorder(Path("/r"), ("a.py", "f", None), ("a.py", "f"))
+    recorder.files = ["a.py", "b.py", "a.py", "b.py", "a.py"]
+    assert recorder.summary() == {"files": 2, "switches": 4, "returns": 3}
+    root = Path(__file__).resolve().parent.parent
+    measured = measure(root)
+    counts, files = measured["evaluation"]
+    assert "trainers/evaluation.py" in files and "trainers/callbacks.py" in files
+    assert counts["files"] == len(files) and 0 < counts["returns"] <= counts["switches"]
+    counts, files = measured["GRPO iteration"]
+    assert {"trainers/grpo/train.py", "trainers/grpo/algorithm.py", "trainers/run.py"} <= set(files)

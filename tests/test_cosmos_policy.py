@@ -203,7 +203,7 @@ def test_bad_input_is_named(folder, tmp_path):
         make(broken)
     shutil.copytree(folder / "tokenizer", broken / "tokenizer")
     (broken / "libero_t5_embeddings.pkl").unlink()
-    with pytest.raises(FileNotFoundError, match=r"expected one T5 embeddings file"):
+    with pytest.raises(FileNotFoundError, match=r"expected one text embeddings file"):
         make(broken)
     with open(broken / "libero_t5_embeddings.pkl", "wb") as f:
         pickle.dump({"x": torch.zeros(1, 4, 32)}, f)
@@ -218,6 +218,37 @@ def test_bad_input_is_named(folder, tmp_path):
     write_tiny_dit_checkpoint(broken / "world_model.pt", action_dim=84, ema=False)
     with pytest.raises(ValueError, match="action-conditioned world-model DiT"):
         make(broken)
+
+
+def test_a_predict2p5_folder_reads_reason1_embeddings_through_the_dits_projection(tmp_path):
+    """A Predict2.5 Cosmos Policy (DiT with ``crossattn_proj``, ``*reason1_embeddings.pkl``): the
+    context is ``GELU(crossattn_proj(embedding))``, the recipe's noise is Predict2.5's, and the
+    folders that do not fit are refused naming both sides."""
+    folder = write_tiny_cosmos_policy(tmp_path / "p25", reason1_dim=48)
+    assert not list(folder.glob("*t5_embeddings.pkl"))
+    policy = make(folder)
+    assert policy.sft_noise == "predict2.5" and policy.text_table.shape[-1] == 48
+    ids = policy._text_ids_of(_obs())
+    raw = policy.text_table[ids]
+    proj = policy.dit.crossattn_proj[0]
+    torch.testing.assert_close(policy.text_context(ids), torch.nn.functional.gelu(proj(raw)))
+    assert policy.text_context(ids).shape[-1] == policy.dit.config.crossattn_emb_channels
+    out = policy.act(_obs(), deterministic=True)
+    assert out.actions.shape == (3, 8, 7) and torch.isfinite(out.actions).all()
+    # a Predict2 folder's T5 embeddings beside them: which one is meant is not guessed
+    t5 = write_tiny_cosmos_policy(tmp_path / "p2")
+    shutil.copy(t5 / "libero_t5_embeddings.pkl", folder)
+    with pytest.raises(FileNotFoundError, match="expected one text embeddings file"):
+        make(folder)
+    # T5 embeddings for a Predict2.5 DiT (and Reason1 ones for Predict2) are refused
+    (folder / "libero_reason1_embeddings.pkl").unlink()
+    with pytest.raises(ValueError, match="are 32-D, the DiT takes 48-D Reason1 embeddings"):
+        make(folder)
+    (t5 / "libero_t5_embeddings.pkl").unlink()
+    with open(t5 / "libero_reason1_embeddings.pkl", "wb") as f:
+        pickle.dump({text: torch.zeros(1, 4, 48) for text in INSTRUCTIONS}, f)
+    with pytest.raises(ValueError, match="are 48-D, the DiT takes 32-D T5 embeddings"):
+        make(t5)
 
 
 @pytest.mark.slow

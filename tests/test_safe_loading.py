@@ -262,16 +262,16 @@ def test_hub_downloads_are_opt_in_and_pinned(tmp_path):
 
 
 def test_cosmos_policy_t5_embeddings_refuse_a_payload(tmp_path, marker):
-    from policies.cosmos_policy.checkpoint import load_t5_embeddings
+    from policies.cosmos_policy.checkpoint import load_text_embeddings
     from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
 
     folder = write_tiny_cosmos_policy(tmp_path / "ckpt")
     path = folder / "libero_t5_embeddings.pkl"
-    assert len(load_t5_embeddings(path)) > 0  # the real format (pickled bf16 tensors) loads
+    assert len(load_text_embeddings(path)) > 0  # the real format (pickled bf16 tensors) loads
     with open(path, "wb") as f:
         pickle.dump({"pick": Payload(marker)}, f)
     with refused():
-        load_t5_embeddings(path)
+        load_text_embeddings(path)
 
 
 def test_readme_says_what_is_trusted():
@@ -420,6 +420,36 @@ def test_dsrl_from_a_checkpoint_takes_additions_to_its_base(tmp_path):
     dsrl, spec = ckpt.build_policy("dsrl", extra, *spaces, init_policy=path)
     assert dsrl.base.deterministic_init == "zeros" and spec["kwargs"]["base"]["kwargs"]["hidden_sizes"] == [8]
     assert torch.equal(dsrl.base.velocity_out.weight, flow.velocity_out.weight)
+
+
+def test_a_resumed_dsrl_run_takes_its_frozen_bases_opt_ins_from_the_command(tmp_path):
+    """``--resume RUN --policy-kwargs '{"base": {"kwargs": {opt-ins}}}'`` gives the frozen base
+    opt-ins (checked against the base's class, as ``load_policy`` does); any other base key is a
+    changed setting, refused before anything is written."""
+    import json
+
+    from test_trainers_sac import FAST, _flow_checkpoint, sac_train
+
+    _flow_checkpoint(tmp_path / "flow.pt")
+    run = str(tmp_path / "run")
+    sac_train.main(["--env", "SacReach-v0", "--num-envs", "2", "--total-steps", "20",
+                    "--steps-per-iteration", "10", "--learning-starts", "10", "--batch-size", "8",
+                    "--policy", "dsrl", "--init-policy", str(tmp_path / "flow.pt"),
+                    "--policy-kwargs", '{"hidden_sizes": [8]}', "--critic-hidden-sizes", "[8]",
+                    "--eval-every", "-1", "--run-dir", run, *FAST])  # fmt: skip
+
+    def resume(kwargs: dict) -> dict:
+        return sac_train.main(
+            ["--resume", run, "--total-steps", "40", "--policy-kwargs", json.dumps(kwargs), *FAST]
+        )
+
+    assert resume({"base": {"kwargs": {"trust_pickle": False}}})["iteration"] == 2  # asks for nothing
+    config = (tmp_path / "run" / "config.json").read_text()
+    with pytest.raises(ValueError, match="FlowPolicy\\) has no trust_pickle argument"):
+        resume({"base": {"kwargs": {"trust_pickle": True}}})
+    with pytest.raises(ValueError, match="the run in .* has policy_kwargs"):
+        resume({"base": {"kwargs": {"num_steps": 7}}})
+    assert (tmp_path / "run" / "config.json").read_text() == config  # refusals wrote nothing
 
 
 @pytest.fixture

@@ -463,6 +463,32 @@ def test_flow_denoise_is_the_deterministic_chain_from_its_noise():
     torch.testing.assert_close(flow.denoise(obs, out.replay["chains"][:, 0]), out.actions)
 
 
+def test_dsrl_starts_as_its_base_acts_from_zero_noise():
+    """Before any update the noise actor's deterministic noise is exactly 0: a flow base with
+    ``deterministic_init="zeros"`` then acts as the clone does when evaluated."""
+    from policies.dsrl import NoiseSteeredPolicy
+    from policies.flow import FlowPolicy
+
+    env = Reach()
+    kwargs = {"num_steps": 3, "velocity_hidden": [16], "hidden_sizes": [16], "deterministic_init": "zeros",
+              "use_critic": False}  # fmt: skip
+    flow = FlowPolicy(env.observation_space, env.action_space, **kwargs)
+    base = {"name": "flow", "kwargs": kwargs}
+    dsrl = NoiseSteeredPolicy(env.observation_space, env.action_space, base=base, hidden_sizes=[16])
+    dsrl.base.load_state_dict(flow.state_dict())
+    obs = torch.randn(6, 2)
+    steered = dsrl.act(obs, deterministic=True)
+    assert torch.equal(steered.replay["sac_action"], torch.zeros_like(steered.replay["sac_action"]))
+    torch.testing.assert_close(steered.actions, flow.act(obs, deterministic=True).actions)
+    dsrl.seed(0)
+    explored = dsrl.act(obs).replay["sac_action"]  # sampling still explores around zero
+    assert explored.abs().min() > 0 and explored.std() > 0.1
+    default = NoiseSteeredPolicy(
+        env.observation_space, env.action_space, base=base, hidden_sizes=[16], start_at_base=False
+    )
+    assert default.act(obs, deterministic=True).replay["sac_action"].abs().max() > 0
+
+
 def test_dsrl_trains_the_noise_actor_of_a_frozen_flow_policy(tmp_path):
     base = _flow_checkpoint(tmp_path / "flow.pt")
     actor = {"hidden_sizes": [16], "max_noise": 1.5, "torso_kwargs": {"obs_norm": "running"}}

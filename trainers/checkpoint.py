@@ -336,6 +336,20 @@ def given_opt_ins(
     return found
 
 
+def resume_opt_ins(
+    data: dict[str, Any], path: Any, policy: str, policy_kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A resume's checkpoint ``data`` with its policy spec checked, when the command's
+    ``policy_kwargs`` give opt-ins (or a frozen ``base``): ``given_opt_ins`` refuses what the run's
+    policy does not take before any env is built. ``policy`` names a ``module:Class`` the file may
+    name. Otherwise ``data`` unchanged."""
+    if not (OPT_IN_KEYS & set(policy_kwargs) or "base" in policy_kwargs):
+        return data
+    spec = checked_policy_spec(data.get("policy"), path, [policy] if ":" in policy else [])
+    given_opt_ins(policy_kwargs, spec["name"], path, saved=spec["kwargs"])
+    return {**data, "policy": spec}
+
+
 def load_policy(
     source: str | Path,
     observation_space: Any,

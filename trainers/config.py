@@ -343,10 +343,25 @@ def keep_resumed(
                 )
             elif name == "policy_kwargs" and isinstance(theirs, dict):
                 theirs = strip_opt_ins(theirs, f"{source}: {key}.{name}")
-                own = {k: v for k, v in value.items() if k not in OPT_IN_KEYS}
+                base = value.get("base")  # a frozen base's opt-ins: {"base": {"kwargs": {opt-ins}}}
+                base_opt_ins = (
+                    isinstance(base, dict)
+                    and set(base) == {"kwargs"}
+                    and isinstance(base["kwargs"], dict)
+                    and set(base["kwargs"]) <= OPT_IN_KEYS
+                )
+                own = {
+                    k: v
+                    for k, v in value.items()
+                    if k not in OPT_IN_KEYS and not (k == "base" and base_opt_ins)
+                }
                 same = all(k in theirs and theirs[k] == v for k, v in own.items())
                 if same:  # the run's arguments, with the opt-ins given (what the policy is built with)
-                    out[key] = cfg = dataclasses.replace(cfg, **{name: {**theirs, **value}})
+                    merged = {**theirs, **value}
+                    if base_opt_ins and isinstance(theirs.get("base"), dict):
+                        ours = theirs["base"]  # the run's own base (spec or additions), opt-ins added
+                        merged["base"] = {**ours, "kwargs": {**ours.get("kwargs", {}), **base["kwargs"]}}
+                    out[key] = cfg = dataclasses.replace(cfg, **{name: merged})
             else:
                 same = value == theirs
             if same:

@@ -1,15 +1,6 @@
-"""Deprecated: ``trainers.distributed`` is now ``trainers.parallel`` (issue 34). Importing it warns
-and hands back ``trainers.parallel`` itself; it goes in the next release."""
+"""Deprecated: ``trainers.distributed`` is now ``trainers.parallel`` (issue 34); it goes in the next
+release."""
 
-import sys
-import warnings
+from nets.deprecation import moved_module
 
-from trainers import parallel as _new
-
-warnings.warn(
-    "trainers.distributed is deprecated, import trainers.parallel instead "
-    "(the old path goes in the next release)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _new  # the very module: all its names, private ones too; patching it patches it
+moved_module(__name__, "trainers.parallel")

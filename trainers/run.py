@@ -37,7 +37,6 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from nets.safe_load import OPT_IN_KEYS
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
 from trainers import parallel, run_folder
@@ -87,11 +86,7 @@ class Run:
         folder: Path | None = None
         if cfg.resume:
             folder, path, data = run_folder.resumable(cfg.resume, algo, cfg.env)
-            if OPT_IN_KEYS & set(cfg.policy_kwargs) or "base" in cfg.policy_kwargs:  # before any env is built
-                allow = [cfg.policy] if ":" in cfg.policy else []
-                spec = ckpt.checked_policy_spec(data.get("policy"), path, allow)
-                data = {**data, "policy": spec}
-                ckpt.given_opt_ins(cfg.policy_kwargs, spec["name"], path, saved=spec["kwargs"])
+            data = ckpt.resume_opt_ins(data, path, cfg.policy, cfg.policy_kwargs)  # before any env
             self._resumed = (path, data)
         self.ranks, self._owns_group = parallel.init(cfg.num_envs, cfg.device, group_size)
         self.device = parallel.local_device(cfg.device, self.ranks)
@@ -117,7 +112,6 @@ class Run:
             torch.set_num_threads(cfg.torch_threads)
         ckpt.seed_all(cfg.seed)
 
-    # where this process sits: its RunContext's (the one definition; both hold the same Ranks)
     @property
     def rank(self) -> int:
         return self.context.rank
@@ -215,7 +209,7 @@ class Run:
         state.policy, state.optimizer, state.generators = policy, optimizer, generators
         extra: dict[str, Any] = {}
         resumed = self._resumed is not None
-        if self._resumed is not None:  # checked in __init__ (run_folder.resumable)
+        if resumed:  # checked in __init__ (run_folder.resumable)
             path, data = self._resumed
             self._resumed = None  # not kept in memory for the whole run
             counters, extra = state.restore(path, data)

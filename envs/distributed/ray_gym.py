@@ -1,15 +1,6 @@
-"""Deprecated: ``envs.distributed.ray_gym`` is now ``envs.ray.ray_gym`` (issue 34). Importing it warns
-and hands back ``envs.ray.ray_gym`` itself; it goes in the next release."""
+"""Deprecated: ``envs.distributed.ray_gym`` is now ``envs.ray.ray_gym`` (issue 34; the old path goes
+next release)."""
 
-import sys
-import warnings
+from nets.deprecation import moved_module
 
-from envs.ray import ray_gym as _new
-
-warnings.warn(
-    "envs.distributed.ray_gym is deprecated, import envs.ray.ray_gym instead "
-    "(the old path goes in the next release)",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _new  # the very module: all its names, private ones too; patching it patches it
+moved_module(__name__, "envs.ray.ray_gym")

@@ -4,7 +4,10 @@
   loaded strictly by ``nets.cosmos_checkpoint.load_cosmos_dit``;
 * ``*dataset_statistics.json``: ``actions_min/max`` and ``proprio_min/max`` lists (min/max scaling);
 * ``*t5_embeddings.pkl``: a pickled ``{instruction: tensor [1, L, 1024]}`` of T5-11B embeddings, so no
-  T5 model is needed (read with an unpickler that builds tensors, arrays and containers only);
+  T5 model is needed (read with an unpickler that builds tensors, arrays and containers only); a
+  Predict2.5 checkpoint (``nvidia/Cosmos-Predict2.5-2B/robot/policy/libero``) comes with
+  ``*reason1_embeddings.pkl`` instead, the same layout with Cosmos-Reason1's embeddings, which its
+  DiT's ``crossattn_proj`` maps to the context;
 * the Wan 2.1 VAE: ``tokenizer.pth`` from Cosmos-Predict2-2B-Video2World, at ``tokenizer/tokenizer.pth``
   in the folder or given as ``vae_path``.
 """
@@ -27,7 +30,7 @@ VAE_FILES = ("tokenizer/tokenizer.pth", "tokenizer.pth")
 class PolicyFiles:
     dit: Path
     stats: Path
-    t5: Path
+    text: Path  # T5 (Predict2) or Reason1 (Predict2.5) embeddings
     vae: Path
 
 
@@ -45,7 +48,14 @@ def locate(folder: Path, vae_path: str | Path | None = None) -> PolicyFiles:
 
     dit = one("*.pt", "DiT checkpoint")
     stats = one("*dataset_statistics.json", "dataset statistics file")
-    t5 = one("*t5_embeddings.pkl", "T5 embeddings file")
+    found = sorted(folder.glob("*t5_embeddings.pkl")) + sorted(folder.glob("*reason1_embeddings.pkl"))
+    if len(found) != 1:
+        names = [f.name for f in found] or "none"
+        raise FileNotFoundError(
+            f"Cosmos Policy folder {folder}: expected one text embeddings file (*t5_embeddings.pkl for "
+            f"a Predict2 DiT, *reason1_embeddings.pkl for Predict2.5), found {names}"
+        )
+    text = found[0]
     if vae_path is not None:
         vae = Path(vae_path)
         if not vae.is_file():
@@ -58,7 +68,7 @@ def locate(folder: Path, vae_path: str | Path | None = None) -> PolicyFiles:
                 "tokenizer.pth of nvidia/Cosmos-Predict2-2B-Video2World"
             )
         vae = candidates[0]
-    return PolicyFiles(dit, stats, t5, vae)
+    return PolicyFiles(dit, stats, text, vae)
 
 
 @dataclass(frozen=True)
@@ -83,14 +93,15 @@ def load_stats(path: Path) -> dict[str, MinMax]:
     return out
 
 
-def load_t5_embeddings(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    """``{instruction: [L, D] float32}`` from the pickled T5 embeddings (``[1, L, D]`` per entry).
+def load_text_embeddings(path: Path, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    """``{instruction: [L, D] float32}`` from the pickled T5 or Reason1 embeddings (``[1, L, D]`` per
+    entry).
 
     Only tensors, numpy arrays, strings and containers are unpickled (``UnsafeFileError``
     otherwise); ``trust_pickle=True`` unpickles anything, for files you trust."""
     data = restricted_unpickle(path, trust_pickle=trust_pickle)
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"{path}: expected a non-empty dict of instruction -> T5 embedding tensor")
+        raise ValueError(f"{path}: expected a non-empty dict of instruction -> embedding tensor")
     out = {}
     for text, emb in data.items():
         emb = torch.as_tensor(emb).float()

@@ -46,7 +46,7 @@ from ..images import resize_images
 from ..options import build_options
 from ..pretrained import PretrainedVLAPolicy, resolve_dtype
 from . import layout, sft
-from .checkpoint import load_stats, load_t5_embeddings, locate
+from .checkpoint import load_stats, load_text_embeddings, locate
 from .options import CosmosPolicyOptions
 
 SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
@@ -134,7 +134,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
         for key in ("actions", "proprio"):
             self.register_buffer(f"{key}_low", stats[key].low)
             self.register_buffer(f"{key}_high", stats[key].high)
-        self.texts = load_t5_embeddings(files.t5, o.trust_pickle)
+        self.texts = load_text_embeddings(files.text, o.trust_pickle)
         self._text_ids = {text: i for i, text in enumerate(self.texts)}
         width = max(e.shape[0] for e in self.texts.values())
         table = torch.zeros(len(self.texts), width, next(iter(self.texts.values())).shape[1])
@@ -146,11 +146,14 @@ class CosmosPolicy(PretrainedVLAPolicy):
         self.dit.requires_grad_(True)
         if self.dit.config.action_dim is not None:
             raise ValueError(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
-        if self.dit.config.crossattn_emb_channels != table.shape[-1]:
+        proj = self.dit.config.crossattn_proj_in_channels  # Predict2.5: Reason1 embeddings, projected
+        expected = proj if proj is not None else self.dit.config.crossattn_emb_channels
+        if table.shape[-1] != expected:
             raise ValueError(
-                f"T5 embeddings are {table.shape[-1]}-D, the DiT's context "
-                f"{self.dit.config.crossattn_emb_channels}-D"
-            )
+                f"{files.text.name}: the text embeddings are {table.shape[-1]}-D, the DiT takes {expected}-D "
+                + ("Reason1 embeddings through its crossattn_proj (Predict2.5)" if proj is not None
+                   else "T5 embeddings as its context (Predict2)")
+            )  # fmt: skip
         self.vae = WanVAE.from_tokenizer(files.vae, dtype=weight_dtype, trust_pickle=o.trust_pickle)
         # a Predict2.5 backbone (Reason1 text projection) trains with its logit-normal times, Predict2
         # with the hybrid log-normal / uniform sigmas
@@ -212,12 +215,18 @@ class CosmosPolicy(PretrainedVLAPolicy):
             ids.append(self._text_ids[str(text)])
         return torch.tensor(ids, dtype=torch.long, device=device)
 
+    def text_context(self, text: torch.Tensor) -> torch.Tensor:
+        """The DiT's cross-attention context of the table rows ``text`` ``[B]``: the T5 embeddings
+        themselves (Predict2), or the Reason1 embeddings through ``crossattn_proj`` (Predict2.5)."""
+        embeddings = self.text_table[text]
+        return embeddings if self.dit.crossattn_proj is None else self.dit.project_context(embeddings)
+
     def _x0_fn(self, x0_cond: torch.Tensor, num_cond: int, text: torch.Tensor):
         """The denoiser ``x0(x, sigma)`` with the first ``num_cond`` latent frames clean."""
         b, t = x0_cond.shape[0], x0_cond.shape[2]
         cond_mask = torch.zeros(b, t, device=x0_cond.device)
         cond_mask[:, :num_cond] = 1.0
-        context = self.text_table[text]
+        context = self.text_context(text)
 
         def x0_fn(x: torch.Tensor, sigma: float) -> torch.Tensor:
             return rf_x0(self.dit, x, sigma, x0_cond, cond_mask, None, context, sigma_conditional=0.0)
@@ -410,7 +419,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
         sigma = sft.sample_sigma(self.sft_noise, b, rng, device)
         eps = torch.randn(x0.shape, generator=rng, device=device)
         x_sigma = x0 + sigma.reshape(-1, 1, 1, 1, 1) * eps
-        context = self.text_table[self._text_ids_of(obs)]
+        context = self.text_context(self._text_ids_of(obs))
         denoised = rf_x0(self.dit, x_sigma, sigma, x0, cond_mask, None, context, sigma_conditional=0.0)
         error = (denoised - x0) ** 2  # [B, C, T, H, W]
         weight = charged.float()[:, None, :, None, None].expand_as(error).clone()

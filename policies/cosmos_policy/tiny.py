@@ -36,23 +36,35 @@ INSTRUCTIONS = (
 
 
 def write_tiny_cosmos_policy(
-    folder: str | Path, *, seed: int = 0, instructions: Sequence[str] = INSTRUCTIONS, text_tokens: int = 8
+    folder: str | Path,
+    *,
+    seed: int = 0,
+    instructions: Sequence[str] = INSTRUCTIONS,
+    text_tokens: int = 8,
+    reason1_dim: int | None = None,
 ) -> Path:
-    """Write the tiny checkpoint folder and return it."""
+    """Write the tiny checkpoint folder and return it. With ``reason1_dim`` it is a Predict2.5 one:
+    the DiT has a ``crossattn_proj`` from ``reason1_dim`` and the folder holds
+    ``libero_reason1_embeddings.pkl`` (``reason1_dim``-D) instead of T5 embeddings."""
     folder = Path(folder)
     (folder / "tokenizer").mkdir(parents=True, exist_ok=True)
     dit = write_tiny_dit_checkpoint(
-        folder / "Cosmos-Policy-LIBERO-Tiny.pt", action_dim=None, ema=False, seed=seed
+        folder / "Cosmos-Policy-LIBERO-Tiny.pt",
+        action_dim=None,
+        ema=False,
+        seed=seed,
+        crossattn_proj_in_channels=reason1_dim,
     )
     write_tiny_tokenizer(folder / "tokenizer" / "tokenizer.pth", seed=seed)
     stats = {**TINY_STATS, **{f"{k}_{s}": [0.0] * len(TINY_STATS[f"{k}_min"]) for k in ("actions", "proprio")
                               for s in ("mean", "std", "median")}}  # fmt: skip
     (folder / "libero_dataset_statistics.json").write_text(json.dumps(stats, indent=2))
     gen = torch.Generator().manual_seed(seed)
-    dim = dit.config.crossattn_emb_channels
+    dim = reason1_dim or dit.config.crossattn_emb_channels
     embeddings = {
         text: torch.randn(1, text_tokens, dim, generator=gen).to(torch.bfloat16) for text in instructions
     }
-    with open(folder / "libero_t5_embeddings.pkl", "wb") as f:
+    name = "libero_t5_embeddings.pkl" if reason1_dim is None else "libero_reason1_embeddings.pkl"
+    with open(folder / name, "wb") as f:
         pickle.dump(embeddings, f)
     return folder

@@ -79,25 +79,33 @@ class L1RegressionActionHead(nn.Module):
 
 def find_head_file(folder: Path) -> Path | None:
     """The folder's ``action_head--<step>_checkpoint.pt`` (None if there is none; an error if several)."""
-    found = sorted(Path(folder).glob(HEAD_FILE_PATTERN))
-    if len(found) > 1:
-        raise ValueError(
-            f"{folder} holds several action heads ({', '.join(p.name for p in found)}): keep one, or pass "
-            "action_head_path= the one to load"
-        )
-    return found[0] if found else None
+    return find_component_file(folder, HEAD_FILE_PATTERN, "action heads")
 
 
 def read_head_state(path: Path) -> dict[str, torch.Tensor]:
-    """An action head's state dict from a ``torch.save`` file, without running code from it; the
-    ``module.`` prefix of DDP-saved files is dropped."""
+    """An action head's state dict (``read_component_state``)."""
+    return read_component_state(path, "action head")
+
+
+def find_component_file(folder: Path, pattern: str, what: str) -> Path | None:
+    """The one file of ``folder`` matching ``pattern`` (a head or projector the OFT fine-tuning
+    script saves beside the model), None if there is none; several are an error naming them."""
+    found = sorted(Path(folder).glob(pattern))
+    if len(found) > 1:
+        raise ValueError(f"{folder} holds several {what} ({', '.join(p.name for p in found)}): keep one")
+    return found[0] if found else None
+
+
+def read_component_state(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """A ``torch.save``d state dict (``what``: an action head, a proprio projector), read without
+    running code from the file; the ``module.`` prefix of DDP-saved files is dropped."""
     from nets.safe_load import torch_load
 
     data = torch_load(path)
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
     ):
-        raise ValueError(f"{path}: expected an action head state dict (names -> tensors)")
+        raise ValueError(f"{path}: expected a {what} state dict (names -> tensors)")
     return {k.removeprefix("module."): v for k, v in data.items()}
 
 

@@ -126,6 +126,7 @@ class OpenVLABase(PretrainedVLAPolicy):
             if not isinstance(norm_stats, dict):
                 norm_stats = read_json(Path(norm_stats), "OpenVLA dataset statistics")
             config.norm_stats = {**config.norm_stats, **norm_stats}
+        self.norm_stats = config.norm_stats  # every dataset's statistics (OFT's proprio reads its own)
         self.unnorm_key, stats = action_stats(config.norm_stats, unnorm_key, self.action_dim)
         self.register_buffer("q01", stats.q01)
         self.register_buffer("q99", stats.q99)

@@ -8,17 +8,18 @@ Module names are the checkpoints': ``vision_backbone.featurizer`` / ``fused_feat
 
 Sequence of one forward pass (text ids laid out by ``policy.PromptLayout``)::
 
-    [BOS] [image patches] [PAD ...] [prompt tokens ... '▁'] [A action placeholders] [STOP]
+    [BOS] [image patches] ([proprio]) [PAD ...] [prompt tokens ... '▁'] [A action placeholders] [STOP]
 
-Patches go right after BOS. Padding sits between the patches and the prompt (RLinf's layout),
-so every sample's action positions are at the same offsets from the end; pads are masked out as
-keys and position ids count real tokens only, so a padded sample computes exactly what it would
-alone. Placeholder embeddings are zeroed; the STOP token (``</s>``) is kept, as OpenVLA-OFT and
-SimpleVLA-RL train and decode (RLinf drops it: ``stop_id=None``). Attention is fully bidirectional
-over the real tokens: that is what the OpenVLA-OFT transformers fork does (its SDPA path drops the
-causal mask; openvla_facts: bc339d9a "Full bidirectional attention"). Element j of the chunk is
-read from the logits one position before its placeholder; the L1 action head reads the hidden
-states at those same positions (OpenVLA-OFT's slice starts at the prompt's last token).
+Patches go right after BOS (OpenVLA-OFT's proprio token, ``proprio.py``, right after them). Padding
+sits between the patches and the prompt (RLinf's layout), so every sample's action positions are at
+the same offsets from the end; pads are masked out as keys and position ids count real tokens only,
+so a padded sample computes exactly what it would alone. Placeholder embeddings are zeroed; the STOP
+token (``</s>``) is kept, as OpenVLA-OFT and SimpleVLA-RL train and decode (RLinf drops it:
+``stop_id=None``). Attention is fully bidirectional over the real tokens: that is what the
+OpenVLA-OFT transformers fork does (its SDPA path drops the causal mask; openvla_facts: bc339d9a
+"Full bidirectional attention"). Element j of the chunk is read from the logits one position before
+its placeholder; the L1 action head reads the hidden states at those same positions (OpenVLA-OFT's
+slice starts at the prompt's last token).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class OpenVLAModel(nn.Module):
         num_actions: int,
         stop_id: int | None = None,
         output: str = "logits",
+        extra_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One parallel-decoding pass.
 
@@ -86,6 +88,7 @@ class OpenVLAModel(nn.Module):
             stop_id: the token appended after the placeholders (None: none).
             output: ``"logits"``, or ``"hidden"`` for the last hidden states at the same positions
                 (what OpenVLA-OFT's L1 action head reads; the LM head is then not run).
+            extra_tokens: ``[B, n, hidden]`` embeddings placed after the patches (the proprio token).
 
         Returns:
             logits ``[B, A, vocab]`` (float32) predicting each action element (or, with ``output``
@@ -95,7 +98,7 @@ class OpenVLAModel(nn.Module):
         if output not in ("logits", "hidden"):
             raise ValueError(f"output must be 'logits' or 'hidden', got {output!r}")
         lm = self.language_model.model
-        prefix, valid = self.embed_prefix(input_ids, attention_mask, pixel_values)
+        prefix, valid = self.embed_prefix(input_ids, attention_mask, pixel_values, extra_tokens)
         b, device = prefix.shape[0], prefix.device
         embeds = [prefix, prefix.new_zeros(b, num_actions, prefix.shape[-1])]  # zeroed action embeddings
         if stop_id is not None:
@@ -116,13 +119,19 @@ class OpenVLAModel(nn.Module):
         return self.language_model.lm_head(at_actions).float(), hidden[:, first - 1]
 
     def embed_prefix(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pixel_values: torch.Tensor,
+        extra_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The input embeddings ``[B, L + n_patches, hidden]`` of ``[BOS, patches.., text..]`` (the
-        projected image patches go right after BOS) and their validity ``[B, L + n_patches]`` (bool:
-        False at padding)."""
+        projected image patches go right after BOS, then ``extra_tokens`` if given) and their
+        validity ``[B, L + n_patches]`` (bool: False at padding)."""
         text = self.language_model.model.embed_tokens(input_ids)
         patches = self.projector(self.vision_backbone(pixel_values)).to(text.dtype)
+        if extra_tokens is not None:
+            patches = torch.cat([patches, extra_tokens.to(text.dtype)], 1)
         embeds = torch.cat([text[:, :1], patches, text[:, 1:]], 1)
         real = attention_mask.bool()
         ones = real.new_ones(real.shape[0], patches.shape[1])

@@ -78,6 +78,13 @@ class OpenVLAOFTOptions(OpenVLACommonOptions):
     l1_scale: float = 0.05
     """With ``"l1"``, the Laplace scale of sampled actions in the normalised [-1, 1] space, times
     ``temperature`` (deterministic acting uses the head's output)."""
+    use_proprio: bool = False
+    """Read ``obs["proprio"]`` as OpenVLA-OFT does: normalised with the statistics' ``proprio``
+    q01/q99, projected by the folder's ``proprio_projector--<step>_checkpoint.pt`` to one token after
+    the image patches (``proprio.py``)."""
+    new_proprio_projector: bool = False
+    """With ``use_proprio``, start a freshly initialised projector when the folder has none
+    (fine-tuning with the state a model trained without it); without it a missing file is an error."""
     value_type: str = "chunk"
     """The value head's outputs: one value per chunk (``"chunk"``) or per step (``"step"``)."""
     append_stop: bool = True

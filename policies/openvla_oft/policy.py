@@ -38,6 +38,7 @@ from ..pretrained import load_strict
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .common import OpenVLABase, PromptLayout, load_model
 from .options import OpenVLAOFTOptions
+from .proprio import load_proprio_projector, normalize_proprio, proprio_stats
 
 # PromptLayout and load_model moved to common.py (shared with policies/openvla); still importable here
 __all__ = ["OpenVLAOFTPolicy", "PromptLayout", "laplace_log_prob", "load_action_head", "load_model"]
@@ -97,8 +98,33 @@ class OpenVLAOFTPolicy(OpenVLABase):
             folder = self.checkpoint_folder
             self.action_head = load_action_head(folder, hidden, self.action_dim, o.new_action_head)
             self.action_head.to(next(self.model.parameters()).dtype)
+        self.proprio_projector = None
+        if o.use_proprio:
+            space = getattr(observation_space, "spaces", {}).get("proprio")
+            if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+                raise ValueError(
+                    "use_proprio reads a 1-D Box observation 'proprio'; the env's observations are "
+                    f"{observation_space}"
+                )
+            stats = proprio_stats(self.norm_stats, self.unnorm_key, space.shape[0])
+            self.register_buffer("proprio_q01", stats.q01)
+            self.register_buffer("proprio_q99", stats.q99)
+            self.proprio_projector = load_proprio_projector(
+                self.checkpoint_folder, hidden, space.shape[0], o.new_proprio_projector
+            ).to(next(self.model.parameters()).dtype)
         kv = 1 if o.value_type == "chunk" else self.chunk_size
         self._add_value_head_and_lora(o.use_critic, kv, o.lora_rank, o.lora_targets, o.freeze_vision)
+
+    def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
+        prepared = super()._prepare(obs)
+        if self.proprio_projector is not None:  # the state, normalised as OFT deploys it
+            state = torch.as_tensor(np.asarray(obs["proprio"]), device=self.q01.device)
+            prepared["proprio"] = normalize_proprio(state, self.proprio_q01, self.proprio_q99)
+        return prepared
+
+    def required_observation_keys(self) -> tuple[str, ...]:
+        state = ("proprio",) if self.proprio_projector is not None else ()
+        return (*super().required_observation_keys(), *state)
 
     # ------------------------------------------------------------------ one parallel-decoding pass
     def _forward(self, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,8 +133,10 @@ class OpenVLAOFTPolicy(OpenVLABase):
         pixels = self.model.vision_backbone.pixel_values(prepared["images"])
         n = self.chunk_size * self.action_dim
         output = "hidden" if self.action_head is not None else "logits"
+        projector = self.proprio_projector
+        extra = None if projector is None else projector(prepared["proprio"].to(projector.fc1.weight.dtype))
         logits, feature = self.model(
-            prepared["input_ids"], prepared["attention_mask"], pixels, n, self.stop_id, output
+            prepared["input_ids"], prepared["attention_mask"], pixels, n, self.stop_id, output, extra
         )
         if self.action_head is not None:
             return self.action_head(logits).float(), feature
@@ -153,7 +181,7 @@ class OpenVLAOFTPolicy(OpenVLABase):
 
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:
         """Log-probs and entropies of the stored tokens (or L1 head samples) under the current weights."""
-        prepared = {k: replay[k] for k in ("input_ids", "attention_mask", "images")}
+        prepared = {k: replay[k] for k in ("input_ids", "attention_mask", "images", "proprio") if k in replay}
         if self.action_head is not None:
             mean, feature = self._forward(prepared)
             scale = replay["scale"].to(mean.device, torch.float32)

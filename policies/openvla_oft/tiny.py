@@ -20,6 +20,7 @@ from ..pretrained import save_state_dict
 from .action_heads import L1RegressionActionHead
 from .config import STATS_FILE, OpenVLAConfig
 from .modeling import OpenVLAModel
+from .proprio import ProprioProjector
 from .vision import ViTSpec
 
 # Made-up LIBERO-like statistics (7-D: xyz, rpy, gripper; the gripper is not normalized).
@@ -111,11 +112,14 @@ def write_tiny_openvla(
     unnorm_key: str = "libero_spatial_no_noops",
     max_shard_bytes: int | None = 200_000,
     action_head: bool = False,
+    proprio_dim: int | None = None,
     **config_kwargs,
 ) -> Path:
     """Write a random tiny OpenVLA-OFT checkpoint to ``folder`` and return it; with ``action_head``
     also a random L1-regression head for 7-D actions, as the OFT fine-tuning script saves it
-    (``action_head--0_checkpoint.pt``, names with DDP's ``module.`` prefix)."""
+    (``action_head--0_checkpoint.pt``, names with DDP's ``module.`` prefix); with ``proprio_dim``
+    a random proprio projector (``proprio_projector--0_checkpoint.pt``, the same way) and the
+    statistics' ``proprio`` entry (q01 -1, q99 1)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = tiny_config(unnorm_key=unnorm_key, **config_kwargs)
@@ -125,10 +129,18 @@ def write_tiny_openvla(
     (folder / "config.json").write_text(json.dumps(config.to_json_dict(), indent=2))
     stats = {"action": {**TINY_STATS, "mean": [0.0] * 7, "std": [1.0] * 7},
              "num_transitions": 1000, "num_trajectories": 10}  # fmt: skip
+    if proprio_dim is not None:
+        low, high = [-1.0] * proprio_dim, [1.0] * proprio_dim
+        stats["proprio"] = {"mean": [0.0] * proprio_dim, "std": high, "min": low, "max": high,
+                            "q01": low, "q99": high}  # fmt: skip
     (folder / STATS_FILE).write_text(json.dumps({unnorm_key: stats}, indent=2))
     tiny_tokenizer(config.pad_token_id).save_pretrained(str(folder))
     if action_head:
         head = L1RegressionActionHead(config.text_config["hidden_size"], 7)
         state = {f"module.{k}": v for k, v in head.state_dict().items()}
         torch.save(state, folder / "action_head--0_checkpoint.pt")
+    if proprio_dim is not None:
+        projector = ProprioProjector(config.text_config["hidden_size"], proprio_dim)
+        state = {f"module.{k}": v for k, v in projector.state_dict().items()}
+        torch.save(state, folder / "proprio_projector--0_checkpoint.pt")
     return folder
