@@ -41,7 +41,7 @@ class PathRecorder:
         self.root = str(root) + os.sep
         self.start, self.stop = start, stop
         self.files: list[str] = []
-        self.depth = -1  # the stack depth at which the window opened (-1: not open yet)
+        self.open = False  # the window has started
         self.stack: list[bool] = []  # per open frame: was its call edge new
         self.edges: set[tuple[Any, Any]] = set()
         self.done = False
@@ -65,12 +65,11 @@ class PathRecorder:
             self.stack.append(new)
         else:
             new = self.stack.pop() if self.stack else False
-        if self.depth < 0:
+        if not self.open:
             file, func, cls = self.start
             owner = type(frame.f_locals.get("self")).__name__ if "self" in frame.f_locals else None
             if event == "call" and path and path.endswith(file) and name == func and cls in (None, owner):
-                self.depth = len(self.stack)
-                new = True
+                self.open = new = True
             else:
                 return
         if path is not None and new:  # a call edge read for the first time (loops read once)
@@ -85,9 +84,8 @@ class PathRecorder:
     def summary(self) -> dict[str, int]:
         seen: set[str] = set()
         returns = 0
-        for i, f in enumerate(self.files):
-            if f in seen and (i == 0 or self.files[i - 1] != f):
-                returns += 1
+        for f in self.files:  # consecutive entries always differ
+            returns += f in seen
             seen.add(f)
         return {"files": len(seen), "switches": max(len(self.files) - 1, 0), "returns": returns}
 

@@ -32,13 +32,13 @@ import torch
 from gymnasium import spaces
 
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
-from ..binned import tempered_log_softmax
+from ..binned import normalize, tempered_log_softmax
 from ..options import build_options
 from ..pretrained import load_strict
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .common import OpenVLABase, PromptLayout, load_model
 from .options import OpenVLAOFTOptions
-from .proprio import load_proprio_projector, normalize_proprio, proprio_stats
+from .proprio import load_proprio_projector, proprio_stats
 
 # PromptLayout and load_model moved to common.py (shared with policies/openvla); still importable here
 __all__ = ["OpenVLAOFTPolicy", "PromptLayout", "laplace_log_prob", "load_action_head", "load_model"]
@@ -106,9 +106,9 @@ class OpenVLAOFTPolicy(OpenVLABase):
                     "use_proprio reads a 1-D Box observation 'proprio'; the env's observations are "
                     f"{observation_space}"
                 )
-            stats = proprio_stats(self.norm_stats, self.unnorm_key, space.shape[0])
-            self.register_buffer("proprio_q01", stats.q01)
-            self.register_buffer("proprio_q99", stats.q99)
+            q01, q99 = proprio_stats(self.norm_stats, self.unnorm_key, space.shape[0])
+            self.register_buffer("proprio_q01", q01)
+            self.register_buffer("proprio_q99", q99)
             self.proprio_projector = load_proprio_projector(
                 self.checkpoint_folder, hidden, space.shape[0], o.new_proprio_projector
             ).to(next(self.model.parameters()).dtype)
@@ -119,7 +119,7 @@ class OpenVLAOFTPolicy(OpenVLABase):
         prepared = super()._prepare(obs)
         if self.proprio_projector is not None:  # the state, normalised as OFT deploys it
             state = torch.as_tensor(np.asarray(obs["proprio"]), device=self.q01.device)
-            prepared["proprio"] = normalize_proprio(state, self.proprio_q01, self.proprio_q99)
+            prepared["proprio"] = normalize(state.float(), self.proprio_q01, self.proprio_q99)
         return prepared
 
     def required_observation_keys(self) -> tuple[str, ...]:

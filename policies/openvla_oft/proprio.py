@@ -1,7 +1,7 @@
 """OpenVLA-OFT's proprioception input: the robot state as one more token after the image patches.
 
-The state is normalised with the checkpoint's ``proprio`` statistics (BOUNDS_Q99: ``2 (s - q01) /
-(q99 - q01 + 1e-8) - 1``, clipped to [-1, 1], as OFT's LIBERO deployment does), then mapped to the
+The policy normalises the state with the checkpoint's ``proprio`` statistics (``binned.normalize``,
+BOUNDS_Q99, clipped to [-1, 1], as OFT's LIBERO deployment does); the projector maps it to the
 LLM's width by ``fc1 -> GELU -> fc2`` (the released ``ProprioProjector``'s names ``fc1`` / ``fc2``),
 and the token is appended to the projected patches: ``[BOS] [patches] [proprio] [text ...]``.
 
@@ -18,10 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..binned import normalize
 from ..pretrained import load_strict
 from .action_heads import find_component_file, read_component_state
-from .config import ActionStats
 
 PROPRIO_FILE_PATTERN = "proprio_projector--*checkpoint.pt"
 
@@ -39,8 +37,10 @@ class ProprioProjector(nn.Module):
         return self.fc2(self.act_fn1(self.fc1(proprio)))[:, None]
 
 
-def proprio_stats(norm_stats: dict[str, Any], unnorm_key: str, proprio_dim: int) -> ActionStats:
-    """The ``proprio`` q01/q99 of ``norm_stats[unnorm_key]``; missing or of another size than the
+def proprio_stats(
+    norm_stats: dict[str, Any], unnorm_key: str, proprio_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``proprio`` q01 and q99 of ``norm_stats[unnorm_key]``; missing or of another size than the
     env's ``proprio`` observation is a ``ValueError`` naming both."""
     stats = norm_stats[unnorm_key].get("proprio")
     if not isinstance(stats, dict) or not {"q01", "q99"} <= set(stats):
@@ -55,12 +55,7 @@ def proprio_stats(norm_stats: dict[str, Any], unnorm_key: str, proprio_dim: int)
             f"use_proprio: the statistics {unnorm_key!r} are for a {len(q01)}-D proprio, "
             f"the env's 'proprio' observation is {proprio_dim}-D"
         )
-    return ActionStats(q01, q99, torch.ones(proprio_dim, dtype=torch.bool))
-
-
-def normalize_proprio(proprio: torch.Tensor, q01: torch.Tensor, q99: torch.Tensor) -> torch.Tensor:
-    """BOUNDS_Q99 normalisation of the state ``[B, P]`` (clipped to [-1, 1]), float32."""
-    return normalize(proprio.float(), q01.to(proprio.device), q99.to(proprio.device))
+    return q01, q99
 
 
 def load_proprio_projector(folder: Path, hidden: int, proprio_dim: int, new: bool) -> ProprioProjector:
