@@ -8,6 +8,7 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --define '{"mine": {"grpo": {"learning_rate": 1e-3}}}'
     python -m benchmarks.rl_recipe_study --variants recipe-long --curve-every 4
     python -m benchmarks.rl_recipe_study --variants recipe sac-rlpd-weak --seeds 0 1 2 --placebo
+    python -m benchmarks.rl_recipe_study --variants grpo-weak-60k --seeds 0 1 --placebo --curve-every 5
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run held-out evaluation; then the final policy plays every held-out (task, init state)
@@ -111,6 +112,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "weak-clone-long": {
         "about": "weak-clone for 40k env steps (with --curve-every: where the gain goes)",
         "run": {"init_policy": WEAK_CLONE, "total_steps": 40_000},
+    },
+    "grpo-weak-60k": {
+        "about": "the fixed GRPO recipe from the weak clone at the SAC recipes' budget (60k env steps)",
+        "run": {"init_policy": WEAK_CLONE, "total_steps": 60_000},
     },
     "sac-rlpd-weak": {
         "about": "configs/libero_spatial_sac.json: SAC from the weak clone with prior demos (RLPD: half of "

@@ -1,20 +1,24 @@
 """Cosmos Policy's supervised fine-tuning loss (``imitation_loss``) on a tiny random checkpoint in the real
 layout: the recipe's noise distributions and policy / world-model / value split from many draws, which
 latent frames are charged, agreement with the sampler's parametrisation, bad input, and a tiny model
-overfitting a handful of demonstrated chunks."""
+overfitting a handful of demonstrated chunks; ``trainers.bc``'s statistics from the demos."""
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from test_cosmos_policy import _obs, make
+from test_cosmos_policy import ACT_SPACE, OBS_SPACE, _obs, make
 
 from nets.cosmos_sampler import rf_x0
 from policies.cosmos_policy import layout, sft
+from policies.cosmos_policy.checkpoint import read_stats, stats_from_data
+from policies.cosmos_policy.policy import axis_angle_to_quat_xyzw
 from policies.cosmos_policy.tiny import INSTRUCTIONS, TINY_STATS, write_tiny_cosmos_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -330,3 +334,78 @@ def test_tiny_model_overfits_demonstrated_chunks(folder):
     assert err.mean() < 0.1 and err.max() < 0.4, (err.mean().item(), err.max().item())
     cross = (sampled[:, None] - normed(actions)[None]).abs().mean((2, 3))  # [sampled, target]
     assert torch.equal(cross.argmin(1), torch.arange(4))
+
+
+# ---------------------------------------------------------------- trainers.bc: statistics from the demos
+class StandInEnv(gym.Env):
+    """Cosmos Policy's observations (two cameras, LIBERO's proprio fields, an instruction), chunks of
+    8 x 7; nothing else."""
+
+    def __init__(self):
+        self.observation_space, self.action_space = OBS_SPACE, ACT_SPACE
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, True, False, {}
+
+
+ENV_ID = "CosmosPolicyStandIn-v0"
+if ENV_ID not in gym.registry:
+    gym.register(ENV_ID, entry_point=StandInEnv)
+
+
+def test_trainers_bc_computes_its_dataset_statistics_from_the_demos(folder, tmp_path):
+    from trainers import bc
+    from trainers.checkpoint import load_policy
+    from trainers.datasets.demos import Episode, write_demos
+
+    steps, episodes = 3, []
+    for seed in range(2):
+        obs = _obs(steps, seed)
+        actions = _actions(steps, seed=seed).numpy() * 2  # outside the folder's statistics
+        episodes.append(
+            Episode(
+                obs={k: v for k, v in obs.items() if k != "instruction"},
+                actions=actions,
+                valid=np.ones((steps, 8), bool),
+                rewards=np.zeros((steps, 8), np.float32),
+                instruction=INSTRUCTIONS[0],
+                success=True,
+            )
+        )
+    demos = write_demos(tmp_path / "demos.h5", episodes, {"env": ENV_ID})
+    kwargs = {"model_path": str(folder), "image_size": 32, "num_steps": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no next_obs in one-step episodes' last samples: fewer targets
+        result = bc.main([
+            "--demos", str(demos), "--env", f"test_cosmos_policy_sft:{ENV_ID}", "--policy", "cosmos_policy",
+            "--policy-kwargs", json.dumps(kwargs), "--epochs", "1", "--batch-size", "6",
+            "--val-fraction", "0", "--eval-every", "-1", "--no-progress", "--no-tensorboard", "--no-video",
+            "--num-envs", "1", "--run-dir", str(tmp_path / "bc"),
+        ])  # fmt: skip
+    assert math.isfinite(result["train/bc_loss"])
+    stats = json.loads((tmp_path / "bc" / "checkpoints" / "dataset_statistics.json").read_text())
+    actions = np.concatenate([ep.actions for ep in episodes]).reshape(-1, 7)
+    np.testing.assert_allclose(stats["actions_min"], actions.min(0), rtol=1e-6)
+    np.testing.assert_allclose(stats["actions_max"], actions.max(0), rtol=1e-6)
+    proprio = np.concatenate([ep.obs["proprio"] for ep in episodes])
+    quat = axis_angle_to_quat_xyzw(torch.as_tensor(proprio[:, 3:6])).numpy()
+    model_proprio = np.concatenate([proprio[:, 6:8], proprio[:, :3], quat], 1)  # gripper, eef pos, quat
+    np.testing.assert_allclose(stats["proprio_min"], model_proprio.min(0), rtol=1e-5, atol=1e-6)
+    policy = load_policy(tmp_path / "bc", OBS_SPACE, ACT_SPACE)  # the checkpoint carries them
+    np.testing.assert_allclose(policy.actions_low.numpy(), np.float32(stats["actions_min"]))
+    np.testing.assert_allclose(policy.proprio_high.numpy(), np.float32(stats["proprio_max"]))
+
+
+def test_statistics_with_a_constant_or_inverted_range():
+    stats = stats_from_data(np.array([[0.5] * 7, [0.5] * 6 + [1.0]]), np.zeros((3, 9)))
+    assert stats["actions_min"][0] == pytest.approx(0.5 - 5e-4) and stats["actions_max"][0] == pytest.approx(
+        0.5005
+    )
+    assert stats["actions_min"][6] == 0.5 and stats["proprio_max"] == pytest.approx([5e-4] * 9)
+    bad = {**stats, "proprio_max": [-1.0] + stats["proprio_max"][1:]}
+    with pytest.raises(ValueError, match=r"given: proprio_max is not above proprio_min in dims \[0\]"):
+        read_stats(bad, "given")

@@ -17,23 +17,47 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import requires_libero
 
 from benchmarks import evaluate
+from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
 from policies.openvla_oft.tiny import write_tiny_openvla
 from policies.pi05.tiny import write_tiny_pi05
 from trainers import bc
 from trainers.__main__ import main as trainers_main
+from trainers.checkpoint import load_policy
 from trainers.datasets.demos import Episode, read_demos, write_demos
 from trainers.demos import main as demos_main
 
 pytestmark = [pytest.mark.slow, requires_libero, pytest.mark.usefixtures("one_torch_thread")]
 
 K = 8
-RECORD = {"task_state": True, "image_size": 64, "chunk_size": None, "cameras": ["agentview"], "task_ids": [0]}
+CAMERAS = ["agentview", "wrist"]  # recorded; each policy's env takes the ones it reads
+RECORD = {"task_state": True, "image_size": 64, "chunk_size": None, "cameras": CAMERAS, "task_ids": [0]}
 ENV = {"image_size": 64, "chunk_size": K, "cameras": ["agentview"], "task_ids": [0], "envs_per_worker": 2}
+
+
+def strided(src, out, k: int = K):
+    """Demos recorded one action per step, every ``k``-th step kept (one action each)."""
+    demos = read_demos(src)
+    episodes = [
+        Episode(
+            obs={key: v[::k] for key, v in ep.obs.items()},
+            actions=ep.actions[::k],
+            valid=ep.valid[::k],
+            rewards=ep.rewards[::k],
+            instruction=ep.instruction,
+            task=ep.task,
+            initial_frame=ep.initial_frame,
+            success=ep.success,
+        )
+        for ep in demos.episodes
+    ]
+    return write_demos(out, episodes, demos.meta)
 
 
 def chunked(src, out, k: int = K):
@@ -60,20 +84,59 @@ def chunked(src, out, k: int = K):
 
 
 @pytest.fixture(scope="module")
-def demos(tmp_path_factory):
+def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("vla_sft")
     demos_main(
         ["--env", "envs:Libero-Spatial-v0", "--policy", "libero_expert", "--env-kwargs", json.dumps(RECORD)]
         + ["--episodes", "2", "--num-envs", "2", "--out", str(root / "steps.h5")]
     )
-    return chunked(root / "steps.h5", root / "chunks.h5")
+    return root / "steps.h5"
+
+
+@pytest.fixture(scope="module")
+def demos(recorded):
+    return chunked(recorded, recorded.with_name("chunks.h5"))
+
+
+def _frames(path, keys) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Every demo sample's observation (``keys`` and the instruction), action chunk and valid mask."""
+    episodes = read_demos(path).episodes
+    obs = {k: np.concatenate([ep.obs[k] for ep in episodes]) for k in keys}
+    obs["instruction"] = [ep.instruction for ep in episodes for _ in ep.actions]
+    actions = torch.as_tensor(np.concatenate([ep.actions for ep in episodes]))
+    return obs, actions, torch.as_tensor(np.concatenate([ep.valid for ep in episodes])).bool()
+
+
+def _grpo_then_evaluate(checkpoint, env: dict, tmp_path) -> None:
+    """One GRPO iteration from the fine-tuned ``checkpoint`` (``--init-policy``), then
+    ``benchmarks.evaluate --checkpoint`` on one episode."""
+    rl = {**env, "max_episode_steps": 16}
+    result = trainers_main(
+        ["--algo", "grpo", "--init-policy", str(checkpoint), "--env", "envs:Libero-Spatial-v0"]
+        + ["--env-kwargs", json.dumps(rl), "--num-envs", "2", "--group-size", "2", "--no-dynamic-sampling"]
+        + ["--total-steps", "32", "--eval-every", "-1", "--no-progress", "--no-tensorboard", "--no-video"]
+        + ["--torch-threads", "1", "--run-dir", str(tmp_path / "grpo")]
+    )
+    assert result["iteration"] == 1 and np.isfinite(result["train/loss"])
+    summary = evaluate.main(
+        ["--checkpoint", str(checkpoint), "--suite", "spatial", "--init-states", "1", "--tasks", "0"]
+        + ["--num-envs", "1", "--env-kwargs", json.dumps(rl), "--out", str(tmp_path / "eval.json")]
+    )
+    assert summary["trials"] == 1
 
 
 def _bc(
-    demos, run_dir, policy: str, policy_kwargs: dict, epochs: int, lr: float = 3e-3, schedule: tuple = ()
+    demos,
+    run_dir,
+    policy: str,
+    policy_kwargs: dict,
+    epochs: int,
+    lr: float = 3e-3,
+    schedule: tuple = (),
+    env: dict = ENV,
 ) -> list[float]:
     bc.main(
-        ["--demos", str(demos), "--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps(ENV)]
+        ["--demos", str(demos), "--env", "envs:Libero-Spatial-v0", "--env-kwargs", json.dumps(env)]
         + ["--policy", policy, "--policy-kwargs", json.dumps(policy_kwargs), "--epochs", str(epochs)]
         + ["--learning-rate", str(lr), *schedule, "--batch-size", "32", "--val-fraction", "0"]
         + ["--image-shift", "0"]
@@ -91,20 +154,7 @@ def test_fine_tune_oft_then_grpo_and_evaluate(demos, tmp_path):
     losses = _bc(demos, tmp_path / "bc", "openvla_oft", kwargs, epochs=600, lr=1e-3, schedule=schedule)
     assert losses[0] / np.mean(losses[-10:]) > 10, losses  # measured 13.4x (13.4-17x over seeds 0-4)
     assert (tmp_path / "bc" / "checkpoints" / "dataset_statistics.json").is_file()
-
-    rl = {**ENV, "max_episode_steps": 16}
-    result = trainers_main(
-        ["--algo", "grpo", "--init-policy", str(tmp_path / "bc"), "--env", "envs:Libero-Spatial-v0"]
-        + ["--env-kwargs", json.dumps(rl), "--num-envs", "2", "--group-size", "2", "--no-dynamic-sampling"]
-        + ["--total-steps", "32", "--eval-every", "-1", "--no-progress", "--no-tensorboard", "--no-video"]
-        + ["--torch-threads", "1", "--run-dir", str(tmp_path / "grpo")]
-    )
-    assert result["iteration"] == 1 and np.isfinite(result["train/loss"])
-    summary = evaluate.main(
-        ["--checkpoint", str(tmp_path / "bc"), "--suite", "spatial", "--init-states", "1", "--tasks", "0"]
-        + ["--num-envs", "1", "--env-kwargs", json.dumps(rl), "--out", str(tmp_path / "eval.json")]
-    )
-    assert summary["trials"] == 1
+    _grpo_then_evaluate(tmp_path / "bc", ENV, tmp_path)
 
 
 def test_fine_tune_pi05(demos, tmp_path):
@@ -113,3 +163,40 @@ def test_fine_tune_pi05(demos, tmp_path):
     losses = _bc(demos, tmp_path / "bc", "pi05", kwargs, epochs=300)
     assert losses[0] / np.mean(losses[-10:]) > 10, losses  # measured 16x
     assert (tmp_path / "bc" / "checkpoints" / "norm_stats.json").is_file()
+
+
+def test_fine_tune_openvla_then_grpo_and_evaluate(recorded, tmp_path):
+    """The original OpenVLA (one action per step, its tokens decoded one by one): every 8th step of
+    the demo (13 frames), 250 full-batch epochs at 2e-3: the token cross-entropy (summed over the 7
+    tokens) 38.8 -> 0.027 (1400x), and greedy decoding gives every frame's demonstrated bins."""
+    demos = strided(recorded, tmp_path / "strided.h5")
+    env = {**ENV, "chunk_size": None}
+    model = write_tiny_openvla(tmp_path / "openvla")
+    losses = _bc(demos, tmp_path / "bc", "openvla", {"model_path": str(model)}, epochs=250, lr=2e-3, env=env)
+    assert losses[0] / np.mean(losses[-10:]) > 10, losses
+
+    space = gym.make_vec("Libero-Spatial-v0", num_envs=1, **env)
+    space.close()
+    policy = load_policy(tmp_path / "bc", space.single_observation_space, space.single_action_space).eval()
+    obs, actions, _ = _frames(demos, ["image"])
+    acted = policy.act(obs, deterministic=True).actions
+    # the demonstrated action's bin, decoded (bins 0 and 1 share a center: compare actions, not tokens)
+    assert torch.equal(acted, policy.tokens_to_actions(policy.actions_to_tokens(actions)))
+    _grpo_then_evaluate(tmp_path / "bc", env, tmp_path)
+
+
+def test_fine_tune_cosmos_policy_then_grpo_and_evaluate(demos, tmp_path):
+    """Cosmos Policy through the same loop on the recorded frames (both cameras, LIBERO's proprio):
+    its dataset statistics from the demos, two epochs of its SFT loss (policy, world-model and value
+    samples), one GRPO iteration and an evaluation from the result. Its 10x overfitting proof runs on
+    cached latents (``test_cosmos_policy_sft.py``): through ``trainers.bc`` every step re-encodes the
+    frames with the VAE (about 0.8 s per sample here), too slow for hundreds of epochs in CI."""
+    env = {**ENV, "cameras": CAMERAS}
+    model = write_tiny_cosmos_policy(tmp_path / "cosmos")
+    kwargs = {"model_path": str(model), "image_size": 32, "num_steps": 2}
+    losses = _bc(demos, tmp_path / "bc", "cosmos_policy", kwargs, epochs=2, env=env)
+    assert np.isfinite(losses).all()
+    stats = json.loads((tmp_path / "bc" / "checkpoints" / "dataset_statistics.json").read_text())
+    _, actions, valid = _frames(demos, [])
+    np.testing.assert_allclose(stats["actions_min"], actions[valid].min(0).values, rtol=1e-6)
+    _grpo_then_evaluate(tmp_path / "bc", env, tmp_path)

@@ -26,18 +26,20 @@ each trains on its share of every minibatch of ``--batch-size`` rows (a multiple
 loss and its gradient are the whole minibatch's (``train_epoch``). Rank 0 writes the run folder;
 the held-out loss and the evaluation are split over the ranks.
 
-VLAs (``openvla``, ``openvla_oft``, ``pi05``; any policy with ``imitation_loss``) are fine-tuned the
-same way, with their recipe's loss (OpenVLA: teacher-forced token cross-entropy; OpenVLA-OFT: token
-cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching), and OpenVLA-OFT's
-step-size schedule is there too (``--lr-warmup-steps``, ``--lr-decay-steps``). A policy class with
-``norm_stats_from_demos`` gets its action (and proprio) normalisation statistics computed from the
-training demos (``--norm-stats demos``, the default for a new policy) in the format its checkpoints
-carry: OpenVLA's ``dataset_statistics.json``
-(``{unnorm_key: {"action": {q01, q99, mask, ...}, "proprio": {...}}}``, key ``unnorm_key`` or
-``"demos"``), openpi's ``norm_stats.json`` (mean, std, q01, q99 of ``actions`` and ``state``). They go
-into the policy's arguments (``norm_stats``), so the run's checkpoints carry them and the result
-loads anywhere with ``--init-policy`` or ``benchmarks.evaluate --checkpoint``, and are written in
-that format beside them (``RUN/checkpoints/dataset_statistics.json`` / ``norm_stats.json``).
+VLAs (``openvla``, ``openvla_oft``, ``pi05``, ``cosmos_policy``; any policy with ``imitation_loss``)
+are fine-tuned the same way, with their recipe's loss (OpenVLA: teacher-forced token cross-entropy;
+OpenVLA-OFT: token cross-entropy, or L1 with ``"action_head": "l1"``; pi0.5: flow matching; Cosmos
+Policy: its denoising loss over the injected latent frames), and OpenVLA-OFT's step-size schedule is
+there too (``--lr-warmup-steps``, ``--lr-decay-steps``). A policy class with ``norm_stats_from_demos``
+gets its action (and proprio) normalisation statistics computed from the training demos
+(``--norm-stats demos``, the default for a new policy) in the format its checkpoints carry: OpenVLA's
+``dataset_statistics.json`` (``{unnorm_key: {"action": {q01, q99, mask, ...}, "proprio": {...}}}``,
+key ``unnorm_key`` or ``"demos"``), openpi's ``norm_stats.json`` (mean, std, q01, q99 of ``actions``
+and ``state``), Cosmos Policy's ``dataset_statistics.json`` (``actions_min/max``,
+``proprio_min/max``). They go into the policy's arguments (``norm_stats``), so the run's checkpoints
+carry them and the result loads anywhere with ``--init-policy`` or ``benchmarks.evaluate
+--checkpoint``, and are written in that format beside them (``RUN/checkpoints/dataset_statistics.json``
+/ ``norm_stats.json``).
 ``--norm-stats checkpoint`` keeps the model's own statistics.
 
     python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \
@@ -170,13 +172,16 @@ def check_observation_keys(
         )
 
 
-def demo_statistics(demos: Demos, policy_cls: type, kwargs: dict[str, Any]) -> tuple[dict, dict]:
+def demo_statistics(
+    demos: Demos, policy_cls: type, kwargs: dict[str, Any], observation_space: gym.Space
+) -> tuple[dict, dict]:
     """``policy_cls.norm_stats_from_demos`` over the executed actions ``[N, D]`` and every recorded
-    non-image observation of ``demos``: the policy kwargs to add and the files to write."""
+    non-image observation of ``demos`` (the env's ``observation_space`` says how to read them): the
+    policy kwargs to add and the files to write."""
     actions = np.concatenate([ep.actions[ep.valid.astype(bool)] for ep in demos.episodes])
     keys = [k for k, v in demos.episodes[0].obs.items() if not (v.dtype == np.uint8 and v.ndim == 4)]
     obs = {k: np.concatenate([ep.obs[k] for ep in demos.episodes]).astype(np.float64) for k in keys}
-    return policy_cls.norm_stats_from_demos(actions, obs, len(demos.episodes), kwargs)
+    return policy_cls.norm_stats_from_demos(actions, obs, len(demos.episodes), kwargs, observation_space)
 
 
 def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space: Any, path: str) -> None:
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 f"{cfg.demos}: the demonstrated actions are {d}-D, the env's actions {space.shape[-1]}-D "
                 f"({run_cfg.env}): demos and env must have the same action space"
             )
-        added, stats_files = demo_statistics(train_demos, cls, run_cfg.policy_kwargs)
+        added, stats_files = demo_statistics(train_demos, cls, run_cfg.policy_kwargs, obs_space)
         run_cfg = dataclasses.replace(run_cfg, policy_kwargs={**run_cfg.policy_kwargs, **added})
     run = Run("bc", run_cfg, cfg)
     try:

@@ -14,9 +14,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from nets.safe_load import restricted_unpickle
@@ -79,17 +82,39 @@ class MinMax:
 
 def load_stats(path: Path) -> dict[str, MinMax]:
     """``{"actions": MinMax, "proprio": MinMax}`` from the dataset statistics json."""
-    data = read_json(path, "Cosmos Policy dataset statistics")
+    return read_stats(read_json(path, "Cosmos Policy dataset statistics"), str(path))
+
+
+def read_stats(data: Mapping[str, Any], source: str) -> dict[str, MinMax]:
+    """``{"actions": MinMax, "proprio": MinMax}`` from the statistics' ``actions_min/max`` and
+    ``proprio_min/max`` lists (``source`` names where they came from in errors); every max must be
+    above its min (min/max scaling divides by the range)."""
     out = {}
     for key in ("actions", "proprio"):
         missing = [f"{key}_{s}" for s in ("min", "max") if f"{key}_{s}" not in data]
         if missing:
-            raise ValueError(f"{path}: missing {missing} (expected actions_min/max and proprio_min/max)")
+            raise ValueError(f"{source}: missing {missing} (expected actions_min/max and proprio_min/max)")
         low = torch.tensor(data[f"{key}_min"], dtype=torch.float32)
         high = torch.tensor(data[f"{key}_max"], dtype=torch.float32)
         if low.shape != high.shape or low.ndim != 1:
-            raise ValueError(f"{path}: {key}_min {tuple(low.shape)} and {key}_max {tuple(high.shape)} differ")
+            shapes = f"{key}_min {tuple(low.shape)} and {key}_max {tuple(high.shape)}"
+            raise ValueError(f"{source}: {shapes} differ (expected two lists of one length)")
+        flat = (high <= low).nonzero()[:, 0].tolist()
+        if flat:
+            raise ValueError(f"{source}: {key}_max is not above {key}_min in dims {flat}")
         out[key] = MinMax(low, high)
+    return out
+
+
+def stats_from_data(actions: np.ndarray, proprio: np.ndarray, min_range: float = 1e-3) -> dict[str, list]:
+    """Cosmos Policy's dataset statistics (``actions_min/max``, ``proprio_min/max``) of demonstrated
+    ``actions`` ``[N, 7]`` and the model's 9-D ``proprio`` ``[M, 9]``; a dimension whose range is below
+    ``min_range`` (constant in the demos) is widened to it around its value, so scaling stays finite."""
+    out: dict[str, list] = {}
+    for key, x in (("actions", actions), ("proprio", proprio)):
+        low, high = np.min(x, axis=0).astype(np.float64), np.max(x, axis=0).astype(np.float64)
+        pad = np.maximum(min_range - (high - low), 0.0) / 2
+        out[f"{key}_min"], out[f"{key}_max"] = (low - pad).tolist(), (high + pad).tolist()
     return out
 
 

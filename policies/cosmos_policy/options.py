@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import sft
 
@@ -65,6 +66,10 @@ class CosmosPolicyOptions:
     sft_loss_weighting: str = "rf"
     """The SFT loss weight per noise level (``sft.py``): ``"rf"``, the rectified-flow weight
     ``(1 + sigma)^2 / sigma^2``, or ``"edm"``, ``(sigma^2 + 1) / sigma^2``."""
+    norm_stats: dict[str, Any] | None = None
+    """Dataset statistics (``actions_min/max``, ``proprio_min/max``, the model's 9-D proprio) used
+    instead of the folder's file; ``trainers.bc`` computes them from the demos
+    (``norm_stats_from_demos``) and the run's checkpoints carry them."""
     dtype: str = "auto"
     """``"auto"`` (bfloat16 with CUDA), ``"float32"`` or ``"bfloat16"``."""
     download: bool = False

@@ -46,7 +46,7 @@ from ..images import resize_images
 from ..options import build_options
 from ..pretrained import PretrainedVLAPolicy, resolve_dtype
 from . import layout, sft
-from .checkpoint import load_stats, load_text_embeddings, locate
+from .checkpoint import load_stats, load_text_embeddings, locate, read_stats, stats_from_data
 from .options import CosmosPolicyOptions
 
 SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
@@ -126,7 +126,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
 
         folder = self.find_folder(o.model_path, o.download)
         files = locate(folder, o.vae_path)
-        stats = load_stats(files.stats)
+        stats = load_stats(files.stats) if o.norm_stats is None else read_stats(o.norm_stats, "norm_stats")
         if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:
             raise ValueError(
                 f"{files.stats}: expected {ACTION_DIM}-D actions and {PROPRIO_DIM}-D proprio statistics"
@@ -160,6 +160,36 @@ class CosmosPolicy(PretrainedVLAPolicy):
         backbone = "predict2.5" if self.dit.config.crossattn_proj_in_channels is not None else "predict2"
         self.sft_noise = backbone if o.sft_noise == "auto" else o.sft_noise
 
+    @classmethod
+    def norm_stats_from_demos(
+        cls,
+        actions: np.ndarray,
+        obs: dict[str, np.ndarray],
+        num_episodes: int,
+        kwargs: dict[str, Any],
+        observation_space: spaces.Space | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Statistics of demonstrations for fine-tuning (``trainers.bc``): Cosmos Policy's dataset
+        statistics (``checkpoint.stats_from_data``: min/max of the demonstrated ``actions`` ``[N, 7]``
+        and of the model's 9-D proprio, converted from ``obs[proprio_key]`` as acting converts it, so
+        with the proprio space's ``fields``) as the ``norm_stats`` policy kwarg, and the same as
+        ``dataset_statistics.json`` beside the checkpoint."""
+        key = kwargs.get("proprio_key", "proprio")
+        if key not in obs:
+            raise ValueError(f"Cosmos Policy statistics: the demos have no {key!r} observation ({list(obs)})")
+        proprio_format = kwargs.get("proprio_format", "libero_axis_angle")
+        space = getattr(observation_space, "spaces", {}).get(key)
+        if proprio_format != "raw" and space is None:
+            raise ValueError(f"Cosmos Policy statistics: the env's observations have no {key!r} space")
+        fields = _proprio_field_slices(space, proprio_format)
+        proprio = model_proprio(torch.as_tensor(obs[key], dtype=torch.float32), fields).numpy()
+        stats = stats_from_data(np.asarray(actions, np.float64), proprio)
+        return {"norm_stats": stats}, {"dataset_statistics.json": stats}
+
+    def required_observation_keys(self) -> tuple[str, ...]:
+        """The observation keys this policy reads (demonstrations for it must have them)."""
+        return (*self.image_keys, self.proprio_key, "instruction")
+
     # ------------------------------------------------------------------ inputs
     def _images(self, obs: Any) -> list[torch.Tensor]:
         """The (wrist, primary) images, flipped, cropped and resized to the model's size."""
@@ -176,12 +206,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
         proprio = torch.as_tensor(
             np.asarray(obs[self.proprio_key]), dtype=torch.float32, device=self.text_table.device
         )
-        if self._proprio_fields is not None:
-            field = {name: proprio[:, where] for name, where in self._proprio_fields.items()}
-            quat = axis_angle_to_quat_xyzw(field["eef_axis_angle"])
-            proprio = torch.cat([field["gripper_qpos"], field["eef_pos"], quat], dim=-1)
-        if proprio.shape[-1] != PROPRIO_DIM:
-            raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
+        proprio = model_proprio(proprio, self._proprio_fields)
         return layout.minmax_normalize(proprio, self.proprio_low, self.proprio_high)
 
     @torch.no_grad()
@@ -529,6 +554,18 @@ class CosmosPolicy(PretrainedVLAPolicy):
 
 
 LIBERO_PROPRIO_FIELDS = {"eef_pos": 3, "eef_axis_angle": 3, "gripper_qpos": 2}  # what the conversion reads
+
+
+def model_proprio(proprio: torch.Tensor, fields: dict[str, slice] | None) -> torch.Tensor:
+    """The model's 9-D proprio ``[B, 9]`` (gripper qpos 2, eef pos 3, quaternion xyzw 4) from the env's
+    ``[B, P]``, read by field (``_proprio_field_slices``; None: already the model's 9-D)."""
+    if fields is not None:
+        field = {name: proprio[:, where] for name, where in fields.items()}
+        quat = axis_angle_to_quat_xyzw(field["eef_axis_angle"])
+        proprio = torch.cat([field["gripper_qpos"], field["eef_pos"], quat], dim=-1)
+    if proprio.shape[-1] != PROPRIO_DIM:
+        raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
+    return proprio
 
 
 def _proprio_field_slices(space: spaces.Space, proprio_format: str) -> dict[str, slice] | None:

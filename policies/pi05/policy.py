@@ -129,7 +129,12 @@ class Pi05Policy(PretrainedVLAPolicy):
 
     @classmethod
     def norm_stats_from_demos(
-        cls, actions: np.ndarray, obs: dict[str, np.ndarray], num_episodes: int, kwargs: dict[str, Any]
+        cls,
+        actions: np.ndarray,
+        obs: dict[str, np.ndarray],
+        num_episodes: int,
+        kwargs: dict[str, Any],
+        observation_space: Any = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Statistics of demonstrations for fine-tuning (``trainers.bc``): the ``policy_kwargs`` to add
         (``norm_stats``: openpi's ``norm_stats.json`` content over the demonstrated ``actions``
