@@ -1,7 +1,7 @@
-"""The VLA workflow at tiny size on the real LIBERO simulator (CPU): scripted-expert demos with a
-64 x 64 agent-view camera -> ``trainers.bc`` fine-tunes the tiny OpenVLA-OFT (L1 head) and pi0.5 ->
-one GRPO iteration from the OFT checkpoint (``--init-policy``) -> ``benchmarks.evaluate
---checkpoint`` on one episode.
+"""The VLA workflow at tiny size on the real LIBERO simulator (CPU): scripted-expert demos with 64 x 64
+agent-view and wrist cameras -> ``trainers.bc`` fine-tunes the tiny OpenVLA-OFT (L1 head), pi0.5, the
+original OpenVLA and Cosmos Policy -> one GRPO iteration from the OFT, OpenVLA and Cosmos checkpoints
+(``--init-policy``) -> ``benchmarks.evaluate --checkpoint`` on one episode.
 
 The expert's two episodes (181 steps) are cut into non-overlapping chunks of 8 (24 samples, what
 demos recorded at ``chunk_size`` 8 by a closed-loop expert hold). Loss factors: the first epoch's
@@ -41,32 +41,15 @@ RECORD = {"task_state": True, "image_size": 64, "chunk_size": None, "cameras": C
 ENV = {"image_size": 64, "chunk_size": K, "cameras": ["agentview"], "task_ids": [0], "envs_per_worker": 2}
 
 
-def strided(src, out, k: int = K):
-    """Demos recorded one action per step, every ``k``-th step kept (one action each)."""
-    demos = read_demos(src)
-    episodes = [
-        Episode(
-            obs={key: v[::k] for key, v in ep.obs.items()},
-            actions=ep.actions[::k],
-            valid=ep.valid[::k],
-            rewards=ep.rewards[::k],
-            instruction=ep.instruction,
-            task=ep.task,
-            initial_frame=ep.initial_frame,
-            success=ep.success,
-        )
-        for ep in demos.episodes
-    ]
-    return write_demos(out, episodes, demos.meta)
-
-
-def chunked(src, out, k: int = K):
-    """Demos recorded one action per step, cut into non-overlapping chunks of ``k``."""
+def _resampled(src, out, k: int, chunks: bool):
+    """Demos recorded one action per step, resampled every ``k`` steps: cut into non-overlapping
+    chunks of ``k`` (``chunks``; what demos recorded at ``chunk_size`` k by a closed-loop expert
+    hold) or every ``k``-th step with its one action."""
     demos = read_demos(src)
     episodes = []
     for ep in demos.episodes:
         t = len(ep.actions)
-        idx = np.arange(-(-t // k) * k).reshape(-1, k)
+        idx = np.arange(-(-t // k) * k).reshape(-1, k) if chunks else np.arange(0, t, k)[:, None]
         inside, idx = idx < t, np.minimum(idx, t - 1)
         episodes.append(
             Episode(
@@ -80,7 +63,7 @@ def chunked(src, out, k: int = K):
                 success=ep.success,
             )
         )
-    return write_demos(out, episodes, {**demos.meta, "chunk_size": k})
+    return write_demos(out, episodes, {**demos.meta, "chunk_size": k if chunks else 1})
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +78,7 @@ def recorded(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def demos(recorded):
-    return chunked(recorded, recorded.with_name("chunks.h5"))
+    return _resampled(recorded, recorded.with_name("chunks.h5"), K, chunks=True)
 
 
 def _frames(path, keys) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -167,9 +150,10 @@ def test_fine_tune_pi05(demos, tmp_path):
 
 def test_fine_tune_openvla_then_grpo_and_evaluate(recorded, tmp_path):
     """The original OpenVLA (one action per step, its tokens decoded one by one): every 8th step of
-    the demo (13 frames), 250 full-batch epochs at 2e-3: the token cross-entropy (summed over the 7
-    tokens) 38.8 -> 0.027 (1400x), and greedy decoding gives every frame's demonstrated bins."""
-    demos = strided(recorded, tmp_path / "strided.h5")
+    the demos, 250 full-batch epochs at 2e-3. Measured on one 100-step expert episode (13 frames): the
+    token cross-entropy (summed over the 7 tokens) 38.8 -> 0.027 (1400x), and greedy decoding gives
+    every frame's demonstrated bins."""
+    demos = _resampled(recorded, tmp_path / "strided.h5", K, chunks=False)
     env = {**ENV, "chunk_size": None}
     model = write_tiny_openvla(tmp_path / "openvla")
     losses = _bc(demos, tmp_path / "bc", "openvla", {"model_path": str(model)}, epochs=250, lr=2e-3, env=env)

@@ -126,10 +126,11 @@ class CosmosPolicy(PretrainedVLAPolicy):
 
         folder = self.find_folder(o.model_path, o.download)
         files = locate(folder, o.vae_path)
-        stats = load_stats(files.stats) if o.norm_stats is None else read_stats(o.norm_stats, "norm_stats")
+        source = files.stats if o.norm_stats is None else "norm_stats"
+        stats = load_stats(files.stats) if o.norm_stats is None else read_stats(o.norm_stats, source)
         if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:
             raise ValueError(
-                f"{files.stats}: expected {ACTION_DIM}-D actions and {PROPRIO_DIM}-D proprio statistics"
+                f"{source}: expected {ACTION_DIM}-D actions and {PROPRIO_DIM}-D proprio statistics"
             )
         for key in ("actions", "proprio"):
             self.register_buffer(f"{key}_low", stats[key].low)
@@ -174,10 +175,10 @@ class CosmosPolicy(PretrainedVLAPolicy):
         and of the model's 9-D proprio, converted from ``obs[proprio_key]`` as acting converts it, so
         with the proprio space's ``fields``) as the ``norm_stats`` policy kwarg, and the same as
         ``dataset_statistics.json`` beside the checkpoint."""
-        key = kwargs.get("proprio_key", "proprio")
+        key = kwargs.get("proprio_key", CosmosPolicyOptions.proprio_key)  # the options' defaults
         if key not in obs:
             raise ValueError(f"Cosmos Policy statistics: the demos have no {key!r} observation ({list(obs)})")
-        proprio_format = kwargs.get("proprio_format", "libero_axis_angle")
+        proprio_format = kwargs.get("proprio_format", CosmosPolicyOptions.proprio_format)
         space = getattr(observation_space, "spaces", {}).get(key)
         if proprio_format != "raw" and space is None:
             raise ValueError(f"Cosmos Policy statistics: the env's observations have no {key!r} space")
