@@ -1,7 +1,7 @@
 """The VLA workflow at tiny size on the real LIBERO simulator (CPU): scripted-expert demos with 64 x 64
 agent-view and wrist cameras -> ``trainers.bc`` fine-tunes the tiny OpenVLA-OFT (L1 head), pi0.5, the
-original OpenVLA and Cosmos Policy -> one GRPO iteration from the OFT, OpenVLA and Cosmos checkpoints
-(``--init-policy``) -> ``benchmarks.evaluate --checkpoint`` on one episode.
+original OpenVLA and Cosmos Policy -> one GRPO iteration from each checkpoint (``--init-policy``) ->
+``benchmarks.evaluate --checkpoint`` on one episode.
 
 The expert's two episodes (181 steps) are cut into non-overlapping chunks of 8 (24 samples, what
 demos recorded at ``chunk_size`` 8 by a closed-loop expert hold). Loss factors: the first epoch's
@@ -173,7 +173,7 @@ def test_fine_tune_oft_then_grpo_and_evaluate(demos, tmp_path):
     _grpo_then_evaluate(tmp_path / "bc", ENV, tmp_path)
 
 
-def test_fine_tune_pi05(demos, tmp_path):
+def test_fine_tune_pi05_then_grpo_and_evaluate(demos, tmp_path):
     model = write_tiny_pi05(tmp_path / "pi05")
     kwargs = {"model_path": str(model), "cameras": ["image"], "num_steps": 4}
     losses = _bc(demos, tmp_path / "bc", "pi05", kwargs, epochs=300)
@@ -181,6 +181,7 @@ def test_fine_tune_pi05(demos, tmp_path):
     assert (tmp_path / "bc" / "checkpoints" / "norm_stats.json").is_file()
     err, const_err, gripper = _reproduction(_load(tmp_path / "bc", ENV), demos, ["image"])
     assert err < 0.6 * const_err and gripper >= 0.95, (err, const_err, gripper)  # 0.085, 0.221, 0.994
+    _grpo_then_evaluate(tmp_path / "bc", ENV, tmp_path)
 
 
 def test_fine_tune_openvla_then_grpo_and_evaluate(recorded, tmp_path):
