@@ -279,28 +279,20 @@ def test_bad_input_names_both_sides(folder):
 
 
 @pytest.mark.slow
-def test_tiny_model_overfits_demonstrated_chunks(folder):
-    """Four fixed (obs, chunk) samples (the policy-only target), Adam 5e-3 then 5e-4 for the last third,
-    450 steps of 16 rows: the loss (fixed draws) falls by >= 10x (measured: 336x) and the deterministic
-    sampled chunk (5 steps, sigma 80 -> 4) matches each sample's own target within 0.1 mean / 0.4 max
-    absolute error in the model's normalized [-1, 1] units (measured: 0.031 / 0.200), and is closest
-    to its own target of the four. About 100 s on a shared CPU."""
-    torch.manual_seed(0)
-    policy = make(folder, num_steps=5)
-    policy.seed(0)
+def overfit(policy, obs: dict, actions: torch.Tensor) -> tuple[float, float, torch.Tensor, torch.Tensor]:
+    """Cosmos Policy's overfitting proof on four (obs, chunk) samples (the policy-only target): Adam
+    5e-3, then 5e-4 for the last third, ``STEPS`` steps of 16 rows (each sample 4 times, 16 noise
+    draws). Returns the loss before and after (the same fixed draws: the samples 8 times x 16 draws),
+    the deterministic chunks' absolute error ``[4, K, 7]`` in the model's normalized [-1, 1] units, and
+    the index of the target nearest to each sampled chunk. The frozen VAE's encodings are cached."""
     _cached_vae(policy)
-    obs, actions = _obs(4), _actions(4)
-    # each step sees the 4 samples 4 times (16 noise draws), the loss is measured on them 8 times x 16 draws
-    rows = np.tile(np.arange(4), 4)
-    batch = (
-        {k: [v[i] for i in rows] if k == "instruction" else v[rows] for k, v in obs.items()},
-        actions[rows],
-    )
-    wide = np.tile(np.arange(4), 8)
-    held = (
-        {k: [v[i] for i in wide] if k == "instruction" else v[wide] for k, v in obs.items()},
-        actions[wide],
-    )
+    rows, wide = np.tile(np.arange(4), 4), np.tile(np.arange(4), 8)
+
+    def take(idx):
+        rows_obs = {k: [v[i] for i in idx] if k == "instruction" else v[idx] for k, v in obs.items()}
+        return rows_obs, actions[idx]
+
+    batch, held = take(rows), take(wide)
     optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=5e-3)
 
     def eval_loss() -> float:
@@ -312,28 +304,38 @@ def test_tiny_model_overfits_demonstrated_chunks(folder):
         warnings.simplefilter("ignore")  # policy-only target: no next_obs / returns
         before = eval_loss()
         for step in range(STEPS):
-            if (
-                step == STEPS * 2 // 3
-            ):  # a tenth of the step size at the end: less jitter from the noise draws
+            if step == STEPS * 2 // 3:  # a tenth of the step size at the end: less jitter from the noise
                 optimizer.param_groups[0]["lr"] = 5e-4
             loss = policy.imitation_loss(*batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         after = eval_loss()
-    assert before / after >= 10, (before, after)
 
     def normed(a):
         return layout.minmax_normalize(a, policy.actions_low, policy.actions_high)
 
     sampled = normed(policy.act(obs, deterministic=True).actions)
     err = (sampled - normed(actions)).abs()
-    print(
-        f"loss {before:.4g} -> {after:.4g} ({before / after:.0f}x); error {err.mean():.3f} / {err.max():.3f}"
-    )
+    nearest = (sampled[:, None] - normed(actions)[None]).abs().mean((2, 3)).argmin(1)  # [sampled]
+    factor = before / after
+    print(f"loss {before:.4g} -> {after:.4g} ({factor:.0f}x); error {err.mean():.3f} / {err.max():.3f}")
+    return before, after, err, nearest
+
+
+def test_tiny_model_overfits_demonstrated_chunks(folder):
+    """Four fixed (obs, chunk) samples, ``overfit``: the loss falls by >= 10x (measured: 336x) and the
+    deterministic sampled chunk (5 steps, sigma 80 -> 4) matches each sample's own target within 0.1
+    mean / 0.4 max absolute error in the model's normalized [-1, 1] units (measured: 0.031 / 0.200),
+    and is closest to its own target of the four. About 100 s on a shared CPU. The same proof on
+    LIBERO expert frames: ``test_vla_sft_libero.py``."""
+    torch.manual_seed(0)
+    policy = make(folder, num_steps=5)
+    policy.seed(0)
+    before, after, err, nearest = overfit(policy, _obs(4), _actions(4))
+    assert before / after >= 10, (before, after)
     assert err.mean() < 0.1 and err.max() < 0.4, (err.mean().item(), err.max().item())
-    cross = (sampled[:, None] - normed(actions)[None]).abs().mean((2, 3))  # [sampled, target]
-    assert torch.equal(cross.argmin(1), torch.arange(4))
+    assert torch.equal(nearest, torch.arange(4))
 
 
 # ---------------------------------------------------------------- trainers.bc: statistics from the demos
