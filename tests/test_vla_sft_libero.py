@@ -195,9 +195,7 @@ def test_fine_tune_openvla_then_grpo_and_evaluate(recorded, tmp_path):
     losses = _bc(demos, tmp_path / "bc", "openvla", {"model_path": str(model)}, epochs=250, lr=2e-3, env=env)
     assert losses[0] / np.mean(losses[-10:]) > 10, losses
 
-    space = gym.make_vec("Libero-Spatial-v0", num_envs=1, **env)
-    space.close()
-    policy = load_policy(tmp_path / "bc", space.single_observation_space, space.single_action_space).eval()
+    policy = _load(tmp_path / "bc", env)
     obs, actions, _ = _frames(demos, ["image"])
     acted = policy.act(obs, deterministic=True).actions
     # the demonstrated action's bin, decoded (bins 0 and 1 share a center: compare actions, not tokens)
