@@ -278,7 +278,11 @@ def test_bad_input_names_both_sides(folder):
         assert torch.isfinite(policy.imitation_loss(obs, torch.zeros(2, 16, 7)))
 
 
-@pytest.mark.slow
+def rows_of(obs: dict, idx) -> dict:
+    """The rows ``idx`` of a batched observation (the instruction is a list)."""
+    return {k: [v[i] for i in idx] if k == "instruction" else v[idx] for k, v in obs.items()}
+
+
 def overfit(policy, obs: dict, actions: torch.Tensor) -> tuple[float, float, torch.Tensor, torch.Tensor]:
     """Cosmos Policy's overfitting proof on four (obs, chunk) samples (the policy-only target): Adam
     5e-3, then 5e-4 for the last third, ``STEPS`` steps of 16 rows (each sample 4 times, 16 noise
@@ -288,11 +292,7 @@ def overfit(policy, obs: dict, actions: torch.Tensor) -> tuple[float, float, tor
     _cached_vae(policy)
     rows, wide = np.tile(np.arange(4), 4), np.tile(np.arange(4), 8)
 
-    def take(idx):
-        rows_obs = {k: [v[i] for i in idx] if k == "instruction" else v[idx] for k, v in obs.items()}
-        return rows_obs, actions[idx]
-
-    batch, held = take(rows), take(wide)
+    batch, held = (rows_of(obs, rows), actions[rows]), (rows_of(obs, wide), actions[wide])
     optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=5e-3)
 
     def eval_loss() -> float:
@@ -323,6 +323,7 @@ def overfit(policy, obs: dict, actions: torch.Tensor) -> tuple[float, float, tor
     return before, after, err, nearest
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_demonstrated_chunks(folder):
     """Four fixed (obs, chunk) samples, ``overfit``: the loss falls by >= 10x (measured: 336x) and the
     deterministic sampled chunk (5 steps, sigma 80 -> 4) matches each sample's own target within 0.1
