@@ -284,6 +284,8 @@ FIXED_ON_RESUME: dict[str, dict[str, str]] = {
         "seed": "the random streams are restored from the checkpoint and the envs are reseeded from "
         "the run's seed",
         "run_dir": "a resumed run stays in its folder",
+        "loop": "a run resumes with the loop it was trained with (its buffer's policy lags and update "
+        "counts come from that loop)",
     },
     "ppo": {"adam_eps": _OPTIMIZER},  # PPO sets the learning rate anew every iteration: not fixed
     "grpo": {"learning_rate": _OPTIMIZER, "weight_decay": _OPTIMIZER},

@@ -48,7 +48,11 @@ class RunConfig:
     seed: int = 0
     """seeds the envs, the policy's sampling, the minibatch order and torch"""
     device: str = "cpu"
-    """cuda with several ranks: cuda:LOCAL_RANK"""
+    """where the policy trains (cpu, cuda, cuda:N); cuda with several ranks: cuda:LOCAL_RANK"""
+    loop: Literal["sync", "async"] = "sync"
+    """sync: step the envs, then update, in turn (exact; resumes bit for bit where the algorithm does);
+    async (--algo sac only): an actor process steps the envs with a snapshot of the policy while the
+    learner updates (trainers/sac/actors.py; runs are not bit-exact)"""
     torch_threads: int = 0
     """0: torch's default"""
     run_dir: str | None = None
@@ -114,8 +118,9 @@ class RunConfig:
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
                 f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
             )
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r}: CUDA is not available on this machine (use cpu)")
+        check_device(self.device)
+        if self.loop not in ("sync", "async"):
+            raise ValueError(f"loop must be 'sync' or 'async', got {self.loop!r}")
         if self.autoreset_mode not in ("auto", *AUTORESET):
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
@@ -158,3 +163,21 @@ class RunConfig:
             autoreset_required=self.autoreset_mode != "auto",
             render_mode=render_mode,
         )
+
+
+def check_device(device: str) -> None:
+    """A ``ValueError`` naming ``device`` unless this machine has it (``cpu``, ``cuda``, ``cuda:N``)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device name: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: training runs on cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine (use cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
