@@ -108,6 +108,14 @@ def test_bad_settings_are_a_value_error_naming_the_field(tmp_path, settings, mes
         parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
 
 
+def test_help_names_the_program_as_it_is_run():
+    for module in ("trainers", "trainers.sac"):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0 and out.stdout.startswith(f"usage: python -m {module} "), out.stdout[:200]
+
+
 def test_help_shows_each_fields_docstring(capsys):
     """A field's docstring (the string right below it) is its --help text; comments are not read."""
     from dataclasses import dataclass

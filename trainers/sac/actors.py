@@ -204,7 +204,6 @@ class EnvActor:
         self.process = ctx.Process(target=_actor_main, args=(spec, self.link, self.queue), name="sac-actor")
         with without_main_module():
             self.process.start()
-        self.lags: list[int] = []  # of the transitions received since the last ``take_lags``
 
     def receive(self, timeout: float) -> tuple[list[Transition], int, list[dict]] | None:
         try:
@@ -219,12 +218,7 @@ class EnvActor:
         if kind == "error":
             raise RuntimeError(f"the SAC actor process failed:\n{body[0]}")
         rows, env_steps, episodes = body
-        self.lags += [t.lag for t in rows]
         return rows, env_steps, episodes
-
-    def take_lags(self) -> list[int]:
-        lags, self.lags = self.lags, []
-        return lags
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop the actor (it finishes its vector step and closes its envs) and wait for it; kill

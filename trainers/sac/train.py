@@ -141,15 +141,17 @@ def train(
                 if critic_norm == "running":
                     learner.update_obs_stats(new_obs)
 
-        def end_iteration(env_steps: int, episodes: list, steps_metrics: list, lags: list[int]) -> None:
+        def end_iteration(env_steps: int, episodes: list, steps_metrics: list) -> None:
             metrics = {
                 **_mean(steps_metrics),
                 "updates": done["updates"],
                 "buffer_size": len(buffer),
+                # online gradient steps per transition stored (one per env and chunk-step)
                 "updates_per_chunk": (done["updates"] - config.offline_steps) / max(len(buffer), 1),
             }
-            if asynchronous and lags:
-                metrics.update(policy_lag_mean=float(np.mean(lags)), policy_lag_max=float(np.max(lags)))
+            if asynchronous and len(buffer):  # over the rows in the buffer (the whole run until it wraps)
+                lags = buffer.lags[: len(buffer)]
+                metrics.update(policy_lag_mean=float(lags.mean()), policy_lag_max=float(lags.max()))
             run.checkpoints.extra = {
                 "learner": learner.state_dict(),
                 "buffer": buffer.state_dict(),
@@ -183,7 +185,7 @@ def train(
                     episodes += rollout.episodes
                     if len(buffer) >= config.learning_starts:
                         steps_metrics += [update() for _ in range(config.gradient_steps)]
-                end_iteration(env_steps, episodes, steps_metrics, [])
+                end_iteration(env_steps, episodes, steps_metrics)
         else:  # the actor process steps the envs; here: store, update, publish the weights
             env.close()
             env = None
@@ -211,7 +213,7 @@ def train(
                         actor.link.updated(policy, done["updates"], online, config.weight_sync_every)
                     elif actor.link.counters[actors.WAITING]:
                         actor.link.publish(policy, done["updates"])
-                end_iteration(env_steps, episodes, steps_metrics, actor.take_lags())
+                end_iteration(env_steps, episodes, steps_metrics)
             actor.close()
         if env is not None:
             env.close()  # frees the simulators before the final evaluation starts its own
