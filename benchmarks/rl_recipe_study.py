@@ -9,6 +9,8 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe-long --curve-every 4
     python -m benchmarks.rl_recipe_study --variants recipe sac-rlpd-weak --seeds 0 1 2 --placebo
     python -m benchmarks.rl_recipe_study --variants grpo-weak-60k --seeds 0 1 --placebo --curve-every 5
+    python -m benchmarks.rl_recipe_study --recipe configs/libero_spatial_sac.json --seeds 0 1 2 --placebo \
+        --variants sac-rlpd-weak clone-rlpd-30min sac-rlpd-from-clone      # RL against imitation alone
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run held-out evaluation; then the final policy plays every held-out (task, init state)
@@ -25,6 +27,12 @@ run's ``sampled_episodes.jsonl``; its sampling has a stream of its own, so the r
 would without it, and every evaluation of a run draws the same noise). The same starts at every
 point, unlike the training episodes, whose starts change every iteration. The train minutes
 include these evaluations.
+
+Controls beside the placebo: ``clone-*`` variants are imitation alone (``trainers.bc`` continuing
+the start policy on the same prior data for a main-job run's wall time, ``max_minutes``), and
+``*-from-clone`` variants the RL recipe started from that longer clone of the same seed. A second
+table pools seeds: each variant against its placebo and the clones on the same (seed, pair)s, with
+the exact McNemar test (``--compare A B`` for other pairs).
 
 One table: training budget and wall clock, the sampled success on the fixed training starts before
 -> after training, held-out success before and after with 95% Wilson intervals, and the exact
@@ -147,6 +155,56 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sac": DSRL_RECIPE["sac"],
     },
+    # -- controls: imitation alone on the same prior data for a main-job run's wall time, and the RL
+    # recipe started from that longer clone (RL earns its place only where it beats both)
+    "clone-rlpd-30min": {
+        "about": "imitation alone: the weak clone trained further by BC on the RLPD recipe's prior data "
+        "(its 394 expert episodes) for 30 minutes, a main-job run's wall time",
+        "algo": "bc",
+        "run": {"policy": "auto", "init_policy": WEAK_CLONE, "max_minutes": 30.0, "torch_threads": 0},
+        "bc": {
+            "demos": SAC_RECIPE["sac"]["prior_data"],
+            "epochs": 100_000,
+            "batch_size": 512,
+            "learning_rate": 1e-3,
+        },
+    },  # fmt: skip
+    "sac-rlpd-from-clone": {
+        "about": "sac-rlpd-weak started from clone-rlpd-30min of the same seed",
+        "algo": "sac",
+        "start_from": "clone-rlpd-30min",
+        "run": {
+            **{k: SAC_RECIPE["run"][k] for k in ("total_steps", "torch_threads")},
+            "policy_kwargs": {"noise_dims": None, **SAC_RECIPE["run"]["policy_kwargs"]},
+        },
+        "sac": SAC_RECIPE["sac"],
+    },
+    "clone-flow-30min": {
+        "about": "imitation alone: the DSRL recipe's flow clone trained further by BC (flow matching) on the "
+        "same prior data for 30 minutes",
+        "algo": "bc",
+        "run": {
+            "policy": "auto",
+            "init_policy": DSRL_RECIPE["run"]["init_policy"],
+            "max_minutes": 30.0,
+            "torch_threads": 0,
+        },
+        "bc": {
+            "demos": SAC_RECIPE["sac"]["prior_data"],
+            "epochs": 100_000,
+            "batch_size": 512,
+            "learning_rate": 1e-3,
+        },
+    },  # fmt: skip
+    "dsrl-from-clone": {
+        "about": "dsrl-flow steering clone-flow-30min of the same seed",
+        "algo": "sac",
+        "start_from": "clone-flow-30min",
+        "run": {
+            k: DSRL_RECIPE["run"][k] for k in ("policy", "policy_kwargs", "total_steps", "torch_threads")
+        },
+        "sac": DSRL_RECIPE["sac"],
+    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
         "run": {"total_steps": 50_000},
@@ -240,8 +298,18 @@ def train_variant(
         train_ppo(config, PPOConfig(**algo_settings), callbacks)
     elif algo == "sac":
         train_sac(config, SACConfig(**algo_settings), callbacks)
+    elif algo == "bc":  # trainers.bc has a command line only: the settings as a --config file
+        import dataclasses
+        import tempfile
+
+        from trainers.bc import main as train_bc
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps({"run": dataclasses.asdict(config), "bc": algo_settings}))
+            train_bc(["--config", str(path)])
     else:
-        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo' or 'sac'")
+        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac' or 'bc'")
     return time.perf_counter() - t0
 
 
@@ -348,6 +416,30 @@ def paired(before: list[dict], after: list[dict]) -> dict[str, Any]:
     return {"gained": gained, "lost": lost, "p": mcnemar_p(gained, lost)}
 
 
+def pooled_comparisons(results: list[dict], wanted: list[list[str]] | None) -> list[dict[str, Any]]:
+    """Variant A against variant B pooled over the seeds both ran: every (seed, held-out pair) with
+    both outcomes, A's successes against B's and the exact McNemar test on the pairs that differ.
+    ``wanted``: the (A, B) pairs; by default each variant against its placebo and against the
+    imitation controls (``clone-*``) that ran."""
+    by_name: dict[str, dict[int, list[dict]]] = {}
+    for r in results:
+        by_name.setdefault(r["variant"], {})[r["seed"]] = r["after"]
+    if wanted is None:
+        clones = [n for n in by_name if n.startswith("clone-")]
+        wanted = [[n, f"{n}-placebo"] for n in by_name if f"{n}-placebo" in by_name]
+        wanted += [[n, c] for n in by_name for c in clones if n not in clones and not n.endswith("-placebo")]
+    out = []
+    for a, b in wanted:
+        seeds = sorted(set(by_name.get(a, {})) & set(by_name.get(b, {})))
+        if not seeds:
+            continue
+        a_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[a][s]]
+        b_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[b][s]]
+        pairs = paired(b_eps, a_eps)  # "gained": A succeeded where B failed
+        out.append({"a": a, "b": b, "seeds": seeds, "a_rate": rate(a_eps), "b_rate": rate(b_eps), **pairs})
+    return out
+
+
 def cell(r: dict[str, Any]) -> str:
     return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
 
@@ -382,6 +474,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--placebo", action="store_true", help="also run each variant with its scores shuffled (a control)"
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        default=None,
+        help="variant A against B pooled over seeds (repeatable; default: each against its placebo and "
+        "against the clone-* controls)",
+    )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
     parser.add_argument(
         "--report", action="store_true", help="train nothing: the table of every finished run under --out"
@@ -397,9 +498,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [n for n in names if n not in variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(variants)}")
-    if args.placebo:  # each variant's shuffled-score control right after it
+    for name in list(names):  # a variant started from another's policy runs after it
+        start_from = variants[name].get("start_from")
+        if start_from and start_from not in names[: names.index(name)]:
+            names.insert(names.index(name), start_from)
+    if args.placebo:  # each RL variant's shuffled-score control right after it
         for name in list(names):
-            if not name.endswith("-placebo") and f"{name}-placebo" not in names:
+            rl = variants[name].get("algo", "grpo") != "bc"
+            if rl and not name.endswith("-placebo") and f"{name}-placebo" not in names:
                 variants[f"{name}-placebo"] = placebo_of(variants[name])
                 names.insert(names.index(name) + 1, f"{name}-placebo")
     base_run = recipe["run"]
@@ -436,9 +542,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result_file = run_dir / "result.json"
             algo, run, algo_settings = recipe_variant(recipe, variants[name])
             run.update(seed=seed, total_steps=args.steps or run["total_steps"])
+            if variants[name].get("start_from"):  # that variant's policy of the same seed
+                run["init_policy"] = str(out / f"{variants[name]['start_from']}-s{seed}")
             if result_file.exists() and not args.fresh:
                 found = json.loads(result_file.read_text())
                 same_starts = (found.get("sampled_curve") or {}).get("init_states") == fixed_states
+                same_starts |= algo == "bc"  # imitation plays no training starts
                 if ran_with(run_dir, algo, run, algo_settings) and (same_starts or args.sampled_every < 0):
                     results.append(found)
                     continue
@@ -448,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result_file.unlink(missing_ok=True)  # the old run's result goes with it (--overwrite)
             before = before_of(run["init_policy"])
             sampled = None
-            if args.sampled_every >= 0:  # the training env's tasks x the fixed init states
+            if args.sampled_every >= 0 and algo != "bc":  # the training env's tasks x the fixed init states
                 fixed_kwargs = {**run["env_kwargs"], "init_states": fixed_states}
                 sampled = (fixed_kwargs, args.sampled_every, args.eval_envs)
             curve: dict[str, list] = {"env_steps": [], "success": []}
@@ -548,8 +657,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ylabel="success, sampled actions",
             title=f"RL recipe study: the fixed training starts\n{fixed_about}",
         )
+    comparisons = pooled_comparisons(results, args.compare)
+    if comparisons:
+        print(
+            table(
+                [
+                    "A",
+                    "B",
+                    "seeds",
+                    "A success",
+                    "B success",
+                    "A - B",
+                    "+/- pairs (A won / lost)",
+                    "McNemar p",
+                ],
+                [
+                    [
+                        c["a"],
+                        c["b"],
+                        " ".join(map(str, c["seeds"])),
+                        cell(c["a_rate"]),
+                        cell(c["b_rate"]),
+                        f"{c['a_rate']['rate'] - c['b_rate']['rate']:+.1%}",
+                        f"+{c['gained']} -{c['lost']}",
+                        c["p"],
+                    ]
+                    for c in comparisons
+                ],  # fmt: skip
+                "pooled over seeds: the same (seed, task, init state) pairs, A's outcome against B's "
+                "(p: exact McNemar)",
+            )
+        )
     summary = {
         "table": text,
+        "comparisons": comparisons,
         "before": {start: rate(b["episodes"]) for start, b in befores.items()},
         "results": results,
         "args": vars(args),

@@ -272,6 +272,61 @@ def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, cap
     assert saved["held_out_frames"]["tn"] == m["tn"] and saved["independent_collection"]["data"]["seed"] == 1
 
 
+def test_rl_recipe_study_pools_seeds_against_placebo_and_clone():
+    from benchmarks.rl_recipe_study import pooled_comparisons
+
+    def result(variant, seed, outcomes):
+        return {
+            "variant": variant,
+            "seed": seed,
+            "after": [{"frame": i, "success": o} for i, o in enumerate(outcomes)],
+        }
+
+    results = [
+        result("rl", 0, [1, 1, 0]), result("rl", 1, [1, 0, 0]),
+        result("rl-placebo", 0, [0, 1, 0]), result("rl-placebo", 1, [0, 0, 1]),
+        result("clone-x", 0, [1, 0, 0]),  # seed 0 only: pooled over the seeds both ran
+    ]  # fmt: skip
+    by_pair = {(c["a"], c["b"]): c for c in pooled_comparisons(results, None)}
+    assert set(by_pair) == {("rl", "rl-placebo"), ("rl", "clone-x")}
+    placebo = by_pair[("rl", "rl-placebo")]
+    assert (
+        placebo["seeds"] == [0, 1]
+        and placebo["a_rate"]["successes"] == 3
+        and placebo["b_rate"]["trials"] == 6
+    )
+    assert (placebo["gained"], placebo["lost"]) == (2, 1)  # (0, 0) and (1, 0) won, (1, 2) lost
+    clone = by_pair[("rl", "clone-x")]
+    assert clone["seeds"] == [0] and (clone["gained"], clone["lost"]) == (1, 0)
+    assert pooled_comparisons(results, [["rl-placebo", "rl"]])[0]["gained"] == 1
+
+
+@pytest.mark.slow
+@requires_libero
+def test_rl_recipe_study_clone_control_and_rl_from_it(tmp_path, capsys):
+    """A clone-* control is imitation alone on the prior data (trainers.bc, stopped by max_minutes);
+    a variant with start_from starts from that clone of the same seed, trained first if needed."""
+    from benchmarks.rl_recipe_study import main
+
+    recipe, out = _tiny_recipe(tmp_path), tmp_path / "study"
+    demos = str(CHECKPOINT.parent.parent / "data" / "libero_spatial_expert_train.h5")
+    clone = {"algo": "bc", "run": {"policy": "auto", "max_minutes": 1e-4},
+             "bc": {"demos": demos, "epochs": 3, "batch_size": 512}}  # fmt: skip
+    rl = {"start_from": "clone-tiny", "grpo": {"learning_rate": 1e-6}}
+    define = json.dumps({"clone-tiny": clone, "rl-from-clone": rl})
+    summary = main(["--recipe", str(recipe), "--out", str(out), "--eval-envs", "2", "--sampled-every", "-1",
+                    "--variants", "rl-from-clone", "--define", define, "--placebo"])  # fmt: skip
+    rows = {r["variant"]: r for r in summary["results"]}
+    assert list(rows) == ["clone-tiny", "rl-from-clone", "rl-from-clone-placebo"]
+    bc = json.loads((out / "clone-tiny-s0" / "config.json").read_text())
+    assert bc["bc"]["demos"] == demos and bc["run"]["init_policy"] == str(CHECKPOINT)
+    assert rows["clone-tiny"]["env_steps"] > 0 and len(rows["clone-tiny"]["after"]) == 2
+    assert rows["rl-from-clone"]["start"] == str(out / "clone-tiny-s0")
+    pairs = {(c["a"], c["b"]) for c in summary["comparisons"]}
+    assert pairs == {("rl-from-clone", "rl-from-clone-placebo"), ("rl-from-clone", "clone-tiny")}
+    assert "pooled over seeds" in capsys.readouterr().out
+
+
 def test_rl_recipe_study_placebo_variants():
     from benchmarks.rl_recipe_study import VARIANTS, placebo_of
 

@@ -275,6 +275,7 @@ class Run:
             ctx.progress.update(int(env_steps), row)
         for callback in self.callbacks:
             stop |= callback.on_row_logged(ctx, row) is False
+        stop |= 0 < self.config.max_minutes <= row["time/elapsed"] / 60
         if self.world_size > 1:  # every rank stops at the same iteration
             stop = any(parallel.all_gather(stop))
         ctx.stop = ctx.stop or stop

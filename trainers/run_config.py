@@ -45,6 +45,9 @@ class RunConfig:
     """env steps (executed sub-steps, summed over envs)"""
     max_iterations: int = 0
     """also stop after this many iterations (0: no limit)"""
+    max_minutes: float = 0.0
+    """also stop at the end of the first iteration after this many minutes of training, over every
+    resumed part of the run, evaluations included (0: no limit)"""
     seed: int = 0
     """seeds the envs, the policy's sampling, the minibatch order and torch"""
     device: str = "cpu"
@@ -113,6 +116,8 @@ class RunConfig:
         for name in ("max_iterations", "seed", "torch_threads", "eval_num_envs", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.max_minutes < float("inf"):
+            raise ValueError(f"max_minutes must be a finite number >= 0 (0: no limit), got {self.max_minutes}")
         if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
             raise ValueError(
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
