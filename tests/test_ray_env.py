@@ -492,7 +492,8 @@ def test_unanswering_address_and_missing_ray_give_clear_errors():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "refused: Libero-Spatial-v0: no Ray cluster answers at '127.0.0.1:9'" in out.stdout, out.stderr
-    assert 'missing: ray_actors asks for envs on Ray actors, which need Ray: pip install' in out.stdout, out.stderr
+    missing = "missing: ray_actors asks for envs on Ray actors, which need Ray: pip install"
+    assert missing in out.stdout, out.stderr
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ class RunConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.max_minutes < float("inf"):
-            raise ValueError(f"max_minutes must be a finite number >= 0 (0: no limit), got {self.max_minutes}")
+            raise ValueError(f"max_minutes must be a finite number >= 0 (0: none), got {self.max_minutes}")
         if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
             raise ValueError(
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
