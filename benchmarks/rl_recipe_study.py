@@ -11,6 +11,8 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants grpo-weak-60k --seeds 0 1 --placebo --curve-every 5
     python -m benchmarks.rl_recipe_study --recipe configs/libero_spatial_sac.json --seeds 0 1 2 --placebo \
         --variants sac-rlpd-weak clone-rlpd-30min sac-rlpd-from-clone      # RL against imitation alone
+    python -m benchmarks.rl_recipe_study --recipe configs/libero_spatial_sac.json --variants A B \
+        --train-init-states $(seq 0 29) --eval-init-states $(seq 30 39)    # choose without 40-49
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run held-out evaluation; then the final policy plays every held-out (task, init state)
@@ -452,6 +454,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the recipe's)")
     parser.add_argument("--eval-init-states", type=int, nargs="+", default=None, help="default: the recipe's")
+    parser.add_argument(
+        "--train-init-states",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the training starts of every variant (default: the recipe's); with --eval-init-states, "
+        "a selection split: e.g. train on 0-29, choose on 30-39, never touching the held-out 40-49",
+    )
     parser.add_argument("--eval-envs", type=int, default=4)
     parser.add_argument(
         "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
@@ -508,6 +518,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if rl and not name.endswith("-placebo") and f"{name}-placebo" not in names:
                 variants[f"{name}-placebo"] = placebo_of(variants[name])
                 names.insert(names.index(name) + 1, f"{name}-placebo")
+    if args.train_init_states:
+        recipe["run"]["env_kwargs"] = {**recipe["run"]["env_kwargs"], "init_states": args.train_init_states}
     base_run = recipe["run"]
     eval_kwargs = dict(base_run.get("eval_env_kwargs") or base_run["env_kwargs"])
     if args.eval_init_states:
