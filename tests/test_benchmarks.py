@@ -314,14 +314,17 @@ def test_rl_recipe_study_clone_control_and_rl_from_it(tmp_path, capsys):
              "bc": {"demos": demos, "epochs": 3, "batch_size": 512}}  # fmt: skip
     rl = {"start_from": "clone-tiny", "grpo": {"learning_rate": 1e-6}}
     define = json.dumps({"clone-tiny": clone, "rl-from-clone": rl})
+    split = ["--train-init-states", "0", "--eval-init-states", "1", "--sampled-init-states", "0"]  # selection
     summary = main(["--recipe", str(recipe), "--out", str(out), "--eval-envs", "2", "--sampled-every", "-1",
-                    "--variants", "rl-from-clone", "--define", define, "--placebo"])  # fmt: skip
+                    "--variants", "rl-from-clone", "--define", define, "--placebo", *split])  # fmt: skip
     rows = {r["variant"]: r for r in summary["results"]}
     assert list(rows) == ["clone-tiny", "rl-from-clone", "rl-from-clone-placebo"]
     bc = json.loads((out / "clone-tiny-s0" / "config.json").read_text())
     assert bc["bc"]["demos"] == demos and bc["run"]["init_policy"] == str(CHECKPOINT)
-    assert rows["clone-tiny"]["env_steps"] > 0 and len(rows["clone-tiny"]["after"]) == 2
+    assert rows["clone-tiny"]["env_steps"] > 0 and len(rows["clone-tiny"]["after"]) == 1  # (task 0, state 1)
     assert rows["rl-from-clone"]["start"] == str(out / "clone-tiny-s0")
+    rl = json.loads((out / "rl-from-clone-s0" / "config.json").read_text())["run"]
+    assert rl["env_kwargs"]["init_states"] == [0]
     pairs = {(c["a"], c["b"]) for c in summary["comparisons"]}
     assert pairs == {("rl-from-clone", "rl-from-clone-placebo"), ("rl-from-clone", "clone-tiny")}
     assert "pooled over seeds" in capsys.readouterr().out
