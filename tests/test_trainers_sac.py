@@ -128,6 +128,8 @@ def test_q_ensemble_members_are_their_written_out_mlps(layer_norm):
                     )
                 h = torch.relu(h)
         torch.testing.assert_close(out[n], h[:, 0])
+    members = torch.tensor([2, 0])  # a REDQ target computes only its subset's members
+    torch.testing.assert_close(q(obs, act, members), out[members])
 
 
 # ---------------------------------------------------------------------- prior data

@@ -186,10 +186,12 @@ class Learner(nn.Module):
         self.critic.encoder.update_obs_stats(obs)
         self.critic_target.encoder.update_obs_stats(obs)
 
-    def q(self, obs: Any, actions: torch.Tensor, target: bool = False) -> torch.Tensor:
-        """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]``."""
+    def q(
+        self, obs: Any, actions: torch.Tensor, target: bool = False, members: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]`` (or ``members``' only)."""
         normalised = (actions - self.action_center) / self.action_scale
-        return (self.critic_target if target else self.critic)(obs, normalised)
+        return (self.critic_target if target else self.critic)(obs, normalised, members)
 
 
 def make_optimizer(actor: nn.Module, learner: Learner, config: SACConfig) -> torch.optim.Adam:
@@ -255,10 +257,11 @@ def sac_update(
     # critics: y = r + discount * (min_subset Q_targ(s', a') - alpha log pi(a'|s')), a' ~ pi(s')
     with torch.no_grad():
         next_actions, next_log_prob = actor.rsample(batch.next_obs)
-        q_next = learner.q(batch.next_obs, next_actions, target=True)
+        members = None  # the target's random subset of members: only those are computed
         if 0 < config.critic_subsample < config.n_critics:
             members = torch.randperm(config.n_critics, generator=generator)[: config.critic_subsample]
-            q_next = q_next[members.to(q_next.device)]
+            members = members.to(learner.log_alpha.device)
+        q_next = learner.q(batch.next_obs, next_actions, target=True, members=members)
         soft_next = q_next.min(0).values - alpha * next_log_prob.sum((1, 2))
         target = batch.rewards + batch.discounts * soft_next
     q = learner.q(batch.obs, batch.actions)
