@@ -230,8 +230,18 @@ class Meter(Callback):
             self.last, self.result = point, self.window.stop()
 
 
-def loop(recipe: dict, mode: str, iterations: int, skip: int, out: Path) -> dict[str, Any]:
-    """The recipe's trainer with ``loop`` ``mode`` for ``skip + iterations`` iterations."""
+def loop(
+    recipe: dict,
+    mode: str,
+    iterations: int,
+    skip: int,
+    out: Path,
+    name: str = "",
+    changes: dict | None = None,
+) -> dict[str, Any]:
+    """The recipe's trainer with ``loop`` ``mode`` for ``skip + iterations`` iterations; ``changes``:
+    ``{"run": {...}, "sac": {...}}`` settings over the recipe's."""
+    changes = changes or {}
     from trainers.run_config import RunConfig
     from trainers.sac.algorithm import SACConfig
     from trainers.sac.train import train
@@ -248,13 +258,14 @@ def loop(recipe: dict, mode: str, iterations: int, skip: int, out: Path) -> dict
         "video": False,
         "tensorboard": False,
         "progress": False,
-        "run_dir": str(out / f"{mode}-loop"),
+        "run_dir": str(out / f"{mode}-loop{len(list(out.iterdir()))}"),
         "overwrite": True,
+        **changes.get("run", {}),
     }
-    settings = {**recipe["sac"], "offline_steps": 0, "steps_per_iteration": 4}
+    settings = {**recipe["sac"], "offline_steps": 0, "steps_per_iteration": 4, **changes.get("sac", {})}
     train(RunConfig(**run), SACConfig(**settings), [cb])
     (s0, u0, c0), (s1, u1, c1) = cb.first, cb.last
-    return _row(f"{mode} loop", cb.result, s1 - s0, u1 - u0, c1 - c0)
+    return _row(f"{mode} loop{name}", cb.result, s1 - s0, u1 - u0, c1 - c0)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -267,6 +278,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--rows", nargs="+", default=["env", "updates", "sync", "async"],
                         choices=["env", "updates", "sync", "async"])  # fmt: skip
     parser.add_argument("--learner-threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--async-variants",
+        type=json.loads,
+        default={},
+        help='more async rows: JSON {"name": {"run": {...}, "sac": {...}}} over the recipe\'s settings, e.g. '
+        '{"nice 19": {"sac": {"actor_nice": 19}}}',
+    )
     parser.add_argument("--out", default="runs/benchmarks/actor_learner")
     args = parser.parse_args(argv)
     import envs  # noqa: F401  (registers the ids)
@@ -289,6 +307,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for mode in ("sync", "async"):
             if mode in args.rows:
                 rows.append(loop(recipe, mode, args.iterations, skip, Path(tmp)))
+        for name, changes in args.async_variants.items():
+            rows.append(loop(recipe, "async", args.iterations, skip, Path(tmp), f", {name}", changes))
     header = ["row", "env steps/s", "updates/s", "ms/update", "updates/chunk", "learner CPU", "env CPU",
               "busy", "wall s"]  # fmt: skip
     print(

@@ -27,6 +27,7 @@ stops. Env workers that die are restarted by the env, as in the sync loop.
 from __future__ import annotations
 
 import copy
+import os
 import queue as queue_module
 import signal
 import time
@@ -182,6 +183,7 @@ class ActorSpec:
     max_policy_lag: int
     max_actor_lead: int
     torch_threads: int
+    nice: int = 0  # added to the actor's niceness before its envs start (their workers inherit it)
 
 
 class EnvActor:
@@ -245,6 +247,8 @@ def _actor_main(spec: ActorSpec, link: ActorLink, out: Any) -> None:
     die_with_parent()
     signal.signal(signal.SIGTERM, _exit_on_term)
     torch.set_num_threads(max(spec.torch_threads, 1))
+    if spec.nice:
+        os.nice(spec.nice)
     counters, env = link.counters, None
     try:
         policy = spec.policy

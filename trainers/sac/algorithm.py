@@ -108,6 +108,9 @@ class SACConfig:
     max_actor_lead: int = 2
     """async: vector steps the actor may run ahead of the learner's updates for them (the env step and
     those updates overlap; gradient_steps per vector step is kept)"""
+    actor_nice: int = 0
+    """async: niceness (0-19) of the actor process and its env workers: higher lets the learner have
+    its core first while the envs take what it leaves"""
     placebo: bool = False
     """a control, not a method: each batch's (reward, discount) pairs permuted among its rows, so the
     update has the same data and sizes but no information on what each chunk earned"""
@@ -116,6 +119,8 @@ class SACConfig:
         for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.actor_nice <= 19:
+            raise ValueError(f"sac actor_nice must be in [0, 19], got {self.actor_nice}")
         for name in ("actor_every", "weight_sync_every", "max_actor_lead"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")

@@ -243,6 +243,7 @@ def _actor_spec(
         max_policy_lag=config.max_policy_lag,
         max_actor_lead=config.max_actor_lead,
         torch_threads=1,
+        nice=config.actor_nice,
     )
 
 
