@@ -144,7 +144,7 @@ def learner_alone(recipe: dict, seconds: float, threads: int, actor_every: int |
         settings["actor_every"] = actor_every
     config = SACConfig(**settings)
     spec = recipe["run"]
-    run = RunConfig(env=spec["env"], env_kwargs=spec["env_kwargs"], num_envs=1)
+    run = RunConfig(env=spec["env"], env_kwargs=spec.get("env_kwargs", {}), num_envs=1)
     env = run.make_env(1, autoreset="same_step")
     try:
         obs, _ = env.reset(seed=0)

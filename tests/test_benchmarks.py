@@ -375,3 +375,39 @@ def test_code_paths_follows_each_call_edge_once():
     assert counts["files"] == len(files) and 0 < counts["returns"] <= counts["switches"]
     counts, files = measured["GRPO iteration"]
     assert {"trainers/grpo/train.py", "trainers/grpo/algorithm.py", "trainers/run.py"} <= set(files)
+
+
+def test_actor_learner_table_rows_and_core_time(tmp_path, capsys):
+    """Each row of benchmarks.actor_learner on a tiny SAC recipe: the shares are fractions of the
+    machine's core-time, the loops count their updates and chunks, the async row records them too."""
+    import sac_envs  # noqa: F401  (the actor process imports it by the env's module name)
+
+    from benchmarks.actor_learner import main
+
+    recipe = {
+        "run": {"env": "sac_envs:SacClock-v0", "num_envs": 2, "policy_kwargs": {"hidden_sizes": [16]},
+                "torch_threads": 1},
+        "sac": {"learning_starts": 8, "batch_size": 16, "gradient_steps": 2, "critic_hidden_sizes": [16]},
+    }  # fmt: skip
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    nice = '{"nice 5": {"sac": {"actor_nice": 5}}}'
+    rows = main(["--recipe", str(path), "--seconds", "1", "--iterations", "3", "--learner-threads", "1",
+                 "--out", str(tmp_path / "out"), "--async-variants", nice])  # fmt: skip
+    learner = [f"learner alone, 1 thread, actor_every {n}" for n in (1, 2)]
+    assert [r["row"] for r in rows] == [
+        "env alone",
+        *learner,
+        "sync loop",
+        "async loop",
+        "async loop, nice 5",
+    ]
+    for r in rows:
+        assert 0 <= r["busy_share"] <= 1.05 and r["wall_s"] > 0
+    assert rows[0]["env_steps_per_s"] > 0 and rows[0]["updates_per_s"] == 0
+    assert rows[1]["ms_per_update"] > 0 and rows[1]["env_steps_per_s"] == 0
+    sync = rows[3]
+    assert sync["updates_per_chunk"] == pytest.approx(1.0)  # 2 updates per vector step of 2 envs
+    assert 0 < rows[4]["updates_per_chunk"] <= 1.0
+    assert "core-time shares" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "actor_learner.json").read_text())["rows"][3]["row"] == "sync loop"
