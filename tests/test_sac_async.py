@@ -171,7 +171,12 @@ def test_async_bad_input_is_refused_before_anything_starts(tmp_path, monkeypatch
 
     with pytest.raises(ValueError, match="loop must be 'sync' or 'async', got 'later'"):
         RunConfig(loop="later")
-    monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+    # Ray not installed: here, and in the actor process (a fresh interpreter on this sys.path)
+    fake = tmp_path / "no_ray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'ray' (a test's stand-in)\")\n")
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.syspath_prepend(str(fake.parent))
     with pytest.raises(ImportError, match="ray_actors asks for envs on Ray actors, which need Ray"):
         sac_train.main(_args(tmp_path / "e", "envs:Ray-v0", "--loop", "async",
                              "--env-kwargs", '{"env": "Pendulum-v1", "ray_actors": 1}'))  # fmt: skip

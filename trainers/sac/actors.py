@@ -27,6 +27,7 @@ stops. Env workers that die are restarted by the env, as in the sync loop.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import queue as queue_module
 import signal
@@ -98,18 +99,23 @@ UPDATES, ONLINE_UPDATES, PUBLISHED, ACTING, WAITING, STOP = range(6)
 
 class ActorLink:
     """What the learner and the actor process share: a shared-memory copy of the policy's weights
-    (``snapshot``), its version (the learner's update count when it was copied) and the counters
-    both sides read, under one lock."""
+    (``snapshot``, set by ``share``), its version (the learner's update count when it was copied)
+    and the counters both sides read, under one lock."""
 
-    def __init__(self, policy: ActionChunkPolicy, updates: int, ctx: Any) -> None:
+    def __init__(self, ctx: Any) -> None:
+        self.lock = ctx.Lock()
+        self.counters = ctx.RawArray("q", 6)
+        self.snapshot: dict[str, torch.Tensor] | None = None
+
+    # learner side
+    def share(self, policy: ActionChunkPolicy, updates: int) -> None:
+        """The first snapshot: the policy's weights in shared memory, at version ``updates``."""
         self.snapshot = _weights(policy)
         for tensor in self.snapshot.values():
             tensor.share_memory_()
-        self.lock = ctx.Lock()
-        self.counters = ctx.RawArray("q", 6)
-        self.counters[UPDATES] = self.counters[PUBLISHED] = self.counters[ACTING] = updates
+        with self.lock:
+            self.counters[UPDATES] = self.counters[PUBLISHED] = self.counters[ACTING] = updates
 
-    # learner side
     def updated(self, policy: ActionChunkPolicy, updates: int, online: int, sync_every: int) -> None:
         """Count a finished update; publish the weights when ``sync_every`` have passed since the
         last copy, or when the actor waits for newer ones."""
@@ -168,10 +174,9 @@ class LaggedPolicy(ActionChunkPolicy):
 
 @dataclass
 class ActorSpec:
-    """What the actor process builds its side from (picklable)."""
+    """How the actor process acts, once the learner has built the policy (picklable)."""
 
-    run_config: Any  # trainers.run_config.RunConfig
-    policy: ActionChunkPolicy  # a copy, without its generator
+    policy: ActionChunkPolicy | None  # the learner's policy (a copy without its generator is sent)
     seed: int  # env reset seed and the actor's sampling streams
     n_step: int
     gamma: float
@@ -182,32 +187,58 @@ class ActorSpec:
     warmup: str
     max_policy_lag: int
     max_actor_lead: int
-    torch_threads: int
-    nice: int = 0  # added to the actor's niceness before its envs start (their workers inherit it)
 
 
 class EnvActor:
-    """The learner's handle on the actor process: start it, receive its vector steps, stop it.
+    """The learner's handle on the actor process.
 
-    ``receive`` returns ``(transitions, env steps, episodes)`` of one vector step, or None when none
-    arrived within ``timeout``; it raises ``RuntimeError`` (with the actor's traceback) if the actor
-    failed or died.
+    Built, it starts the process, which makes the envs of ``run_config`` (``nice`` added to its
+    niceness first, which its simulator workers inherit) and reports their single spaces
+    (``single_observation_space``, ``single_action_space``: what the learner builds the policy
+    for). ``start(spec, updates)`` then shares the policy's weights and lets it act. ``receive``
+    returns ``(transitions, env steps, episodes)`` of one vector step, or None when none arrived
+    within ``timeout``. An exception in the actor (a bad env setting while it makes the envs, a
+    simulator error) is raised here as itself, with the actor's traceback as a note (a
+    ``RuntimeError`` with it where it cannot be sent); an actor that died is a ``RuntimeError``.
+    ``close`` stops it.
     """
 
-    def __init__(
-        self, spec: ActorSpec, policy: ActionChunkPolicy, updates: int, queue_size: int = 64
-    ) -> None:
+    def __init__(self, run_config: Any, nice: int = 0, queue_size: int = 64, timeout: float = 600.0) -> None:
         ctx = tmp.get_context("spawn")
-        self.link = ActorLink(policy, updates, ctx)
-        self.queue = ctx.Queue(maxsize=queue_size)
-        spec = copy.copy(spec)
-        spec.policy = copy.deepcopy(policy).cpu()
-        spec.policy.generator = None
-        self.process = ctx.Process(target=_actor_main, args=(spec, self.link, self.queue), name="sac-actor")
+        self.link = ActorLink(ctx)
+        self.queue, self.control = ctx.Queue(maxsize=queue_size), ctx.Queue()
+        args = (run_config, nice, self.link, self.queue, self.control)
+        self.process = ctx.Process(target=_actor_main, args=args, name="sac-actor")
         with without_main_module():
             self.process.start()
+        self._closed = False
+        deadline = time.monotonic() + timeout
+        message = None
+        try:
+            while message is None and time.monotonic() < deadline:
+                message = self._get(1.0)
+        finally:
+            if message is None:  # an error, or no answer: the process goes too
+                self.close()
+        if message is None:
+            raise RuntimeError(f"the SAC actor process made no env within {timeout:.0f} s")
+        _, self.single_observation_space, self.single_action_space = message
+
+    def start(self, spec: ActorSpec, updates: int) -> None:
+        """Share ``spec.policy``'s weights (version ``updates``) and let the actor act."""
+        self.link.share(spec.policy, updates)
+        policy = copy.deepcopy(spec.policy).cpu()
+        policy.generator = None
+        self.control.put((dataclasses.replace(spec, policy=policy), self.link.snapshot))
 
     def receive(self, timeout: float) -> tuple[list[Transition], int, list[dict]] | None:
+        message = self._get(timeout)
+        if message is None:
+            return None
+        _, rows, env_steps, episodes = message
+        return rows, env_steps, episodes
+
+    def _get(self, timeout: float) -> tuple | None:
         try:
             message = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
         except queue_module.Empty:
@@ -216,17 +247,20 @@ class EnvActor:
                     f"the SAC actor process died (exit code {self.process.exitcode}) without a word"
                 ) from None
             return None
-        kind, *body = message
-        if kind == "error":
-            raise RuntimeError(f"the SAC actor process failed:\n{body[0]}")
-        rows, env_steps, episodes = body
-        return rows, env_steps, episodes
+        if message[0] == "error":  # the actor's own exception where it could be sent, else its text
+            _, text, error = message
+            if error is None:
+                raise RuntimeError(f"the SAC actor process failed:\n{text}")
+            error.add_note(f"(raised in the SAC actor process:\n{text})")
+            raise error
+        return message
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop the actor (it finishes its vector step and closes its envs) and wait for it; kill
         it after ``timeout`` seconds. Idempotent."""
-        if self.process.pid is None:
+        if self._closed:
             return
+        self._closed = True
         self.link.counters[STOP] = 1
         deadline = time.monotonic() + timeout
         while self.process.is_alive() and time.monotonic() < deadline:
@@ -237,26 +271,37 @@ class EnvActor:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
-        self.queue.close()
-        self.queue.cancel_join_thread()
+        for q in (self.queue, self.control):
+            q.close()
+            q.cancel_join_thread()
 
 
-def _actor_main(spec: ActorSpec, link: ActorLink, out: Any) -> None:
-    """The actor process: step the envs with the lagged policy and send each vector step's
-    transitions, until the learner says stop."""
+def _actor_main(run_config: Any, nice: int, link: ActorLink, out: Any, control: Any) -> None:
+    """The actor process: make the envs and report their spaces; once the learner sends the policy,
+    step the envs with it (lagged) and send each vector step's transitions, until told to stop."""
     die_with_parent()
     signal.signal(signal.SIGTERM, _exit_on_term)
-    torch.set_num_threads(max(spec.torch_threads, 1))
-    if spec.nice:
-        os.nice(spec.nice)
+    torch.set_num_threads(1)
+    if nice:
+        os.nice(nice)
     counters, env = link.counters, None
     try:
+        env = run_config.make_env(run_config.num_envs, autoreset="same_step")
+        out.put(("spaces", env.single_observation_space, env.single_action_space))
+        received = None
+        while received is None and not counters[STOP]:
+            try:
+                received = control.get(timeout=0.1)
+            except queue_module.Empty:
+                pass
+        if received is None:
+            return
+        spec, link.snapshot = received
         policy = spec.policy
         policy.seed(spec.seed)
         with link.lock:
             link.refresh(policy)
         lagged = LaggedPolicy(policy, link, spec.max_policy_lag)
-        env = spec.run_config.make_env(spec.run_config.num_envs, autoreset="same_step")
         sac_space = getattr(policy, "sac_action_space", env.single_action_space)
         decode = getattr(policy, "decode", None) if sac_space is not env.single_action_space else None
         warmup = UniformPolicy(sac_space, torch.Generator().manual_seed(spec.seed + 2), decode)
@@ -280,12 +325,23 @@ def _actor_main(spec: ActorSpec, link: ActorLink, out: Any) -> None:
             stored += len(rows)
             live_steps += min(stored, spec.buffer_capacity) >= spec.learning_starts
             out.put(("step", rows, int(rollout.valid.sum()), rollout.episodes))
-    except BaseException:
+    except BaseException as error:
         if not counters[STOP]:
-            out.put(("error", traceback.format_exc()))
+            out.put(("error", traceback.format_exc(), _picklable(error)))
     finally:
         if env is not None:
             env.close()
+
+
+def _picklable(error: BaseException) -> BaseException | None:
+    """``error`` if it survives pickling as the same type with the same message, else None."""
+    import pickle
+
+    try:
+        copy_ = pickle.loads(pickle.dumps(error))
+    except Exception:
+        return None
+    return copy_ if type(copy_) is type(error) and str(copy_) == str(error) else None
 
 
 def _exit_on_term(signum: int, frame: Any) -> None:

@@ -53,9 +53,12 @@ def train(
     asynchronous = run_config.loop == "async"
     env = actor = None
     try:
-        # the async loop's envs live in the actor process: here one env gives the spaces
-        env = run.make_env(num_envs=1 if asynchronous else None, autoreset="same_step")
-        space = env.single_action_space
+        if asynchronous:  # the envs live in the actor process, which reports their spaces
+            actor = EnvActor(run_config, config.actor_nice)
+        else:
+            env = run.make_env(autoreset="same_step")
+        spaces = actor if asynchronous else env
+        space = spaces.single_action_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 2)):
             raise ValueError(
                 f"SAC needs a Box action space of shape (D,) or (K, D); {run_config.env} has {space}"
@@ -63,7 +66,7 @@ def train(
         shape = box_chunk_shape(space)
         new = run_config.init_policy is None and run_config.resume is None
         gaussian = run_config.policy in ("auto", "gaussian")
-        policy = run.make_policy(env, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
+        policy = run.make_policy(spaces, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
         if not callable(getattr(policy, "rsample", None)) or not getattr(policy, "squash", False):
             raise ValueError(
                 f"SAC trains a squashed Gaussian actor (a policy with rsample and squash=True); "
@@ -78,14 +81,13 @@ def train(
             )
         obs_norm = getattr(policy, "obs_norm", "off")
         critic_norm = obs_norm if config.critic_obs_norm == "actor" else "fixed"
-        learner = Learner(env.single_observation_space, sac_space, config, critic_norm).to(run.device)
+        obs_space = spaces.single_observation_space
+        learner = Learner(obs_space, sac_space, config, critic_norm).to(run.device)
         optimizer = make_optimizer(policy, learner, config)
         prior = None
         if config.prior_data:  # read and checked before any env step
-            prior = load_prior(
-                config.prior_data, env.single_observation_space, shape, config.gamma, config.n_step
-            )
-        buffer = ReplayBuffer(env.single_observation_space, box_chunk_shape(sac_space), config.buffer_size)
+            prior = load_prior(config.prior_data, obs_space, shape, config.gamma, config.n_step)
+        buffer = ReplayBuffer(obs_space, box_chunk_shape(sac_space), config.buffer_size)
         sampler = torch.Generator().manual_seed(run_config.seed + 1)  # batch rows, critic subsets
         warmup = torch.Generator().manual_seed(run_config.seed + 2)
         extra = run.restore(policy, optimizer, {"sampler": sampler, "warmup": warmup})
@@ -187,11 +189,7 @@ def train(
                         steps_metrics += [update() for _ in range(config.gradient_steps)]
                 end_iteration(env_steps, episodes, steps_metrics)
         else:  # the actor process steps the envs; here: store, update, publish the weights
-            env.close()
-            env = None
-            actor = EnvActor(
-                _actor_spec(run_config, config, policy, env_seed, buffer), policy, done["updates"]
-            )
+            actor.start(_actor_spec(config, policy, env_seed, buffer), done["updates"])
             online = 0  # gradient steps done for the vector steps received from this actor
             owed = 0  # gradient steps due for the vector steps received, not done yet
             while not run.finished:
@@ -201,11 +199,8 @@ def train(
                     if message is not None:
                         rows, steps, new_episodes = message
                         store(rows)
-                        env_steps, episodes, received = (
-                            env_steps + steps,
-                            episodes + new_episodes,
-                            received + 1,
-                        )
+                        env_steps, episodes = env_steps + steps, episodes + new_episodes
+                        received += 1
                         owed += config.gradient_steps if len(buffer) >= config.learning_starts else 0
                     if owed:
                         steps_metrics.append(update())
@@ -226,11 +221,8 @@ def train(
         run.close()  # after an error too: the folder's lock is released
 
 
-def _actor_spec(
-    run_config: RunConfig, config: SACConfig, policy: ActionChunkPolicy, seed: int, buffer: ReplayBuffer
-) -> ActorSpec:
+def _actor_spec(config: SACConfig, policy: ActionChunkPolicy, seed: int, buffer: ReplayBuffer) -> ActorSpec:
     return ActorSpec(
-        run_config=run_config,
         policy=policy,
         seed=seed,
         n_step=config.n_step,
@@ -242,8 +234,6 @@ def _actor_spec(
         warmup=config.warmup,
         max_policy_lag=config.max_policy_lag,
         max_actor_lead=config.max_actor_lead,
-        torch_threads=1,
-        nice=config.actor_nice,
     )
 
 
