@@ -4,6 +4,8 @@ actor-learner, side by side in one run.
     python -m benchmarks.actor_learner                                  # the main job's recipe
     python -m benchmarks.actor_learner --recipe configs/libero_spatial_dsrl.json --seconds 120
     python -m benchmarks.actor_learner --rows updates                   # update cost only (no env)
+    python -m benchmarks.actor_learner --sac '{"gradient_steps": 32, "actor_every": 8}' \
+        --async-variants '{"nice 19": {"sac": {"actor_nice": 19}}}'      # other settings, more rows
 
 Rows (the recipe's env, envs, start policy and SAC settings; ``--seconds`` of measurement each,
 after a warm-up that excludes start-up and ``learning_starts``):
@@ -279,6 +281,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         choices=["env", "updates", "sync", "async"])  # fmt: skip
     parser.add_argument("--learner-threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument(
+        "--sac", type=json.loads, default={}, help="SAC settings over the recipe's, for every row (JSON)"
+    )
+    parser.add_argument(
         "--async-variants",
         type=json.loads,
         default={},
@@ -290,6 +295,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     import envs  # noqa: F401  (registers the ids)
 
     recipe = json.loads(Path(args.recipe).read_text())
+    recipe["sac"] = {**recipe["sac"], **args.sac}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
