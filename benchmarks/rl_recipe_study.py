@@ -207,6 +207,30 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sac": DSRL_RECIPE["sac"],
     },
+    # -- DSRL on the async actor-learner (--loop async), a critic step per chunk and vector step
+    # ("utd1", RLinf-like budgets of env steps) or four ("utd4"); the actor steps every 16th update
+    "dsrl-async-utd1": {
+        "about": "dsrl-flow on the async loop: 140k env steps, 16 updates per vector step of 16 envs, the "
+        "noise actor stepped on every 16th",
+        "algo": "sac",
+        "run": {
+            **{k: DSRL_RECIPE["run"][k] for k in ("policy", "init_policy", "policy_kwargs", "torch_threads")},
+            "total_steps": 140_000,
+            "loop": "async",
+        },
+        "sac": {**DSRL_RECIPE["sac"], "gradient_steps": 16, "actor_every": 16},
+    },
+    "dsrl-async-utd4": {
+        "about": "dsrl-flow on the async loop: 100k env steps, 64 updates per vector step of 16 envs (4 per "
+        "chunk), the noise actor stepped on every 16th",
+        "algo": "sac",
+        "run": {
+            **{k: DSRL_RECIPE["run"][k] for k in ("policy", "init_policy", "policy_kwargs", "torch_threads")},
+            "total_steps": 100_000,
+            "loop": "async",
+        },
+        "sac": {**DSRL_RECIPE["sac"], "gradient_steps": 64, "actor_every": 16},
+    },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
         "run": {"total_steps": 50_000},
