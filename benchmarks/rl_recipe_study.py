@@ -74,6 +74,13 @@ SAC_RECIPE = json.loads(
 DSRL_RECIPE = json.loads(
     (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_dsrl.json").read_text()
 )
+# the imitation control's BC settings (the clones' own: checkpoints/README.md), stopped by max_minutes
+LONGER_CLONE = {
+    "demos": SAC_RECIPE["sac"]["prior_data"],
+    "epochs": 100_000,
+    "batch_size": 512,
+    "learning_rate": 1e-3,
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -164,13 +171,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "(its 394 expert episodes) for 30 minutes, a main-job run's wall time",
         "algo": "bc",
         "run": {"policy": "auto", "init_policy": WEAK_CLONE, "max_minutes": 30.0, "torch_threads": 0},
-        "bc": {
-            "demos": SAC_RECIPE["sac"]["prior_data"],
-            "epochs": 100_000,
-            "batch_size": 512,
-            "learning_rate": 1e-3,
-        },
-    },  # fmt: skip
+        "bc": LONGER_CLONE,
+    },
     "sac-rlpd-from-clone": {
         "about": "sac-rlpd-weak started from clone-rlpd-30min of the same seed",
         "algo": "sac",
@@ -191,13 +193,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "max_minutes": 30.0,
             "torch_threads": 0,
         },
-        "bc": {
-            "demos": SAC_RECIPE["sac"]["prior_data"],
-            "epochs": 100_000,
-            "batch_size": 512,
-            "learning_rate": 1e-3,
-        },
-    },  # fmt: skip
+        "bc": LONGER_CLONE,
+    },
     "dsrl-from-clone": {
         "about": "dsrl-flow steering clone-flow-30min of the same seed",
         "algo": "sac",
