@@ -116,7 +116,8 @@ def train(
         online_rows = (
             config.batch_size if prior is None else round(config.batch_size * (1 - config.prior_ratio))
         )
-        done = {"updates": updates, "chunks": 0}  # gradient steps (offline ones too), chunks stored
+        done = {"updates": updates}  # gradient steps, offline ones included
+        offline_steps = config.offline_steps if prior is not None else 0  # (run before the first env step)
 
         def update(online: int = online_rows) -> dict[str, torch.Tensor]:
             """One gradient step on ``online`` replay rows and the rest of the batch from the prior data."""
@@ -135,7 +136,6 @@ def train(
         def store(rows: list) -> None:
             """Transitions into the buffer (and running observation statistics)."""
             buffer.add(rows)
-            done["chunks"] += len(rows)
             if obs_norm == "running" and rows:
                 keys = [k for k in rows[0].obs if k not in buffer.text]
                 new_obs = {k: np.stack([t.obs[k] for t in rows]) for k in keys}
@@ -149,7 +149,7 @@ def train(
                 "updates": done["updates"],
                 "buffer_size": len(buffer),
                 # online gradient steps per transition stored (one per env and chunk-step)
-                "updates_per_chunk": (done["updates"] - config.offline_steps) / max(len(buffer), 1),
+                "updates_per_chunk": (done["updates"] - offline_steps) / max(len(buffer), 1),
             }
             if asynchronous and len(buffer):  # over the rows in the buffer (the whole run until it wraps)
                 lags = buffer.lags[: len(buffer)]
