@@ -408,6 +408,8 @@ def test_actor_learner_table_rows_and_core_time(tmp_path, capsys):
     assert rows[1]["ms_per_update"] > 0 and rows[1]["env_steps_per_s"] == 0
     sync = rows[3]
     assert sync["updates_per_chunk"] == pytest.approx(1.0)  # 2 updates per vector step of 2 envs
-    assert 0 < rows[4]["updates_per_chunk"] <= 1.0
+    # async: 2 per vector step too, give or take the updates owed at either end of the window (at most
+    # max_actor_lead + 1 vector steps' worth, 6 of the window's 24)
+    assert 0.7 <= rows[4]["updates_per_chunk"] <= 1.3
     assert "core-time shares" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "actor_learner.json").read_text())["rows"][3]["row"] == "sync loop"
