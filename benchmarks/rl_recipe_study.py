@@ -9,6 +9,10 @@ with some settings changed; all start from the same cloned policy.
     python -m benchmarks.rl_recipe_study --variants recipe-long --curve-every 4
     python -m benchmarks.rl_recipe_study --variants recipe sac-rlpd-weak --seeds 0 1 2 --placebo
     python -m benchmarks.rl_recipe_study --variants grpo-weak-60k --seeds 0 1 --placebo --curve-every 5
+    python -m benchmarks.rl_recipe_study --recipe configs/libero_spatial_sac.json --seeds 0 1 2 --placebo \
+        --variants sac-rlpd-weak clone-rlpd-30min sac-rlpd-from-clone      # RL against imitation alone
+    python -m benchmarks.rl_recipe_study --recipe configs/libero_spatial_sac.json --variants A B \
+        --train-init-states $(seq 0 29) --eval-init-states $(seq 30 39)    # choose without 40-49
 
 For each variant and seed the recipe trains for its env-step budget (``--steps`` overrides it)
 without in-run held-out evaluation; then the final policy plays every held-out (task, init state)
@@ -25,6 +29,12 @@ run's ``sampled_episodes.jsonl``; its sampling has a stream of its own, so the r
 would without it, and every evaluation of a run draws the same noise). The same starts at every
 point, unlike the training episodes, whose starts change every iteration. The train minutes
 include these evaluations.
+
+Controls beside the placebo: ``clone-*`` variants are imitation alone (``trainers.bc`` continuing
+the start policy on the same prior data for a main-job run's wall time, ``max_minutes``), and
+``*-from-clone`` variants the RL recipe started from that longer clone of the same seed. A second
+table pools seeds: each variant against its placebo and the clones on the same (seed, pair)s, with
+the exact McNemar test (``--compare A B`` for other pairs).
 
 One table: training budget and wall clock, the sampled success on the fixed training starts before
 -> after training, held-out success before and after with 95% Wilson intervals, and the exact
@@ -64,6 +74,13 @@ SAC_RECIPE = json.loads(
 DSRL_RECIPE = json.loads(
     (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_dsrl.json").read_text()
 )
+# the imitation control's BC settings (the clones' own: checkpoints/README.md), stopped by max_minutes
+LONGER_CLONE = {
+    "demos": SAC_RECIPE["sac"]["prior_data"],
+    "epochs": 100_000,
+    "batch_size": 512,
+    "learning_rate": 1e-3,
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -146,6 +163,70 @@ VARIANTS: dict[str, dict[str, Any]] = {
             for k in ("policy", "init_policy", "policy_kwargs", "total_steps", "torch_threads")
         },
         "sac": DSRL_RECIPE["sac"],
+    },
+    # -- controls: imitation alone on the same prior data for a main-job run's wall time, and the RL
+    # recipe started from that longer clone (RL earns its place only where it beats both)
+    "clone-rlpd-30min": {
+        "about": "imitation alone: the weak clone trained further by BC on the RLPD recipe's prior data "
+        "(its 394 expert episodes) for 30 minutes, a main-job run's wall time",
+        "algo": "bc",
+        "run": {"policy": "auto", "init_policy": WEAK_CLONE, "max_minutes": 30.0, "torch_threads": 0},
+        "bc": LONGER_CLONE,
+    },
+    "sac-rlpd-from-clone": {
+        "about": "sac-rlpd-weak started from clone-rlpd-30min of the same seed",
+        "algo": "sac",
+        "start_from": "clone-rlpd-30min",
+        "run": {
+            **{k: SAC_RECIPE["run"][k] for k in ("total_steps", "torch_threads")},
+            "policy_kwargs": {"noise_dims": None, **SAC_RECIPE["run"]["policy_kwargs"]},
+        },
+        "sac": SAC_RECIPE["sac"],
+    },
+    "clone-flow-30min": {
+        "about": "imitation alone: the DSRL recipe's flow clone trained further by BC (flow matching) on the "
+        "same prior data for 30 minutes",
+        "algo": "bc",
+        "run": {
+            "policy": "auto",
+            "init_policy": DSRL_RECIPE["run"]["init_policy"],
+            "max_minutes": 30.0,
+            "torch_threads": 0,
+        },
+        "bc": LONGER_CLONE,
+    },
+    "dsrl-from-clone": {
+        "about": "dsrl-flow steering clone-flow-30min of the same seed",
+        "algo": "sac",
+        "start_from": "clone-flow-30min",
+        "run": {
+            k: DSRL_RECIPE["run"][k] for k in ("policy", "policy_kwargs", "total_steps", "torch_threads")
+        },
+        "sac": DSRL_RECIPE["sac"],
+    },
+    # -- DSRL on the async actor-learner (--loop async), a critic step per chunk and vector step
+    # ("utd1", RLinf-like budgets of env steps) or four ("utd4"); the actor steps every 16th update
+    "dsrl-async-utd1": {
+        "about": "dsrl-flow on the async loop: 140k env steps, 16 updates per vector step of 16 envs, the "
+        "noise actor stepped on every 16th",
+        "algo": "sac",
+        "run": {
+            **{k: DSRL_RECIPE["run"][k] for k in ("policy", "init_policy", "policy_kwargs", "torch_threads")},
+            "total_steps": 140_000,
+            "loop": "async",
+        },
+        "sac": {**DSRL_RECIPE["sac"], "gradient_steps": 16, "actor_every": 16},
+    },
+    "dsrl-async-utd4": {
+        "about": "dsrl-flow on the async loop: 100k env steps, 64 updates per vector step of 16 envs (4 per "
+        "chunk), the noise actor stepped on every 16th",
+        "algo": "sac",
+        "run": {
+            **{k: DSRL_RECIPE["run"][k] for k in ("policy", "init_policy", "policy_kwargs", "torch_threads")},
+            "total_steps": 100_000,
+            "loop": "async",
+        },
+        "sac": {**DSRL_RECIPE["sac"], "gradient_steps": 64, "actor_every": 16},
     },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",
@@ -240,8 +321,18 @@ def train_variant(
         train_ppo(config, PPOConfig(**algo_settings), callbacks)
     elif algo == "sac":
         train_sac(config, SACConfig(**algo_settings), callbacks)
+    elif algo == "bc":  # trainers.bc has a command line only: the settings as a --config file
+        import dataclasses
+        import tempfile
+
+        from trainers.bc import main as train_bc
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps({"run": dataclasses.asdict(config), "bc": algo_settings}))
+            train_bc(["--config", str(path)])
     else:
-        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo' or 'sac'")
+        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac' or 'bc'")
     return time.perf_counter() - t0
 
 
@@ -348,6 +439,30 @@ def paired(before: list[dict], after: list[dict]) -> dict[str, Any]:
     return {"gained": gained, "lost": lost, "p": mcnemar_p(gained, lost)}
 
 
+def pooled_comparisons(results: list[dict], wanted: list[list[str]] | None) -> list[dict[str, Any]]:
+    """Variant A against variant B pooled over the seeds both ran: every (seed, held-out pair) with
+    both outcomes, A's successes against B's and the exact McNemar test on the pairs that differ.
+    ``wanted``: the (A, B) pairs; by default each variant against its placebo and against the
+    imitation controls (``clone-*``) that ran."""
+    by_name: dict[str, dict[int, list[dict]]] = {}
+    for r in results:
+        by_name.setdefault(r["variant"], {})[r["seed"]] = r["after"]
+    if wanted is None:
+        clones = [n for n in by_name if n.startswith("clone-")]
+        wanted = [[n, f"{n}-placebo"] for n in by_name if f"{n}-placebo" in by_name]
+        wanted += [[n, c] for n in by_name for c in clones if n not in clones and not n.endswith("-placebo")]
+    out = []
+    for a, b in wanted:
+        seeds = sorted(set(by_name.get(a, {})) & set(by_name.get(b, {})))
+        if not seeds:
+            continue
+        a_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[a][s]]
+        b_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[b][s]]
+        pairs = paired(b_eps, a_eps)  # "gained": A succeeded where B failed
+        out.append({"a": a, "b": b, "seeds": seeds, "a_rate": rate(a_eps), "b_rate": rate(b_eps), **pairs})
+    return out
+
+
 def cell(r: dict[str, Any]) -> str:
     return f"{r['successes']}/{r['trials']} {r['rate']:.0%} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
 
@@ -360,6 +475,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the recipe's)")
     parser.add_argument("--eval-init-states", type=int, nargs="+", default=None, help="default: the recipe's")
+    parser.add_argument(
+        "--train-init-states",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the training starts of every variant (default: the recipe's); with --eval-init-states, "
+        "a selection split: e.g. train on 0-29, choose on 30-39, never touching the held-out 40-49",
+    )
     parser.add_argument("--eval-envs", type=int, default=4)
     parser.add_argument(
         "--curve-every", type=int, default=0, help="also evaluate the held-out pairs every N iterations"
@@ -382,6 +505,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--placebo", action="store_true", help="also run each variant with its scores shuffled (a control)"
     )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        default=None,
+        help="variant A against B pooled over seeds (repeatable; default: each against its placebo and "
+        "against the clone-* controls)",
+    )
     parser.add_argument("--fresh", action="store_true", help="retrain runs that have a result")
     parser.add_argument(
         "--report", action="store_true", help="train nothing: the table of every finished run under --out"
@@ -397,11 +529,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [n for n in names if n not in variants]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {list(variants)}")
-    if args.placebo:  # each variant's shuffled-score control right after it
+    for name in list(names):  # a variant started from another's policy runs after it
+        start_from = variants[name].get("start_from")
+        if start_from and start_from not in names[: names.index(name)]:
+            names.insert(names.index(name), start_from)
+    if args.placebo:  # each RL variant's shuffled-score control right after it
         for name in list(names):
-            if not name.endswith("-placebo") and f"{name}-placebo" not in names:
+            rl = variants[name].get("algo", "grpo") != "bc"
+            if rl and not name.endswith("-placebo") and f"{name}-placebo" not in names:
                 variants[f"{name}-placebo"] = placebo_of(variants[name])
                 names.insert(names.index(name) + 1, f"{name}-placebo")
+    if args.train_init_states:
+        recipe["run"]["env_kwargs"] = {**recipe["run"]["env_kwargs"], "init_states": args.train_init_states}
     base_run = recipe["run"]
     eval_kwargs = dict(base_run.get("eval_env_kwargs") or base_run["env_kwargs"])
     if args.eval_init_states:
@@ -436,9 +575,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result_file = run_dir / "result.json"
             algo, run, algo_settings = recipe_variant(recipe, variants[name])
             run.update(seed=seed, total_steps=args.steps or run["total_steps"])
+            if variants[name].get("start_from"):  # that variant's policy of the same seed
+                run["init_policy"] = str(out / f"{variants[name]['start_from']}-s{seed}")
             if result_file.exists() and not args.fresh:
                 found = json.loads(result_file.read_text())
                 same_starts = (found.get("sampled_curve") or {}).get("init_states") == fixed_states
+                same_starts |= algo == "bc"  # imitation plays no training starts
                 if ran_with(run_dir, algo, run, algo_settings) and (same_starts or args.sampled_every < 0):
                     results.append(found)
                     continue
@@ -448,7 +590,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result_file.unlink(missing_ok=True)  # the old run's result goes with it (--overwrite)
             before = before_of(run["init_policy"])
             sampled = None
-            if args.sampled_every >= 0:  # the training env's tasks x the fixed init states
+            if args.sampled_every >= 0 and algo != "bc":  # the training env's tasks x the fixed init states
                 fixed_kwargs = {**run["env_kwargs"], "init_states": fixed_states}
                 sampled = (fixed_kwargs, args.sampled_every, args.eval_envs)
             curve: dict[str, list] = {"env_steps": [], "success": []}
@@ -548,8 +690,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ylabel="success, sampled actions",
             title=f"RL recipe study: the fixed training starts\n{fixed_about}",
         )
+    comparisons = pooled_comparisons(results, args.compare)
+    if comparisons:
+        print(
+            table(
+                [
+                    "A",
+                    "B",
+                    "seeds",
+                    "A success",
+                    "B success",
+                    "A - B",
+                    "+/- pairs (A won / lost)",
+                    "McNemar p",
+                ],
+                [
+                    [
+                        c["a"],
+                        c["b"],
+                        " ".join(map(str, c["seeds"])),
+                        cell(c["a_rate"]),
+                        cell(c["b_rate"]),
+                        f"{c['a_rate']['rate'] - c['b_rate']['rate']:+.1%}",
+                        f"+{c['gained']} -{c['lost']}",
+                        c["p"],
+                    ]
+                    for c in comparisons
+                ],  # fmt: skip
+                "pooled over seeds: the same (seed, task, init state) pairs, A's outcome against B's "
+                "(p: exact McNemar)",
+            )
+        )
     summary = {
         "table": text,
+        "comparisons": comparisons,
         "before": {start: rate(b["episodes"]) for start, b in befores.items()},
         "results": results,
         "args": vars(args),

@@ -4,5 +4,6 @@
 (``resnet_rm``), which the world-model envs score frames with and ``trainers.reward_model`` trains,
 ``safe_load``, how every package reads pickle-based files without running code from them, and the
 ground-floor helpers every package shares: ``files`` (atomic writes of files and folders, fsynced,
-never through a symbolic link; no torch) and ``devices`` (``parse_dtype``, ``default_device``).
+never through a symbolic link; no torch), ``devices`` (``parse_dtype``, ``default_device``) and
+``processes`` (child processes that start cleanly and die with their parent).
 Depends on torch (and diffusers for the VAE) only; imports none of the others."""

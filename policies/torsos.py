@@ -12,6 +12,7 @@ and ``instruction`` (B strings). A torso works in two stages:
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 import zlib
@@ -154,6 +155,16 @@ def instruction_tokens(text: str, num_buckets: int, max_tokens: int) -> list[int
     return ids[:max_tokens]
 
 
+@functools.lru_cache(maxsize=4096)
+def _token_row(text: str, num_buckets: int, max_tokens: int) -> torch.Tensor:
+    """``instruction_tokens`` padded with 0 to ``max_tokens`` (cached: an env has few instructions,
+    and every replay batch repeats them)."""
+    row = torch.zeros(max_tokens, dtype=torch.long)
+    ids = instruction_tokens(text, num_buckets, max_tokens)
+    row[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return row
+
+
 class InstructionEmbedding(nn.Module):
     """Bag of hashed words: mean of ``nn.EmbeddingBag(num_buckets, dim)`` vectors over the tokens of
     the instruction (padding id 0 is excluded from the mean; an empty instruction gives zeros)."""
@@ -170,10 +181,7 @@ class InstructionEmbedding(nn.Module):
             texts = [texts]
         unique: dict[str, int] = {}  # a batch repeats a few instructions: tokenize each once
         rows = [unique.setdefault(str(text), len(unique)) for text in texts]
-        table = torch.zeros(len(unique), self.max_tokens, dtype=torch.long)
-        for text, j in unique.items():
-            ids = instruction_tokens(text, self.num_buckets, self.max_tokens)
-            table[j, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        table = torch.stack([_token_row(text, self.num_buckets, self.max_tokens) for text in unique])
         return table[torch.tensor(rows, dtype=torch.long)].to(device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

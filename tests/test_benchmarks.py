@@ -272,6 +272,64 @@ def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, cap
     assert saved["held_out_frames"]["tn"] == m["tn"] and saved["independent_collection"]["data"]["seed"] == 1
 
 
+def test_rl_recipe_study_pools_seeds_against_placebo_and_clone():
+    from benchmarks.rl_recipe_study import pooled_comparisons
+
+    def result(variant, seed, outcomes):
+        return {
+            "variant": variant,
+            "seed": seed,
+            "after": [{"frame": i, "success": o} for i, o in enumerate(outcomes)],
+        }
+
+    results = [
+        result("rl", 0, [1, 1, 0]), result("rl", 1, [1, 0, 0]),
+        result("rl-placebo", 0, [0, 1, 0]), result("rl-placebo", 1, [0, 0, 1]),
+        result("clone-x", 0, [1, 0, 0]),  # seed 0 only: pooled over the seeds both ran
+    ]  # fmt: skip
+    by_pair = {(c["a"], c["b"]): c for c in pooled_comparisons(results, None)}
+    assert set(by_pair) == {("rl", "rl-placebo"), ("rl", "clone-x")}
+    placebo = by_pair[("rl", "rl-placebo")]
+    assert (
+        placebo["seeds"] == [0, 1]
+        and placebo["a_rate"]["successes"] == 3
+        and placebo["b_rate"]["trials"] == 6
+    )
+    assert (placebo["gained"], placebo["lost"]) == (2, 1)  # (0, 0) and (1, 0) won, (1, 2) lost
+    clone = by_pair[("rl", "clone-x")]
+    assert clone["seeds"] == [0] and (clone["gained"], clone["lost"]) == (1, 0)
+    assert pooled_comparisons(results, [["rl-placebo", "rl"]])[0]["gained"] == 1
+
+
+@pytest.mark.slow
+@requires_libero
+def test_rl_recipe_study_clone_control_and_rl_from_it(tmp_path, capsys):
+    """A clone-* control is imitation alone on the prior data (trainers.bc, stopped by max_minutes);
+    a variant with start_from starts from that clone of the same seed, trained first if needed."""
+    from benchmarks.rl_recipe_study import main
+
+    recipe, out = _tiny_recipe(tmp_path), tmp_path / "study"
+    demos = str(CHECKPOINT.parent.parent / "data" / "libero_spatial_expert_train.h5")
+    clone = {"algo": "bc", "run": {"policy": "auto", "max_minutes": 1e-4},
+             "bc": {"demos": demos, "epochs": 3, "batch_size": 512}}  # fmt: skip
+    rl = {"start_from": "clone-tiny", "grpo": {"learning_rate": 1e-6}}
+    define = json.dumps({"clone-tiny": clone, "rl-from-clone": rl})
+    split = ["--train-init-states", "0", "--eval-init-states", "1", "--sampled-init-states", "0"]  # selection
+    summary = main(["--recipe", str(recipe), "--out", str(out), "--eval-envs", "2", "--sampled-every", "-1",
+                    "--variants", "rl-from-clone", "--define", define, "--placebo", *split])  # fmt: skip
+    rows = {r["variant"]: r for r in summary["results"]}
+    assert list(rows) == ["clone-tiny", "rl-from-clone", "rl-from-clone-placebo"]
+    bc = json.loads((out / "clone-tiny-s0" / "config.json").read_text())
+    assert bc["bc"]["demos"] == demos and bc["run"]["init_policy"] == str(CHECKPOINT)
+    assert rows["clone-tiny"]["env_steps"] > 0 and len(rows["clone-tiny"]["after"]) == 1  # (task 0, state 1)
+    assert rows["rl-from-clone"]["start"] == str(out / "clone-tiny-s0")
+    rl = json.loads((out / "rl-from-clone-s0" / "config.json").read_text())["run"]
+    assert rl["env_kwargs"]["init_states"] == [0]
+    pairs = {(c["a"], c["b"]) for c in summary["comparisons"]}
+    assert pairs == {("rl-from-clone", "rl-from-clone-placebo"), ("rl-from-clone", "clone-tiny")}
+    assert "pooled over seeds" in capsys.readouterr().out
+
+
 def test_rl_recipe_study_placebo_variants():
     from benchmarks.rl_recipe_study import VARIANTS, placebo_of
 
@@ -317,3 +375,41 @@ def test_code_paths_follows_each_call_edge_once():
     assert counts["files"] == len(files) and 0 < counts["returns"] <= counts["switches"]
     counts, files = measured["GRPO iteration"]
     assert {"trainers/grpo/train.py", "trainers/grpo/algorithm.py", "trainers/run.py"} <= set(files)
+
+
+def test_actor_learner_table_rows_and_core_time(tmp_path, capsys):
+    """Each row of benchmarks.actor_learner on a tiny SAC recipe: the shares are fractions of the
+    machine's core-time, the loops count their updates and chunks, the async row records them too."""
+    import sac_envs  # noqa: F401  (the actor process imports it by the env's module name)
+
+    from benchmarks.actor_learner import main
+
+    recipe = {
+        "run": {"env": "sac_envs:SacClock-v0", "num_envs": 2, "policy_kwargs": {"hidden_sizes": [16]},
+                "torch_threads": 1},
+        "sac": {"learning_starts": 8, "batch_size": 16, "gradient_steps": 2, "critic_hidden_sizes": [16]},
+    }  # fmt: skip
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    nice = '{"nice 5": {"sac": {"actor_nice": 5}}}'
+    rows = main(["--recipe", str(path), "--seconds", "1", "--iterations", "3", "--learner-threads", "1",
+                 "--out", str(tmp_path / "out"), "--async-variants", nice])  # fmt: skip
+    learner = [f"learner alone, 1 thread, actor_every {n}" for n in (1, 2)]
+    assert [r["row"] for r in rows] == [
+        "env alone",
+        *learner,
+        "sync loop",
+        "async loop",
+        "async loop, nice 5",
+    ]
+    for r in rows:
+        assert 0 <= r["busy_share"] <= 1.05 and r["wall_s"] > 0
+    assert rows[0]["env_steps_per_s"] > 0 and rows[0]["updates_per_s"] == 0
+    assert rows[1]["ms_per_update"] > 0 and rows[1]["env_steps_per_s"] == 0
+    sync = rows[3]
+    assert sync["updates_per_chunk"] == pytest.approx(1.0)  # 2 updates per vector step of 2 envs
+    # async: 2 per vector step too, give or take the updates owed at either end of the window (at most
+    # max_actor_lead + 1 vector steps' worth, 6 of the window's 24)
+    assert 0.7 <= rows[4]["updates_per_chunk"] <= 1.3
+    assert "core-time shares" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "actor_learner.json").read_text())["rows"][3]["row"] == "sync loop"

@@ -90,6 +90,9 @@ def test_flags_config_file_and_types(tmp_path):
         ({"run": {"seed": -1}}, "seed must be >= 0, got -1"),
         ({"run": {"eval_num_envs": -3}}, "eval_num_envs must be >= 0, got -3"),
         ({"run": {"device": "cuda"}}, "CUDA is not available"),
+        ({"run": {"device": "meta"}}, "training runs on cpu, cuda or cuda:N"),
+        ({"run": {"max_minutes": -1.0}}, "max_minutes must be a finite number >= 0"),
+        ({"run": {"loop": "later"}}, r"RunConfig.loop: expected one of"),
         ({"run": {"autoreset_mode": 3}}, r"RunConfig.autoreset_mode: expected one of"),
         ({"ppo": {"target_kl": -1}}, "target_kl must be > 0"),
         ({"ppo": {"clip_low": -1}}, "need 0 <= clip_low < 1"),
@@ -106,6 +109,14 @@ def test_bad_settings_are_a_value_error_naming_the_field(tmp_path, settings, mes
     path.write_text(json.dumps(settings))
     with pytest.raises(ValueError, match=message):
         parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
+
+
+def test_help_names_the_program_as_it_is_run():
+    for module in ("trainers", "trainers.sac"):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0 and out.stdout.startswith(f"usage: python -m {module} "), out.stdout[:200]
 
 
 def test_help_shows_each_fields_docstring(capsys):
@@ -257,6 +268,13 @@ def test_ppo_running_obs_norm_counts_every_executed_step(tmp_path):
     counts = {k: int(v) for k, v in state.items() if k.endswith("norm_count")}
     assert counts == {"torso.encoders.obs.norm_count": 1024, "critic_torso.encoders.obs.norm_count": 1024}
     assert state["torso.encoders.obs.norm_var"].gt(0).all()
+
+
+def test_max_minutes_ends_the_run_at_the_end_of_an_iteration(tmp_path):
+    args = _ppo_args(tmp_path, "--total-steps", "100000", "--eval-every", "-1", "--max-minutes", "1e-6")
+    ppo_train.main(args)
+    counters = ckpt.latest_checkpoint(tmp_path / "run")[1]["counters"]
+    assert counters["iteration"] == 1 and counters["env_steps"] < 100000
 
 
 def test_ppo_resume_restores_weights_optimizer_rng_and_counters(tmp_path):

@@ -159,3 +159,11 @@ def test_evaluation_refill_resets_finished_envs_together():
     assert env.steps_run.sum() == sum(ep["length"] for ep in episodes)
     masks = [c["options"]["reset_mask"] for c in calls[1:]]
     assert all(m.sum() >= 2 for m in masks[:-1])  # finished envs wait for one another
+
+
+def test_learning_curve_weighs_iterations_by_their_episodes():
+    from trainers.report import _moving_average
+
+    # one lucky episode, then nine failures in one iteration: 0.1, not a fall from 1.0 to 0.5
+    assert _moving_average([1.0, 0.0], [1, 9], 10) == [1.0, 0.1]
+    assert _moving_average([1.0, 0.0, 0.5], [1, 1, 2], 2) == [1.0, 0.5, pytest.approx(1 / 3)]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from sac_envs import Reach  # also registers SacReach-v0, SacClock-v0
 
 from trainers import checkpoint as ckpt
 from trainers.datasets.demos import Episode, write_demos
@@ -18,6 +19,7 @@ from trainers.metrics import read_metrics
 from trainers.sac import QEnsemble, ReplayBuffer
 from trainers.sac import replay as replay_module
 from trainers.sac import train as sac_train
+from trainers.sac.actors import step_transitions
 from trainers.sac.prior import demo_transitions
 from trainers.sac.replay import ChunkStep, NStepWriter
 
@@ -126,6 +128,8 @@ def test_q_ensemble_members_are_their_written_out_mlps(layer_norm):
                     )
                 h = torch.relu(h)
         torch.testing.assert_close(out[n], h[:, 0])
+    members = torch.tensor([2, 0])  # a REDQ target computes only its subset's members
+    torch.testing.assert_close(q(obs, act, members), out[members])
 
 
 # ---------------------------------------------------------------------- prior data
@@ -184,31 +188,6 @@ def test_prior_data_that_does_not_fit_the_env_is_refused():
 
 
 # ---------------------------------------------------------------------- a deterministic task
-class Reach(gym.Env):
-    """A point on a line from 0 toward 1 in 10 steps; reward -|x - 1|. Resets ignore the seed, so a
-    run whose iterations end with its episodes is reproduced exactly by a resumed one."""
-
-    observation_space = spaces.Box(-5.0, 5.0, (2,), np.float32)
-    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.x, self.t = 0.0, 0
-        return self._obs(), {}
-
-    def _obs(self):
-        return np.array([self.x, self.t / 10], np.float32)
-
-    def step(self, action):
-        self.x += 0.2 * float(np.clip(action[0], -1, 1))
-        self.t += 1
-        return self._obs(), -abs(self.x - 1.0), False, self.t >= 10, {}
-
-
-if "SacReach-v0" not in gym.registry:
-    gym.register("SacReach-v0", entry_point=Reach)
-
-
 def _reach_args(run_dir, *extra, obs_norm="off"):
     policy = {"hidden_sizes": [32, 32], "torso_kwargs": {"obs_norm": obs_norm}}
     return [
@@ -289,9 +268,9 @@ def test_chunked_env_transitions_count_executed_sub_steps(tmp_path):
     collector.reset(options={"initial_frames": [4]})  # goal 20
     truncated = []
     for _ in range(3):
-        truncated += sac_train._transitions(collector.collect(1, record_obs=True), collector.obs, writer)
+        truncated += step_transitions(collector.collect(1, record_obs=True), collector.obs, writer)
     collector.reset(options={"initial_frames": [0]})  # goal 3
-    (success,) = sac_train._transitions(collector.collect(1, record_obs=True), collector.obs, writer)
+    (success,) = step_transitions(collector.collect(1, record_obs=True), collector.obs, writer)
     env.close()
     assert [t.discount for t in truncated] == [pytest.approx(G**4), pytest.approx(G**4), pytest.approx(G**2)]
     assert [t.obs["proprio"][0] for t in truncated] == [0, 4, 8] and truncated[-1].next_obs["proprio"][

@@ -171,6 +171,7 @@ def parse(
     another value than the run's is refused (``keep_resumed``).
     """
     parser = argparse.ArgumentParser(
+        prog=program_name(),
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,  # examples keep lines
     )
@@ -284,6 +285,8 @@ FIXED_ON_RESUME: dict[str, dict[str, str]] = {
         "seed": "the random streams are restored from the checkpoint and the envs are reseeded from "
         "the run's seed",
         "run_dir": "a resumed run stays in its folder",
+        "loop": "a run resumes with the loop it was trained with (its buffer's policy lags and update "
+        "counts come from that loop)",
     },
     "ppo": {"adam_eps": _OPTIMIZER},  # PPO sets the learning rate anew every iteration: not fixed
     "grpo": {"learning_rate": _OPTIMIZER, "weight_decay": _OPTIMIZER},
@@ -375,6 +378,14 @@ def keep_resumed(
                 f"(--init-policy {folder})"
             )
     return out
+
+
+def program_name() -> str | None:
+    """``python -m trainers`` (the module ``python -m`` ran) for usage lines, where argparse would say
+    ``__main__.py``; None (argparse's own choice) when no module was run."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    return f"python -m {name.removesuffix('.__main__')}" if name else None
 
 
 def parse_cli(

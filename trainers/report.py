@@ -27,14 +27,19 @@ SUMMARY_METRICS = (
     "train/approx_kl",
     "train/clip_fraction",
     "train/entropy",
+    "train/updates_per_chunk",
+    "train/policy_lag_mean",
+    "train/policy_lag_max",
 )
 
 
-def _moving_average(values: list[float], width: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - width] if i >= width else 0.0)
-        out.append(total / min(i + 1, width))
+def _moving_average(values: list[float], weights: list[float], width: int) -> list[float]:
+    """The mean of the last ``width`` values, each weighted (an iteration by its episodes)."""
+    out = []
+    for i in range(len(values)):
+        v, w = values[max(0, i - width + 1) : i + 1], weights[max(0, i - width + 1) : i + 1]
+        total = sum(w)
+        out.append(sum(a * b for a, b in zip(v, w)) / total if total > 0 else float("nan"))
     return out
 
 
@@ -46,7 +51,9 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
     metric = (
         "success_once" if any("env/success_once" in r or "eval/success_once" in r for r in rows) else "return"
     )
-    train = [(r["step"], r[f"env/{metric}"]) for r in rows if f"env/{metric}" in r]
+    train = [
+        (r["step"], r[f"env/{metric}"], r.get("env/episodes", 1.0)) for r in rows if f"env/{metric}" in r
+    ]
     evals = [(r["step"], r[f"eval/{metric}"]) for r in rows if f"eval/{metric}" in r]
     if not train and not evals:
         return None
@@ -57,9 +64,12 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     if train:
-        x, y = zip(*train)
-        ax.plot(x, y, color="tab:blue", alpha=0.3, label="training episodes (sampled)")
-        ax.plot(x, _moving_average(list(y), 10), color="tab:blue", label="training, mean of 10 iterations")
+        x, y, n = zip(*train)  # an iteration's mean and its number of episodes
+        ax.scatter(
+            x, y, s=[4 + 2 * k for k in n], color="tab:blue", alpha=0.3, label="iterations (dot: episodes)"
+        )
+        mean = _moving_average(list(y), list(n), 10)
+        ax.plot(x, mean, color="tab:blue", label="training episodes (sampled), last 10 iterations")
     if evals:
         x, y = zip(*evals)
         ax.plot(x, y, "o-", color="tab:orange", label="evaluation (deterministic)")

@@ -80,6 +80,11 @@ class Run:
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
         cfg = run_config
+        if cfg.loop != "sync" and algo != "sac":
+            raise ValueError(
+                f"loop {cfg.loop!r} (an actor process stepping the envs while the learner updates) is "
+                f"built for --algo sac; --algo {algo} runs with loop 'sync'"
+            )
         self._config_saved = False  # config.json: written by restore (new run) or the first iteration
         # on resume: (path, content) of the checkpoint, read and checked before anything is written
         self._resumed: tuple[Path, dict[str, Any]] | None = None
@@ -270,6 +275,7 @@ class Run:
             ctx.progress.update(int(env_steps), row)
         for callback in self.callbacks:
             stop |= callback.on_row_logged(ctx, row) is False
+        stop |= 0 < self.config.max_minutes <= row["time/elapsed"] / 60
         if self.world_size > 1:  # every rank stops at the same iteration
             stop = any(parallel.all_gather(stop))
         ctx.stop = ctx.stop or stop

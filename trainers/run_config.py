@@ -45,10 +45,17 @@ class RunConfig:
     """env steps (executed sub-steps, summed over envs)"""
     max_iterations: int = 0
     """also stop after this many iterations (0: no limit)"""
+    max_minutes: float = 0.0
+    """also stop at the end of the first iteration after this many minutes of training, over every
+    resumed part of the run, evaluations included (0: no limit)"""
     seed: int = 0
     """seeds the envs, the policy's sampling, the minibatch order and torch"""
     device: str = "cpu"
-    """cuda with several ranks: cuda:LOCAL_RANK"""
+    """where the policy trains (cpu, cuda, cuda:N); cuda with several ranks: cuda:LOCAL_RANK"""
+    loop: Literal["sync", "async"] = "sync"
+    """sync: step the envs, then update, in turn (exact; resumes bit for bit where the algorithm does);
+    async (--algo sac only): an actor process steps the envs with a snapshot of the policy while the
+    learner updates (trainers/sac/actors.py; runs are not bit-exact)"""
     torch_threads: int = 0
     """0: torch's default"""
     run_dir: str | None = None
@@ -109,13 +116,16 @@ class RunConfig:
         for name in ("max_iterations", "seed", "torch_threads", "eval_num_envs", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.max_minutes < float("inf"):
+            raise ValueError(f"max_minutes must be a finite number >= 0 (0: none), got {self.max_minutes}")
         if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
             raise ValueError(
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
                 f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
             )
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r}: CUDA is not available on this machine (use cpu)")
+        check_device(self.device)
+        if self.loop not in ("sync", "async"):
+            raise ValueError(f"loop must be 'sync' or 'async', got {self.loop!r}")
         if self.autoreset_mode not in ("auto", *AUTORESET):
             raise ValueError(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
@@ -158,3 +168,21 @@ class RunConfig:
             autoreset_required=self.autoreset_mode != "auto",
             render_mode=render_mode,
         )
+
+
+def check_device(device: str) -> None:
+    """A ``ValueError`` naming ``device`` unless this machine has it (``cpu``, ``cuda``, ``cuda:N``)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device name: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: training runs on cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine (use cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )

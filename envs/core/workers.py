@@ -14,11 +14,9 @@ killed and restarted like one that crashed.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -27,24 +25,7 @@ from typing import Any
 
 import numpy as np
 
-_MAIN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _without_main_module() -> Any:
-    """While workers start, hide where ``__main__`` came from, so multiprocessing's start-up in the
-    worker does not run the parent's main script again (for ``python -`` it cannot: the script is
-    ``<stdin>``; for a real script it would import torch and everything the script imports)."""
-    main = sys.modules["__main__"]
-    with _MAIN_LOCK:
-        saved_file, saved_spec = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
-        main.__spec__ = None
-        try:
-            yield
-        finally:
-            main.__spec__ = saved_spec
-            if saved_file is not None:
-                main.__file__ = saved_file
+from nets.processes import without_main_module
 
 
 class WorkerError(RuntimeError):
@@ -137,7 +118,7 @@ class WorkerPool:
             name=f"{self.name}-worker-{worker}",
             daemon=True,
         )
-        with _without_main_module():
+        with without_main_module():
             proc.start()
         child.close()
         self._procs[worker], self._conns[worker] = proc, parent

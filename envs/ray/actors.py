@@ -37,7 +37,8 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise ImportError(
-            'Ray-actor envs need Ray: pip install "vla-gym[ray]" (or pip install "ray>=2.40")'
+            'ray_actors asks for envs on Ray actors, which need Ray: pip install "vla-gym[ray]" '
+            '(or pip install "ray>=2.40")'
         ) from None
     return ray
 

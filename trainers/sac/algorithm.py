@@ -53,6 +53,9 @@ class SACConfig:
     """env steps of every env (vector steps) per iteration; each iteration logs a row"""
     gradient_steps: int = 1
     """gradient steps after each vector step (the update-to-data ratio)"""
+    actor_every: int = 1
+    """update the actor and the temperature on every N-th gradient step only, the critics on every one
+    (RLPD's JAX code: one actor step per round of UTD critic steps; CleanRL's SAC: 2)"""
     n_step: int = 1
     """chunk-steps per return (each chunk's executed sub-steps are always summed)"""
     # -- temperature
@@ -97,6 +100,18 @@ class SACConfig:
     """clip each loss's gradient norm (None: no clipping, as SB3)"""
     max_bad_updates: int = 10
     """non-finite updates in a row before the run stops"""
+    # -- the async loop (run.loop "async", trainers/sac/actors.py)
+    max_policy_lag: int = 32
+    """async: a chunk is chosen with weights at most this many learner updates old (0: the newest)"""
+    weight_sync_every: int = 8
+    """async: learner updates between two copies of the weights to the actor process"""
+    max_actor_lead: int = 2
+    """async: vector steps the actor may run ahead of the learner's updates for them (the env step and
+    those updates overlap; gradient_steps per vector step is kept)"""
+    actor_nice: int = 19
+    """async: niceness (0-19) added to the actor process and its env workers: the learner has its core
+    whenever it can use it and the envs take every cycle it leaves (benchmarks.actor_learner: 19 gave
+    1.16x the env steps/s of 0, and 94% of the machine busy)"""
     placebo: bool = False
     """a control, not a method: each batch's (reward, discount) pairs permuted among its rows, so the
     update has the same data and sizes but no information on what each chunk earned"""
@@ -105,7 +120,18 @@ class SACConfig:
         for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("learning_starts", "gradient_steps", "offline_steps", "critic_subsample"):
+        if not 0 <= self.actor_nice <= 19:
+            raise ValueError(f"sac actor_nice must be in [0, 19], got {self.actor_nice}")
+        for name in ("actor_every", "weight_sync_every", "max_actor_lead"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "learning_starts",
+            "gradient_steps",
+            "offline_steps",
+            "critic_subsample",
+            "max_policy_lag",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"sac {name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
@@ -166,10 +192,12 @@ class Learner(nn.Module):
         self.critic.encoder.update_obs_stats(obs)
         self.critic_target.encoder.update_obs_stats(obs)
 
-    def q(self, obs: Any, actions: torch.Tensor, target: bool = False) -> torch.Tensor:
-        """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]``."""
+    def q(
+        self, obs: Any, actions: torch.Tensor, target: bool = False, members: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[N, B]``: every member's Q of env-unit ``actions`` ``[B, K, D]`` (or ``members``' only)."""
         normalised = (actions - self.action_center) / self.action_scale
-        return (self.critic_target if target else self.critic)(obs, normalised)
+        return (self.critic_target if target else self.critic)(obs, normalised, members)
 
 
 def make_optimizer(actor: nn.Module, learner: Learner, config: SACConfig) -> torch.optim.Adam:
@@ -213,59 +241,57 @@ def sac_update(
     generator: torch.Generator,
     guard: BadUpdateGuard,
     target_entropy: float,
+    update_actor: bool = True,
 ) -> dict[str, torch.Tensor]:
     """One SAC gradient step on ``batch``; returns its metrics as 0-dim tensors (no host sync).
 
     ``actor`` is a policy with ``rsample(obs) -> (actions [B, K, D], log-probs [B, K, E])``
-    (``policies.gaussian.GaussianPolicy``); ``generator`` draws the critics' target subset.
+    (``policies.gaussian.GaussianPolicy``); ``generator`` draws the critics' target subset. With
+    ``update_actor`` False only the critics step (``SACConfig.actor_every``).
     """
     actor_group, critic_group, alpha_group = (g["params"] for g in optimizer.param_groups)
-    # temperature: alpha_loss = -log_alpha * (log pi + target entropy)
-    pi_actions, log_prob = actor.rsample(batch.obs)
-    log_prob = log_prob.sum((1, 2))
     alpha = learner.log_alpha.detach().exp()
-    alpha_loss = -(learner.log_alpha * (log_prob.detach() + target_entropy)).mean()
-    if config.learn_alpha:
-        _step(alpha_loss, alpha_group, optimizer, config.max_grad_norm, guard)
+    metrics: dict[str, torch.Tensor] = {"alpha": alpha}
+    if update_actor:  # temperature: alpha_loss = -log_alpha * (log pi + target entropy)
+        pi_actions, log_prob = actor.rsample(batch.obs)
+        log_prob = log_prob.sum((1, 2))
+        alpha_loss = -(learner.log_alpha * (log_prob.detach() + target_entropy)).mean()
+        if config.learn_alpha:
+            _step(alpha_loss, alpha_group, optimizer, config.max_grad_norm, guard)
+        metrics.update(alpha_loss=alpha_loss.detach(), entropy=-log_prob.detach().mean())
 
     # critics: y = r + discount * (min_subset Q_targ(s', a') - alpha log pi(a'|s')), a' ~ pi(s')
     with torch.no_grad():
         next_actions, next_log_prob = actor.rsample(batch.next_obs)
-        q_next = learner.q(batch.next_obs, next_actions, target=True)
+        members = None  # the target's random subset of members: only those are computed
         if 0 < config.critic_subsample < config.n_critics:
             members = torch.randperm(config.n_critics, generator=generator)[: config.critic_subsample]
-            q_next = q_next[members.to(q_next.device)]
+            members = members.to(learner.log_alpha.device)
+        q_next = learner.q(batch.next_obs, next_actions, target=True, members=members)
         soft_next = q_next.min(0).values - alpha * next_log_prob.sum((1, 2))
         target = batch.rewards + batch.discounts * soft_next
     q = learner.q(batch.obs, batch.actions)
     critic_loss = 0.5 * ((q - target) ** 2).mean(1).sum()
     _step(critic_loss, critic_group, optimizer, config.max_grad_norm, guard)
+    metrics.update(critic_loss=critic_loss.detach(), q=q.detach().mean(), target_q=target.mean())
 
-    # actor: E[alpha log pi(a|s) - Q(s, a)], a ~ pi(s) (reparametrised), Q after the critics' step
-    q_pi = learner.q(batch.obs, pi_actions)
-    q_pi = q_pi.min(0).values if config.actor_q == "min" else q_pi.mean(0)
-    actor_loss = (alpha * log_prob - q_pi).mean()
-    bc_loss = torch.zeros((), device=q.device)
-    if config.bc_coef > 0 and bool(batch.prior.any()):
-        prior_obs = _rows(batch.obs, batch.prior.cpu().numpy())
-        bc_loss = actor.imitation_loss(prior_obs, batch.actions[batch.prior])
-        actor_loss = actor_loss + config.bc_coef * bc_loss
-    _step(actor_loss, actor_group, optimizer, config.max_grad_norm, guard)
+    if update_actor:  # actor: E[alpha log pi(a|s) - Q(s, a)], a ~ pi(s) (reparametrised), after the critics
+        q_pi = learner.q(batch.obs, pi_actions)
+        q_pi = q_pi.min(0).values if config.actor_q == "min" else q_pi.mean(0)
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        bc_loss = torch.zeros((), device=q.device)
+        if config.bc_coef > 0 and bool(batch.prior.any()):
+            prior_obs = _rows(batch.obs, batch.prior.cpu().numpy())
+            bc_loss = actor.imitation_loss(prior_obs, batch.actions[batch.prior])
+            actor_loss = actor_loss + config.bc_coef * bc_loss
+        _step(actor_loss, actor_group, optimizer, config.max_grad_norm, guard)
+        metrics.update(actor_loss=actor_loss.detach(), bc_loss=bc_loss.detach())
 
     with torch.no_grad():  # Polyak: targ <- (1 - tau) targ + tau critic
         torch._foreach_lerp_(
             list(learner.critic_target.parameters()), list(learner.critic.parameters()), config.tau
         )
-    return {
-        "critic_loss": critic_loss.detach(),
-        "actor_loss": actor_loss.detach(),
-        "alpha_loss": alpha_loss.detach(),
-        "bc_loss": bc_loss.detach(),
-        "alpha": alpha,
-        "q": q.detach().mean(),
-        "target_q": target.mean(),
-        "entropy": -log_prob.detach().mean(),
-    }
+    return metrics
 
 
 def shuffle_outcomes(batch: Batch, generator: torch.Generator) -> Batch:

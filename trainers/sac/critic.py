@@ -64,14 +64,21 @@ class QEnsemble(nn.Module):
                 self.norm_scales.append(nn.Parameter(torch.ones(n_critics, 1, n_out)))
                 self.norm_shifts.append(nn.Parameter(torch.zeros(n_critics, 1, n_out)))
 
-    def forward(self, obs: Any, actions: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: Any, actions: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N, B]``, or ``[len(members), B]`` for those members only (a REDQ target's subset)."""
         x = torch.cat([self.encoder(obs), actions.reshape(actions.shape[0], -1)], dim=-1)
-        h = x.unsqueeze(0).expand(self.n_critics, *x.shape)
+
+        def pick(p: torch.Tensor) -> torch.Tensor:
+            return p if members is None else p[members]
+
+        n = self.n_critics if members is None else len(members)
+        h = x.unsqueeze(0).expand(n, *x.shape)
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b, h, w)
+            h = torch.baddbmm(pick(b), h, pick(w))
             if i < last:
                 if self.layer_norm:
-                    h = nn.functional.layer_norm(h, h.shape[-1:]) * self.norm_scales[i] + self.norm_shifts[i]
+                    scale, shift = pick(self.norm_scales[i]), pick(self.norm_shifts[i])
+                    h = nn.functional.layer_norm(h, h.shape[-1:]) * scale + shift
                 h = self.activation(h)
         return h.squeeze(-1)

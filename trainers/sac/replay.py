@@ -63,6 +63,7 @@ class Transition:
     reward: float  # sum_j gamma^j r_j over the executed sub-steps
     discount: float  # gamma^(executed sub-steps), 0 after a termination
     next_obs: dict[str, Any]
+    lag: int = 0  # learner updates between the weights that chose the action and the choice (async)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ChunkStep:
     action: np.ndarray  # [K, D]
     rewards: np.ndarray  # [K]
     valid: np.ndarray  # [K] bool, a prefix of the chunk
+    lag: int = 0  # policy lag of the choice (async loop)
 
 
 class NStepWriter:
@@ -108,7 +110,7 @@ class NStepWriter:
                 ret += self.gamma**executed * float(r)
                 executed += 1
         discount = 0.0 if terminated else self.gamma**executed
-        return Transition(steps[0].obs, steps[0].action, ret, discount, next_obs)
+        return Transition(steps[0].obs, steps[0].action, ret, discount, next_obs, steps[0].lag)
 
 
 @dataclass
@@ -158,7 +160,7 @@ class ReplayBuffer:
         self.is_dict, parts = _fields(observation_space)
         self.capacity, self.prior = int(capacity), prior
         self.text = {k for k, s in parts.items() if isinstance(s, spaces.Text)}
-        row_bytes = 4 * (math.prod(action_shape) + 2)
+        row_bytes = 4 * (math.prod(action_shape) + 3)  # actions, reward, discount, lag
         for key, space in parts.items():
             if key in self.text:
                 row_bytes += 2 * 64  # a pointer and a short string, roughly
@@ -185,6 +187,7 @@ class ReplayBuffer:
         self.actions = np.zeros((self.capacity, *action_shape), np.float32)
         self.rewards = np.zeros(self.capacity, np.float32)
         self.discounts = np.zeros(self.capacity, np.float32)
+        self.lags = np.zeros(self.capacity, np.int32)  # policy lag of each row (0 in the sync loop)
         self.pos, self.size = 0, 0
 
     def __len__(self) -> int:
@@ -197,6 +200,7 @@ class ReplayBuffer:
                 self.obs[key][i] = t.obs[key]
                 self.next_obs[key][i] = t.next_obs[key]
             self.actions[i], self.rewards[i], self.discounts[i] = t.action, t.reward, t.discount
+            self.lags[i] = t.lag
             self.pos = (i + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
 
@@ -238,6 +242,7 @@ class ReplayBuffer:
             "actions": torch.from_numpy(self.actions[:n]),
             "rewards": torch.from_numpy(self.rewards[:n]),
             "discounts": torch.from_numpy(self.discounts[:n]),
+            "lags": torch.from_numpy(self.lags[:n]),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -253,4 +258,5 @@ class ReplayBuffer:
         self.actions[:n] = np.asarray(state["actions"])
         self.rewards[:n] = np.asarray(state["rewards"])
         self.discounts[:n] = np.asarray(state["discounts"])
+        self.lags[:n] = np.asarray(state["lags"]) if "lags" in state else 0  # saved before lags were kept
         self.pos, self.size = int(state["pos"]), n

@@ -11,54 +11,36 @@ iteration is ``steps_per_iteration`` vector steps: a metrics row, and evaluation
 when due. A checkpoint holds the actor, critics, targets, temperature, optimizer, random streams and
 the replay buffer; on resume the envs start new episodes (as PPO's do). One process only: torchrun
 with several ranks is refused.
+
+``--loop async``: an actor process steps the envs while this process (the learner) updates; the
+transitions come through a queue and the weights go back every ``weight_sync_every`` updates
+(``trainers/sac/actors.py``). The run keeps ``gradient_steps`` updates per vector step and records
+each transition's policy lag; its checkpoints resume it (buffer, learner, counters), but the order in
+which data and updates meet depends on timing, so an async run is not bit-exact.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from policies.base import ActionChunk, ActionChunkPolicy
+from policies.base import ActionChunkPolicy
 from policies.gaussian import SAC_ACTOR
-from policies.torso_policy import box_bounds, box_chunk_shape
+from policies.torso_policy import box_chunk_shape
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector
 from trainers.run import Run, RunConfig
+from trainers.sac import actors
+from trainers.sac.actors import RESUME_SEED_STRIDE, ActorSpec, EnvActor, UniformPolicy, step_transitions
 from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update, shuffle_outcomes
 from trainers.sac.prior import load_prior
-from trainers.sac.replay import Batch, ChunkStep, NStepWriter, ReplayBuffer, obs_row
-
-RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
-
-
-class UniformPolicy(ActionChunkPolicy):
-    """Warm-up actions: uniform in SAC's action Box, from their own generator. With ``decode`` (DSRL)
-    the uniform sample is the noise, and the env gets ``decode(obs, noise)``."""
-
-    def __init__(
-        self,
-        action_space: gym.spaces.Box,
-        generator: torch.Generator,
-        decode: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-    ) -> None:
-        super().__init__()
-        self.low, self.high = box_bounds(action_space)
-        self.chunk_size, self.action_dim = box_chunk_shape(action_space)
-        self.generator, self.decode = generator, decode
-
-    def act(self, obs: Any, deterministic: bool = False) -> ActionChunk:
-        n = len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
-        u = self.low + (self.high - self.low) * torch.rand((n, *self.low.shape), generator=self.generator)
-        if self.decode is None:
-            return ActionChunk(u)
-        return ActionChunk(self.decode(obs, u), replay={"sac_action": u})
+from trainers.sac.replay import Batch, NStepWriter, ReplayBuffer
 
 
 def train(
@@ -68,10 +50,15 @@ def train(
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--algo sac runs in one process; start it without torchrun (or --nproc-per-node 1)")
     run = Run("sac", run_config, config, callbacks)
-    env = None
+    asynchronous = run_config.loop == "async"
+    env = actor = None
     try:
-        env = run.make_env(autoreset="same_step")
-        space = env.single_action_space
+        if asynchronous:  # the envs live in the actor process, which reports their spaces
+            actor = EnvActor(run_config, config.actor_nice)
+        else:
+            env = run.make_env(autoreset="same_step")
+        spaces = actor if asynchronous else env
+        space = spaces.single_action_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 2)):
             raise ValueError(
                 f"SAC needs a Box action space of shape (D,) or (K, D); {run_config.env} has {space}"
@@ -79,7 +66,7 @@ def train(
         shape = box_chunk_shape(space)
         new = run_config.init_policy is None and run_config.resume is None
         gaussian = run_config.policy in ("auto", "gaussian")
-        policy = run.make_policy(env, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
+        policy = run.make_policy(spaces, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
         if not callable(getattr(policy, "rsample", None)) or not getattr(policy, "squash", False):
             raise ValueError(
                 f"SAC trains a squashed Gaussian actor (a policy with rsample and squash=True); "
@@ -94,14 +81,13 @@ def train(
             )
         obs_norm = getattr(policy, "obs_norm", "off")
         critic_norm = obs_norm if config.critic_obs_norm == "actor" else "fixed"
-        learner = Learner(env.single_observation_space, sac_space, config, critic_norm).to(run.device)
+        obs_space = spaces.single_observation_space
+        learner = Learner(obs_space, sac_space, config, critic_norm).to(run.device)
         optimizer = make_optimizer(policy, learner, config)
         prior = None
         if config.prior_data:  # read and checked before any env step
-            prior = load_prior(
-                config.prior_data, env.single_observation_space, shape, config.gamma, config.n_step
-            )
-        buffer = ReplayBuffer(env.single_observation_space, box_chunk_shape(sac_space), config.buffer_size)
+            prior = load_prior(config.prior_data, obs_space, shape, config.gamma, config.n_step)
+        buffer = ReplayBuffer(obs_space, box_chunk_shape(sac_space), config.buffer_size)
         sampler = torch.Generator().manual_seed(run_config.seed + 1)  # batch rows, critic subsets
         warmup = torch.Generator().manual_seed(run_config.seed + 2)
         extra = run.restore(policy, optimizer, {"sampler": sampler, "warmup": warmup})
@@ -130,6 +116,8 @@ def train(
         online_rows = (
             config.batch_size if prior is None else round(config.batch_size * (1 - config.prior_ratio))
         )
+        done = {"updates": updates}  # gradient steps, offline ones included
+        offline_steps = config.offline_steps if prior is not None else 0  # (run before the first env step)
 
         def update(online: int = online_rows) -> dict[str, torch.Tensor]:
             """One gradient step on ``online`` replay rows and the rest of the batch from the prior data."""
@@ -139,7 +127,39 @@ def train(
                 batch = extra_rows if batch is None else Batch.cat(batch, extra_rows)
             if config.placebo:
                 batch = shuffle_outcomes(batch, sampler)
-            return sac_update(policy, learner, optimizer, batch, config, sampler, guard, target_entropy)
+            update_actor = done["updates"] % config.actor_every == 0
+            done["updates"] += 1
+            return sac_update(
+                policy, learner, optimizer, batch, config, sampler, guard, target_entropy, update_actor
+            )
+
+        def store(rows: list) -> None:
+            """Transitions into the buffer (and running observation statistics)."""
+            buffer.add(rows)
+            if obs_norm == "running" and rows:
+                keys = [k for k in rows[0].obs if k not in buffer.text]
+                new_obs = {k: np.stack([t.obs[k] for t in rows]) for k in keys}
+                policy.update_obs_stats(new_obs)
+                if critic_norm == "running":
+                    learner.update_obs_stats(new_obs)
+
+        def end_iteration(env_steps: int, episodes: list, steps_metrics: list) -> None:
+            metrics = {
+                **_mean(steps_metrics),
+                "updates": done["updates"],
+                "buffer_size": len(buffer),
+                # online gradient steps per transition stored (one per env and chunk-step)
+                "updates_per_chunk": (done["updates"] - offline_steps) / max(len(buffer), 1),
+            }
+            if asynchronous and len(buffer):  # over the rows in the buffer (the whole run until it wraps)
+                lags = buffer.lags[: len(buffer)]
+                metrics.update(policy_lag_mean=float(lags.mean()), policy_lag_max=float(lags.max()))
+            run.checkpoints.extra = {
+                "learner": learner.state_dict(),
+                "buffer": buffer.state_dict(),
+                "updates": done["updates"],
+            }
+            run.end_iteration(env_steps, episodes, {f"train/{k}": v for k, v in metrics.items()})
 
         if prior is not None and updates == 0 and config.offline_steps > 0:  # prior data alone first
             from tqdm import tqdm
@@ -149,73 +169,83 @@ def train(
             )
             offline = _mean(update(0) for _ in steps)
             run.log({f"offline/{k}": v for k, v in offline.items()})
-            updates = config.offline_steps
 
-        decode = getattr(policy, "decode", None) if sac_space is not space else None
-        acting = UniformPolicy(sac_space, warmup, decode) if config.warmup == "uniform" else policy
-        collector = Collector(env, acting)
-        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
-        writer = NStepWriter(env.num_envs, config.n_step, config.gamma)
-        while not run.finished:
-            env_steps, episodes, steps_metrics = 0, [], []
-            for _ in range(config.steps_per_iteration):
-                collector.policy = policy if len(buffer) >= config.learning_starts else acting
-                rollout = collector.collect(1, record_obs=True)
-                rows = _transitions(rollout, collector.obs, writer)
-                buffer.add(rows)
-                if obs_norm == "running" and rows:
-                    keys = [k for k in rows[0].obs if k not in buffer.text]
-                    new_obs = {k: np.stack([t.obs[k] for t in rows]) for k in keys}
-                    policy.update_obs_stats(new_obs)
-                    if critic_norm == "running":
-                        learner.update_obs_stats(new_obs)
-                env_steps += int(rollout.valid.sum())
-                episodes += rollout.episodes
-                if len(buffer) >= config.learning_starts:
-                    steps_metrics += [update() for _ in range(config.gradient_steps)]
-            updates += len(steps_metrics)
-            metrics = {**_mean(steps_metrics), "updates": updates, "buffer_size": len(buffer)}
-            run.checkpoints.extra = {
-                "learner": learner.state_dict(),
-                "buffer": buffer.state_dict(),
-                "updates": updates,
-            }
-            run.end_iteration(env_steps, episodes, {f"train/{k}": v for k, v in metrics.items()})
-        env.close()  # frees the simulators before the final evaluation starts its own
+        env_seed = run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"]
+        if not asynchronous:  # collect one vector step, then its updates, in turn
+            decode = getattr(policy, "decode", None) if sac_space is not space else None
+            acting = UniformPolicy(sac_space, warmup, decode) if config.warmup == "uniform" else policy
+            collector = Collector(env, acting)
+            collector.reset(seed=env_seed)
+            writer = NStepWriter(env.num_envs, config.n_step, config.gamma)
+            while not run.finished:
+                env_steps, episodes, steps_metrics = 0, [], []
+                for _ in range(config.steps_per_iteration):
+                    collector.policy = policy if len(buffer) >= config.learning_starts else acting
+                    rollout = collector.collect(1, record_obs=True)
+                    store(step_transitions(rollout, collector.obs, writer))
+                    env_steps += int(rollout.valid.sum())
+                    episodes += rollout.episodes
+                    if len(buffer) >= config.learning_starts:
+                        steps_metrics += [update() for _ in range(config.gradient_steps)]
+                end_iteration(env_steps, episodes, steps_metrics)
+        else:  # the actor process steps the envs; here: store, update, publish the weights
+            actor.start(_actor_spec(config, policy, env_seed, buffer), done["updates"])
+            online = 0  # gradient steps done for the vector steps received from this actor
+            owed = 0  # gradient steps due for the vector steps received, not done yet
+            while not run.finished:
+                env_steps, episodes, steps_metrics, received = 0, [], [], 0
+                while received < config.steps_per_iteration:
+                    message = actor.receive(timeout=0.0 if owed else 0.05)
+                    if message is not None:
+                        rows, steps, new_episodes = message
+                        store(rows)
+                        env_steps, episodes = env_steps + steps, episodes + new_episodes
+                        received += 1
+                        owed += config.gradient_steps if len(buffer) >= config.learning_starts else 0
+                    if owed:
+                        steps_metrics.append(update())
+                        owed, online = owed - 1, online + 1
+                        actor.link.updated(policy, done["updates"], online, config.weight_sync_every)
+                    elif actor.link.counters[actors.WAITING]:
+                        actor.link.publish(policy, done["updates"])
+                end_iteration(env_steps, episodes, steps_metrics)
+            actor.close()
+        if env is not None:
+            env.close()  # frees the simulators before the final evaluation starts its own
         return run.finish()
     finally:
+        if actor is not None:
+            actor.close()
         if env is not None:
             env.close()
         run.close()  # after an error too: the folder's lock is released
 
 
-def _transitions(rollout: Any, next_obs: Any, writer: NStepWriter) -> list:
-    """The transitions one collected vector step completes (``rollout`` holds one step); the action
-    stored is the policy's ``replay["sac_action"]`` where it has one (DSRL's noise)."""
-    out = []
-    obs = rollout.observations[0]
-    for i in range(rollout.num_envs):
-        valid = rollout.valid[0, i].numpy()
-        if not valid.any():  # a NEXT_STEP reset step or a frozen env: nothing was executed
-            continue
-        term, trunc = bool(rollout.terminated[0, i]), bool(rollout.truncated[0, i])
-        ended = term or trunc
-        after = obs_row(rollout.final_observations[(0, i)]) if ended else obs_row(next_obs, i)
-        action = (rollout.replay["sac_action"] if "sac_action" in rollout.replay else rollout.actions)[0, i]
-        step = ChunkStep(obs_row(obs, i), action.numpy(), rollout.rewards[0, i].numpy(), valid)
-        out += writer.push(i, step, after, term, trunc)
-    return out
+def _actor_spec(config: SACConfig, policy: ActionChunkPolicy, seed: int, buffer: ReplayBuffer) -> ActorSpec:
+    return ActorSpec(
+        policy=policy,
+        seed=seed,
+        n_step=config.n_step,
+        gamma=config.gamma,
+        gradient_steps=config.gradient_steps,
+        learning_starts=config.learning_starts,
+        buffer_capacity=buffer.capacity,
+        buffered=len(buffer),
+        warmup=config.warmup,
+        max_policy_lag=config.max_policy_lag,
+        max_actor_lead=config.max_actor_lead,
+    )
 
 
 def _mean(steps: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The mean of each metric over update steps (one host sync per metric)."""
+    """The mean of each metric over the update steps that have it (one host sync per metric)."""
     sums: dict[str, torch.Tensor] = {}
-    count = 0
+    counts: dict[str, int] = {}
     for metrics in steps:
         for key, value in metrics.items():
             sums[key] = sums[key] + value if key in sums else value
-        count += 1
-    return {k: float(v) / count for k, v in sums.items()}
+            counts[key] = counts.get(key, 0) + 1
+    return {k: float(v) / counts[k] for k, v in sums.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
