@@ -220,6 +220,8 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     assert json.loads((tmp_path / "robustness.json").read_text()).keys() == results.keys()
     settings = main(["--categories", "settings", "--out", str(tmp_path)])["settings"]
     assert len(settings) >= 10 and all(outcome == "" for outcome in settings.values()), settings
+    special = main(["--categories", "special files", "--out", str(tmp_path)])["special files"]
+    assert len(special) == 8 and all(outcome == "" for outcome in special.values()), special
 
 
 @requires_libero
