@@ -118,6 +118,9 @@ def test_evaluate_policy_by_name_with_kwargs_over_seeds(tmp_path):
         main(["--policy", "gaussian", "--temperature", "1.5", *common])
     with pytest.raises(SystemExit):
         main(["--policy", "gaussian", "--policy-kwargs", "[1]", *common])
+    none = ["--tasks", "99", *common[2:]]  # no such task: never a rate over 0 trials
+    with pytest.raises(ValueError, match=r"--tasks \[99\] select no \(task, init state\) pair"):
+        main(["--policy", "gaussian", *none])
 
 
 @pytest.mark.slow
