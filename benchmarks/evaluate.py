@@ -135,6 +135,12 @@ def frame_ids(frames: Any, init_states: int | Sequence[int], tasks: Sequence[int
         task, state = frames.locate(i)
         if state in states and (tasks is None or task in tasks):
             ids.append(i)
+    if not ids:  # an evaluation over zero trials reports nothing
+        known_tasks = sorted({frames.locate(i)[0] for i in range(len(frames))})
+        raise ValueError(
+            f"--init-states {sorted(states)} and --tasks {tasks} select no (task, init state) pair of "
+            f"this suite (tasks {known_tasks[0]}-{known_tasks[-1]}, init states of each task from 0)"
+        )
     return ids
 
 

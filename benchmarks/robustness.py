@@ -1375,6 +1375,54 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def special_files(probe: Probe) -> dict[str, Callable[[], None]]:
+    """FIFOs, devices, sockets and folders where a reader expects a file (issue 47, class 3): a
+    ``ValueError`` naming the path and what it is, at once (opening a FIFO waits for a writer)."""
+    import os
+    import socket
+
+    from envs.core.frames import load_initial_frames
+    from nets.safe_load import load_npy, restricted_unpickle, torch_load
+    from trainers.config import read_json
+    from trainers.datasets import load_demos
+
+    root = probe.root / "special"
+
+    def fifo(name: str) -> Path:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.mkfifo(path)
+        return path
+
+    def sock(name: str) -> Path:
+        path = root / name
+        root.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(str(path))
+            server.close()
+        return path
+
+    def case(call: Callable[[], Any], *words: str) -> Callable[[], None]:
+        return lambda: raises(ValueError, *words)(call)
+
+    return {
+        "a FIFO named frame_00000.npy in a frame folder": case(
+            lambda: load_initial_frames(fifo("frames/dataset/frame_00000.npy").parent),
+            "frame_00000.npy",
+            "FIFO",
+        ),
+        "a FIFO as --config": case(lambda: read_json(fifo("config.json")), "config.json", "FIFO"),
+        "a FIFO as demos (.h5)": case(lambda: load_demos(fifo("demos.h5")), "demos.h5", "FIFO"),
+        "a FIFO as a checkpoint": case(lambda: torch_load(fifo("ckpt.pt")), "ckpt.pt", "FIFO"),
+        "a FIFO as a pickle": case(lambda: restricted_unpickle(fifo("emb.pkl")), "emb.pkl", "FIFO"),
+        "a socket as a checkpoint": case(lambda: torch_load(sock("ckpt.sock")), "ckpt.sock", "socket"),
+        "a character device as an .npy": case(lambda: load_npy("/dev/zero"), "/dev/zero", "character device"),
+        "a folder as a checkpoint": case(lambda: torch_load(root), "special", "folder"),
+    }
+
+
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "untrusted files": untrusted_files,
     "constructor arguments": constructor_arguments,
@@ -1388,6 +1436,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "declared sizes": declared_sizes,
     "malformed files": malformed_files,
     "settings": settings,
+    "special files": special_files,
 }
 
 

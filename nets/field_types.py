@@ -1,6 +1,6 @@
 """Check a setting's value against its dataclass field's annotation (trainer configs, VLA options).
 
-Handles what settings use: ``bool``, ``int``, ``float`` (an int becomes a float), ``str``, ``None``,
+Handles what settings use: ``bool``, ``int``, ``float`` (finite; an int becomes a float), ``str``, ``None``,
 unions (``X | None``), ``Literal[...]``, ``dict`` / ``Mapping``, ``list`` / ``tuple`` / ``Sequence``
 (a JSON list; a ``Sequence[X]``'s items are checked too), ``Path`` (a str or a path) and classes
 (an instance). Anything else (``Any``, type variables) passes unchecked.
@@ -9,6 +9,7 @@ unions (``X | None``), ``Literal[...]``, ``dict`` / ``Mapping``, ``list`` / ``tu
 from __future__ import annotations
 
 import collections.abc
+import math
 import os
 import re
 import types
@@ -42,6 +43,8 @@ def check_value(annotation: Any, value: Any) -> Any:
         raise ValueError(f"expected {annotation.__name__}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # NaN or inf: never a setting (None says "no limit")
+                raise ValueError("expected a finite number")
             return float(value)
         raise ValueError("expected a number")
     if annotation is Path:

@@ -15,6 +15,9 @@ No torch here: ``import envs`` stays cheap.
   ``target``, every file and folder in it fsynced, then swapped in; an existing ``target`` is moved
   aside and removed only once the new one is in place.
 * ``open_append(path)``: append to a log, refusing a symbolic link at its path (``O_NOFOLLOW``).
+* ``regular_file(path)``: what every reader checks before it opens a file: a FIFO, socket, device or
+  folder where a file is expected is a ``ValueError`` at once (opening a FIFO waits for a writer
+  forever).
 
 Symbolic links: a link at the target of ``write_atomic``, ``atomic_path`` or ``atomic_folder`` is
 *replaced* (by the file or folder; the link's own target is never touched), as ``os.replace`` does;
@@ -28,6 +31,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +39,27 @@ from pathlib import Path
 from typing import IO, TextIO
 
 TEMP_SUFFIX = ".tmp"
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def regular_file(path: str | os.PathLike) -> Path:
+    """``path`` if it names a regular file (a symbolic link to one counts); anything else that is
+    there is a ``ValueError`` naming it and what it is, before anything opens it. A missing path is
+    ``FileNotFoundError``, as ``open`` would raise."""
+    path = Path(path)
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise ValueError(f"{path} is {kind}, not a regular file: only regular files are read")
+    return path
 
 
 def fsync_dir(folder: str | Path) -> None:

@@ -30,11 +30,12 @@ import pickle
 import types
 import zipfile
 from collections.abc import Iterable
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 import torch
+
+from nets.files import regular_file
 
 PathOrFile = str | os.PathLike | IO[bytes]
 
@@ -212,6 +213,8 @@ def torch_load(
     that, quoted in the refusal (None: no way). A file that is no readable torch file (truncated,
     garbage) raises a ``ValueError`` naming it."""
     source = getattr(file, "name", file)
+    if isinstance(file, (str, os.PathLike)):
+        regular_file(file)
     if trust_pickle:
         try:
             return torch.load(file, map_location="cpu", mmap=mmap, weights_only=False)
@@ -258,7 +261,7 @@ def restricted_unpickle(
     """Unpickle ``file`` allowing only numpy arrays/dtypes/scalars, torch tensors, containers,
     strings and numbers (``trust_pickle=True``: a full ``pickle.load``, for trusted files)."""
     if isinstance(file, (str, os.PathLike)):
-        with open(file, "rb") as f:
+        with open(regular_file(file), "rb") as f:
             return restricted_unpickle(f, trust_pickle=trust_pickle, opt_in=opt_in)
     source = getattr(file, "name", file)
     if trust_pickle:
@@ -289,7 +292,7 @@ def load_npy(
     path: str | os.PathLike, *, trust_pickle: bool = False, opt_in: str | None = "trust_pickle=True"
 ) -> Any:
     """``np.load`` of one ``.npy`` file; an object array is read with ``restricted_unpickle``."""
-    path = Path(path)
+    path = regular_file(path)
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)

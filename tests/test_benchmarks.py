@@ -118,6 +118,9 @@ def test_evaluate_policy_by_name_with_kwargs_over_seeds(tmp_path):
         main(["--policy", "gaussian", "--temperature", "1.5", *common])
     with pytest.raises(SystemExit):
         main(["--policy", "gaussian", "--policy-kwargs", "[1]", *common])
+    none = ["--tasks", "99", *common[2:]]  # no such task: never a rate over 0 trials
+    with pytest.raises(ValueError, match=r"--tasks \[99\] select no \(task, init state\) pair"):
+        main(["--policy", "gaussian", *none])
 
 
 @pytest.mark.slow
@@ -220,6 +223,8 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     assert json.loads((tmp_path / "robustness.json").read_text()).keys() == results.keys()
     settings = main(["--categories", "settings", "--out", str(tmp_path)])["settings"]
     assert len(settings) >= 10 and all(outcome == "" for outcome in settings.values()), settings
+    special = main(["--categories", "special files", "--out", str(tmp_path)])["special files"]
+    assert len(special) == 8 and all(outcome == "" for outcome in special.values()), special
 
 
 @requires_libero

@@ -642,3 +642,43 @@ def test_a_version_of_another_type_is_refused(tmp_path, version):
     path = _raw_checkpoint(tmp_path / "iter_000001.pt", {}, version=version)
     with pytest.raises(ValueError, match="checkpoint version"):
         ckpt.load_checkpoint(path)
+
+
+def test_readers_refuse_fifos_and_devices_at_once(tmp_path):
+    """A FIFO (or a device, a folder) where a file is expected is a ValueError naming it, raised
+    before anything opens it: opening a FIFO would wait for a writer forever."""
+    import os
+    import signal
+
+    from trainers.config import read_json
+    from trainers.datasets import load_demos
+    from trainers.safe_hdf5 import SafeHDF5
+
+    frames = tmp_path / "frames" / "dataset"
+    frames.mkdir(parents=True)
+    fifo = frames / "frame_00000.npy"
+    os.mkfifo(fifo)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a reader blocked on a FIFO"))
+    signal.alarm(30)
+    try:
+        with pytest.raises(ValueError, match=r"frame_00000.npy is a FIFO \(named pipe\), not a regular file"):
+            load_initial_frames(tmp_path / "frames")
+        for name in ("config.json", "demos.h5", "ckpt.pt", "embeddings.pkl"):
+            os.mkfifo(tmp_path / name)
+        with pytest.raises(ValueError, match="config.json is a FIFO"):
+            read_json(tmp_path / "config.json")
+        with pytest.raises(ValueError, match="demos.h5 is a FIFO"):
+            SafeHDF5(tmp_path / "demos.h5")
+        with pytest.raises(ValueError, match="demos.h5 is a FIFO"):
+            load_demos(tmp_path / "demos.h5")
+        with pytest.raises(ValueError, match="ckpt.pt is a FIFO"):
+            torch_load(tmp_path / "ckpt.pt")
+        with pytest.raises(ValueError, match="embeddings.pkl is a FIFO"):
+            restricted_unpickle(tmp_path / "embeddings.pkl")
+        with pytest.raises(ValueError, match="/dev/null is a character device"):
+            load_npy("/dev/null")
+        with pytest.raises(ValueError, match="is a folder, not a regular file"):
+            torch_load(tmp_path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -93,6 +93,12 @@ def test_flags_config_file_and_types(tmp_path):
         ({"run": {"device": "meta"}}, "training runs on cpu, cuda or cuda:N"),
         ({"run": {"max_minutes": -1.0}}, "max_minutes must be a finite number >= 0"),
         ({"run": {"loop": "later"}}, r"RunConfig.loop: expected one of"),
+        ({"run": {"seed": 2**64}}, r"seed must be in \[0, 2\*\*32 - 1\], got 18446744073709551616"),
+        ({"ppo": {"gamma": float("nan")}}, r"PPOConfig.gamma: expected a finite number, got nan"),
+        (
+            {"ppo": {"learning_rate": float("inf")}},
+            r"PPOConfig.learning_rate: expected a finite number, got inf",
+        ),
         ({"run": {"autoreset_mode": 3}}, r"RunConfig.autoreset_mode: expected one of"),
         ({"ppo": {"target_kl": -1}}, "target_kl must be > 0"),
         ({"ppo": {"clip_low": -1}}, "need 0 <= clip_low < 1"),

@@ -4,6 +4,7 @@ the learning curve, summary.md and the video grid."""
 from __future__ import annotations
 
 import json
+import math
 
 import gymnasium as gym
 import numpy as np
@@ -167,3 +168,5 @@ def test_learning_curve_weighs_iterations_by_their_episodes():
     # one lucky episode, then nine failures in one iteration: 0.1, not a fall from 1.0 to 0.5
     assert _moving_average([1.0, 0.0], [1, 9], 10) == [1.0, 0.1]
     assert _moving_average([1.0, 0.0, 0.5], [1, 1, 2], 2) == [1.0, 0.5, pytest.approx(1 / 3)]
+    first, second = _moving_average([1.0, 0.0], [1, 9], 10, min_weight=10)  # drawn from 10 episodes on
+    assert math.isnan(first) and second == 0.1

@@ -187,6 +187,24 @@ def test_prior_data_that_does_not_fit_the_env_is_refused():
         demo_transitions([chunked], ok, (4, 2), G, 1)
 
 
+def test_prior_data_with_nan_and_a_buffer_that_holds_less_than_it_says_are_refused():
+    from trainers.sac.prior import _finite
+
+    buffer = ReplayBuffer(_dict_space(), (3, 1), capacity=4, prior=True)
+    rows = [_transition(i) for i in range(4)]
+    rows[2].reward = float("nan")
+    buffer.add(rows)
+    with pytest.raises(
+        ValueError, match=r"demos.h5: prior data rewards holds NaN or inf in 1 of 4 transitions"
+    ):
+        _finite(buffer, "demos.h5")
+    state = buffer.state_dict()
+    state["size"] = 4
+    state["rewards"] = state["rewards"][:1]  # says 4 rows, holds 1: never broadcast into 4 copies
+    with pytest.raises(ValueError, match=r"says it holds 4 rows, but holds \{'rewards': 1\}"):
+        ReplayBuffer(_dict_space(), (3, 1), capacity=4).load_state_dict(state)
+
+
 # ---------------------------------------------------------------------- a deterministic task
 def _reach_args(run_dir, *extra, obs_norm="off"):
     policy = {"hidden_sizes": [32, 32], "torso_kwargs": {"obs_norm": obs_norm}}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from nets.field_types import check_value, describe
+from nets.files import regular_file
 from trainers.files import write_atomic
 
 T = TypeVar("T")
@@ -212,7 +213,7 @@ def save_config(path: str | Path, configs: dict[str, Any]) -> None:
 def read_json(path: str | Path) -> Any:
     """A JSON file's content; an unreadable or malformed file is a ``ValueError`` naming it."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(regular_file(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read the config as JSON ({type(e).__name__}: {e})") from None
 

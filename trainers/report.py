@@ -33,13 +33,17 @@ SUMMARY_METRICS = (
 )
 
 
-def _moving_average(values: list[float], weights: list[float], width: int) -> list[float]:
-    """The mean of the last ``width`` values, each weighted (an iteration by its episodes)."""
+def _moving_average(
+    values: list[float], weights: list[float], width: int, min_weight: float = 0.0
+) -> list[float]:
+    """The mean of the last ``width`` values, each weighted (an iteration by its episodes); NaN (not
+    drawn) until the window holds ``min_weight`` (episodes)."""
     out = []
     for i in range(len(values)):
         v, w = values[max(0, i - width + 1) : i + 1], weights[max(0, i - width + 1) : i + 1]
         total = sum(w)
-        out.append(sum(a * b for a, b in zip(v, w)) / total if total > 0 else float("nan"))
+        mean = sum(a * b for a, b in zip(v, w)) / total if total > 0 else float("nan")
+        out.append(mean if total >= min_weight else float("nan"))
     return out
 
 
@@ -68,7 +72,7 @@ def plot_learning_curve(run_dir: str | Path) -> Path | None:
         ax.scatter(
             x, y, s=[4 + 2 * k for k in n], color="tab:blue", alpha=0.3, label="iterations (dot: episodes)"
         )
-        mean = _moving_average(list(y), list(n), 10)
+        mean = _moving_average(list(y), list(n), 10, min_weight=10)  # from 10 episodes on
         ax.plot(x, mean, color="tab:blue", label="training episodes (sampled), last 10 iterations")
     if evals:
         x, y = zip(*evals)

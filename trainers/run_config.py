@@ -123,6 +123,8 @@ class RunConfig:
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
                 f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
             )
+        if not 0 <= self.seed < 2**32:  # numpy's and gymnasium's seeds, and seed + offsets in torch's int64
+            raise ValueError(f"seed must be in [0, 2**32 - 1], got {self.seed}")
         check_device(self.device)
         if self.loop not in ("sync", "async"):
             raise ValueError(f"loop must be 'sync' or 'async', got {self.loop!r}")

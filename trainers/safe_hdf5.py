@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from nets.files import regular_file
+
 MAX_EXPANSION = 1100  # deflate's ceiling is 1032:1
 UNCOMPRESSING_FILTERS = (2, 3)  # H5Z_FILTER_SHUFFLE, H5Z_FILTER_FLETCHER32: same size out as in
 
@@ -76,7 +78,7 @@ class SafeHDF5:
 
     def __init__(self, path: str | Path) -> None:
         h5py = _h5py()
-        self.path = Path(path)
+        self.path = regular_file(path)
         self.size = self.path.stat().st_size
         self.file = h5py.File(self.path, "r")
         self._read = 0  # bytes the reads so far need at least

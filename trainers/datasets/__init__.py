@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nets.files import regular_file
 from trainers.datasets.demos import FORMAT as DEMOS_FORMAT
 from trainers.datasets.demos import Demos, read_demos
 from trainers.datasets.lerobot_read import read_lerobot
@@ -49,7 +50,7 @@ def _hdf5_format(path: Path) -> str | None:
     from trainers.datasets.libero_hdf5 import is_libero_file
     from trainers.safe_hdf5 import SafeHDF5
 
-    if not h5py.is_hdf5(path):
+    if not h5py.is_hdf5(regular_file(path)):  # h5py would open (and wait on) a FIFO
         return None
     with SafeHDF5(path) as h:  # a file that links outside itself is refused here already
         f = h.file

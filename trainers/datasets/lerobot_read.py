@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.files import regular_file
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets.demos import Demos, Episode
 from trainers.datasets.extras import pyarrow
@@ -45,7 +46,7 @@ def read_info(root: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset folder: {fmt.INFO_PATH} is missing")
     try:
-        info = json.loads(path.read_bytes())
+        info = json.loads(regular_file(path).read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(
             f"{path}: expected a JSON object (a LeRobot dataset's metadata), got a file that does not "
@@ -91,6 +92,7 @@ def _parquet(path: Path, what: str, columns: list[str] | None = None, schema: bo
     """``pq.read_table(path, columns=columns)`` (``schema``: only ``pq.read_schema``); a file pyarrow
     cannot read (truncated, not parquet) is a ``ValueError`` naming it."""
     pa, pq = pyarrow()
+    regular_file(path)
     try:
         return pq.read_schema(path) if schema else pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.files import regular_file
 from trainers.datasets.extras import ffmpeg_exe
 
 # LeRobot's defaults (its encode_video_frames): AV1 by SVT-AV1, 4:2:0, a key frame every 2 frames
@@ -136,7 +137,7 @@ def _cut_short(path: Path) -> str | None:
     a box that runs past the end of the file, or no ``moov`` box (the frame index, which mp4
     writers add last). None when the boxes fill the file and include it, and for a file that does
     not start with an ``ftyp`` box (not an ISO mp4, e.g. another container: ffmpeg judges it)."""
-    size, offset, kinds = path.stat().st_size, 0, set()
+    size, offset, kinds = regular_file(path).stat().st_size, 0, set()
     with open(path, "rb") as f:
         while offset < size:
             f.seek(offset)

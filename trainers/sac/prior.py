@@ -31,7 +31,7 @@ def load_prior(
     or an earlier SAC run directory / checkpoint (its replay buffer)."""
     path = Path(path)
     if path.suffix == ".pt" or (path.is_dir() and (path / "checkpoints").is_dir()):
-        return _from_run(path, observation_space, action_shape)
+        return _finite(_from_run(path, observation_space, action_shape), path)
     from trainers.datasets import load_demos
 
     demos = load_demos(path)
@@ -40,6 +40,21 @@ def load_prior(
         raise ValueError(f"{path}: no transition could be made from its {len(demos.episodes)} episodes")
     buffer = ReplayBuffer(observation_space, action_shape, len(transitions), prior=True)
     buffer.add(transitions)
+    return _finite(buffer, path)
+
+
+def _finite(buffer: ReplayBuffer, source: Any) -> ReplayBuffer:
+    """``buffer`` if every number in it is finite; else a ``ValueError`` naming the field and how
+    many rows hold NaN or inf (one would reach every critic target that samples it)."""
+    n = len(buffer)
+    fields = {"actions": buffer.actions, "rewards": buffer.rewards, "discounts": buffer.discounts}
+    for name, store in (("obs", buffer.obs), ("next_obs", buffer.next_obs)):
+        fields.update({f"{name}[{k!r}]": v for k, v in store.items() if k not in buffer.text})
+    for name, values in fields.items():
+        rows = values[:n].reshape(n, -1)
+        if np.issubdtype(rows.dtype, np.floating) and not np.isfinite(rows).all():
+            bad = int((~np.isfinite(rows)).any(1).sum())
+            raise ValueError(f"{source}: prior data {name} holds NaN or inf in {bad} of {n} transitions")
     return buffer
 
 

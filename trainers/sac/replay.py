@@ -252,6 +252,12 @@ class ReplayBuffer:
                 f"the saved replay buffer ({n} rows, keys {sorted(state['obs'])}) does not fit this one "
                 f"(capacity {self.capacity}, keys {sorted(self.obs)})"
             )
+        arrays = {"actions": state["actions"], "rewards": state["rewards"], "discounts": state["discounts"]}
+        for part in ("obs", "next_obs"):
+            arrays.update({f"{part}[{k!r}]": v for k, v in state[part].items()})
+        short = {name: len(v) for name, v in arrays.items() if len(v) != n}
+        if short:  # a short array would be broadcast into n copies of its rows
+            raise ValueError(f"the saved replay buffer says it holds {n} rows, but holds {short}")
         for store, saved in ((self.obs, state["obs"]), (self.next_obs, state["next_obs"])):
             for key, value in saved.items():
                 store[key][:n] = value if key in self.text else np.asarray(value)
