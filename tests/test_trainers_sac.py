@@ -527,3 +527,26 @@ def test_dsrl_refuses_what_does_not_fit(tmp_path):
     with pytest.raises(TypeError, match="DSRL steers a flow policy .* got GaussianPolicy"):
         sac_train.main(["--env", "SacReach-v0", "--policy", "dsrl", "--init-policy", str(tmp_path / "g"),
                         "--run-dir", str(tmp_path / "b"), *FAST])  # fmt: skip
+
+
+def test_actor_every_steps_the_actor_and_temperature_on_every_nth_update_only(tmp_path, monkeypatch):
+    """``--actor-every 3``: updates 0, 3, 6... move the actor and alpha; the others only the critics."""
+    real, seen = sac_train.sac_update, []
+
+    def recording(actor, learner, *args):
+        before = [p.detach().clone() for p in (*actor.parameters(), learner.log_alpha)]
+        critic = [p.detach().clone() for p in learner.critic.parameters()]
+        out = real(actor, learner, *args)
+        moved = any(not torch.equal(a, p) for a, p in zip(before, (*actor.parameters(), learner.log_alpha)))
+        seen.append(
+            (args[-1], moved, any(not torch.equal(a, p) for a, p in zip(critic, learner.critic.parameters())))
+        )
+        return out
+
+    monkeypatch.setattr(sac_train, "sac_update", recording)
+    sac_train.main(_reach_args(tmp_path / "run", "--actor-every", "3"))
+    assert len(seen) == 90 and all(critic for _, _, critic in seen)
+    assert [flag for flag, _, _ in seen] == [i % 3 == 0 for i in range(90)]
+    assert all(moved == flag for flag, moved, _ in seen)
+    row = [r for r in read_metrics(tmp_path / "run") if "train/actor_loss" in r][-1]
+    assert {"train/critic_loss", "train/alpha_loss", "train/entropy"} <= set(row)  # averaged where present

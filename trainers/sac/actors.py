@@ -26,6 +26,7 @@ stops. Env workers that die are restarted by the env, as in the sync loop.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import dataclasses
 import os
@@ -124,6 +125,11 @@ class ActorLink:
         if updates - self.counters[PUBLISHED] >= sync_every or self.counters[WAITING]:
             self.publish(policy, updates)
 
+    def serve(self, policy: ActionChunkPolicy, updates: int) -> None:
+        """With no update to do: publish the weights if the actor waits for newer ones."""
+        if self.counters[WAITING]:
+            self.publish(policy, updates)
+
     def publish(self, policy: ActionChunkPolicy, updates: int) -> None:
         if self.counters[PUBLISHED] == updates:
             return
@@ -198,8 +204,9 @@ class EnvActor:
     for). ``start(spec, updates)`` then shares the policy's weights and lets it act. ``receive``
     returns ``(transitions, env steps, episodes)`` of one vector step, or None when none arrived
     within ``timeout``. An exception in the actor (a bad env setting while it makes the envs, a
-    simulator error) is raised here as itself, with the actor's traceback as a note (a
-    ``RuntimeError`` with it where it cannot be sent); an actor that died is a ``RuntimeError``.
+    simulator error) is raised here with its type where that is a built-in one (``ValueError``,
+    ``ImportError``...) and its message, the actor's traceback as a note; any other type is a
+    ``RuntimeError`` with the traceback, and so is an actor that died.
     ``close`` stops it.
     """
 
@@ -247,10 +254,12 @@ class EnvActor:
                     f"the SAC actor process died (exit code {self.process.exitcode}) without a word"
                 ) from None
             return None
-        if message[0] == "error":  # the actor's own exception where it could be sent, else its text
-            _, text, error = message
-            if error is None:
+        if message[0] == "error":  # a built-in exception type raised again as itself, else RuntimeError
+            _, text, name, what = message
+            cls = getattr(builtins, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 raise RuntimeError(f"the SAC actor process failed:\n{text}")
+            error = cls(what)
             error.add_note(f"(raised in the SAC actor process:\n{text})")
             raise error
         return message
@@ -318,7 +327,8 @@ def _actor_main(run_config: Any, nice: int, link: ActorLink, out: Any, control: 
                 time.sleep(0.001)
             if counters[STOP]:
                 break
-            collector.policy = lagged if started else collector.policy
+            if started:  # before: the warm-up policy (uniform, or the lagged one itself)
+                collector.policy = lagged
             rollout = collector.collect(1, record_obs=True)
             lag = lagged.last_lag if collector.policy is lagged else 0
             rows = step_transitions(rollout, collector.obs, writer, lag)
@@ -326,22 +336,11 @@ def _actor_main(run_config: Any, nice: int, link: ActorLink, out: Any, control: 
             live_steps += min(stored, spec.buffer_capacity) >= spec.learning_starts
             out.put(("step", rows, int(rollout.valid.sum()), rollout.episodes))
     except BaseException as error:
-        if not counters[STOP]:
-            out.put(("error", traceback.format_exc(), _picklable(error)))
+        if not counters[STOP]:  # plain data only: the learner rebuilds a built-in exception type
+            out.put(("error", traceback.format_exc(), type(error).__name__, str(error)))
     finally:
         if env is not None:
             env.close()
-
-
-def _picklable(error: BaseException) -> BaseException | None:
-    """``error`` if it survives pickling as the same type with the same message, else None."""
-    import pickle
-
-    try:
-        copy_ = pickle.loads(pickle.dumps(error))
-    except Exception:
-        return None
-    return copy_ if type(copy_) is type(error) and str(copy_) == str(error) else None
 
 
 def _exit_on_term(signum: int, frame: Any) -> None:

@@ -36,7 +36,6 @@ from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector
 from trainers.run import Run, RunConfig
-from trainers.sac import actors
 from trainers.sac.actors import RESUME_SEED_STRIDE, ActorSpec, EnvActor, UniformPolicy, step_transitions
 from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update, shuffle_outcomes
 from trainers.sac.prior import load_prior
@@ -206,8 +205,8 @@ def train(
                         steps_metrics.append(update())
                         owed, online = owed - 1, online + 1
                         actor.link.updated(policy, done["updates"], online, config.weight_sync_every)
-                    elif actor.link.counters[actors.WAITING]:
-                        actor.link.publish(policy, done["updates"])
+                    else:
+                        actor.link.serve(policy, done["updates"])
                 end_iteration(env_steps, episodes, steps_metrics)
             actor.close()
         if env is not None:
