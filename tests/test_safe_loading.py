@@ -326,12 +326,12 @@ def test_a_checkpoints_kwargs_lose_download_and_revision(tmp_path):
             "model_path": "owner/repo@0123abcd",
             "download": True,
             "revision": "main",
-            "nested": {"trust_pickle": True, "keep": 1},
+            "options": {"trust_pickle": True, "lora_rank": 1},
         },
     }
     with pytest.warns(RuntimeWarning) as caught:
         checked = ckpt.checked_policy_spec(spec, "ckpt.pt")
-    assert checked["kwargs"] == {"model_path": "owner/repo@0123abcd", "nested": {"keep": 1}}
+    assert checked["kwargs"] == {"model_path": "owner/repo@0123abcd", "options": {"lora_rank": 1}}
     messages = [str(w.message) for w in caught]
     assert any("ignored {'download': True, 'revision': 'main'}" in m for m in messages)
     assert any("ignored {'trust_pickle': True}" in m for m in messages)
@@ -354,7 +354,7 @@ def test_the_callers_opt_ins_reach_only_a_policy_that_takes_them(tmp_path):
     """Issue 32: ``policy_kwargs={"trust_pickle": False}`` for a policy without that argument was
     its TypeError. False or None asks for nothing and is left out; a value that asks for something
     is a ValueError naming it and the policy; the pretrained policies take theirs."""
-    from nets.safe_load import OPT_IN_KEYS
+    from nets.file_settings import OPT_IN_KEYS
     from policies.cosmos_policy import CosmosPolicy
     from policies.registry import accepted_arguments
 
@@ -478,7 +478,7 @@ def test_a_checkpoints_module_name_is_checked_before_import(tmp_path, evil_modul
     # a residual policy's base names a class too
     base = {"base": {"name": "vla_gym_evil:Policy", "kwargs": {}}}
     nested = _policy_checkpoint(tmp_path / "r.pt", "residual", base)
-    with pytest.raises(ValueError, match=refusal):
+    with pytest.raises(ValueError, match=r"base.name: 'vla_gym_evil:Policy' imports a module that is not"):
         ckpt.load_policy(nested, *spaces)
     assert not evil_module.exists()
     # named by the user: imported (and then checked for its type)

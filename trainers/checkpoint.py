@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
+from nets.file_settings import OPT_IN_KEYS, check_file_settings
+from nets.safe_load import UnsafeFileError, torch_load
 from trainers import parallel
 from trainers.files import write_atomic
 
@@ -271,15 +272,17 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
     """A checkpoint's policy spec, checked before anything is built from it: ``name`` (and the
     name of a nested policy spec such as a residual policy's ``base``) must be a registered policy
     or in ``allow_policies`` (names the user gave: nothing is imported for a name a file chose);
-    the opt-ins of ``nets.safe_load.OPT_IN_KEYS`` (``trust_pickle``, ``download``, ...) are
-    dropped from ``kwargs`` with a warning (they come only from the user's own call)."""
+    ``kwargs`` hold only the class's keywords, as data (``nets.file_settings``): the opt-ins
+    (``trust_pickle``, ``download``, ...) are dropped with a warning (they come only from the user's
+    own call), and anything naming code, an address or a remote resource is refused."""
     from policies.registry import check_policy_from_file
 
     where = f"{source}: policy"
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
         raise ValueError(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
     check_policy_from_file(spec.get("name"), where, allow_policies)
-    kwargs = strip_opt_ins(spec["kwargs"], f"{where} kwargs")
+    schema = policy_settings(spec["name"])
+    kwargs = check_file_settings(spec["kwargs"], schema, f"{where} kwargs", allow=allow_policies)
     nested = [kwargs]
     while nested:  # nested policy specs ({"name": ..., "kwargs": ...}, e.g. a residual's base)
         value = nested.pop()
@@ -290,6 +293,17 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
         elif isinstance(value, (list, tuple)):
             nested.extend(value)
     return {**spec, "kwargs": kwargs}
+
+
+def policy_settings(name: str) -> Any:
+    """The allow-list of the policy ``name``'s keyword arguments (``policies.registry.settings_schema``),
+    or None (any key, checked as data) for ``auto`` or a name that does not resolve."""
+    from policies.registry import policy_class, settings_schema
+
+    try:
+        return None if name == "auto" else settings_schema(policy_class(name))
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def given_opt_ins(
