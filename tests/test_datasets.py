@@ -1078,3 +1078,51 @@ def test_libero_files_read_upright_like_the_env_renders(tmp_path):
     np.testing.assert_array_equal(ep.obs["wrist_image"][0], up["wrist_image"])
     np.testing.assert_array_equal(ep.obs["proprio"][0], up["proprio"])
     assert ep.task == start.task and ep.instruction == start.instruction
+
+
+# ------------------------------------------------------------------------------ data semantics
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ep: {"actions": ep.actions.astype(np.complex64)}, r"episode 1: actions must be real numbers"),
+        (lambda ep: {"rewards": np.full_like(ep.rewards, np.nan)}, r"episode 1: rewards hold NaN"),
+        (
+            lambda ep: {"obs": {**ep.obs, "image": ep.obs["image"].astype(np.uint16) * 300}},
+            r"'image' is a uint16",
+        ),
+        (lambda ep: {"obs": {**ep.obs, "proprio": ep.obs["proprio"] * np.inf}}, r"obs 'proprio' hold NaN"),
+        (lambda ep: {"instruction": b"put the bowl"}, r"episode 1: instruction must be a string"),
+    ],
+    ids=["complex-actions", "nan-rewards", "16-bit-image", "inf-proprio", "bytes-instruction"],
+)
+def test_demos_hold_real_finite_numbers_8_bit_images_and_text(change, message):
+    episodes = _demos().episodes
+    episodes[1] = dataclasses.replace(episodes[1], **change(episodes[1]))
+    with pytest.raises(ValueError, match=message):
+        Demos({}, episodes)
+
+
+def test_byte_string_attributes_are_decoded_or_refused(tmp_path):
+    path = write_demos(tmp_path / "d.h5", _demos().episodes, {})
+    with h5py.File(path, "r+") as f:
+        f["episodes"][sorted(f["episodes"])[0]].attrs["instruction"] = np.bytes_("put the bowl on the plate")
+    assert read_demos(path).episodes[0].instruction == "put the bowl on the plate"  # not "b'put ...'"
+    with h5py.File(path, "r+") as f:
+        f["episodes"][sorted(f["episodes"])[0]].attrs["instruction"] = np.bytes_(b"\xff\xfe bowl")
+    with pytest.raises(ValueError, match=r"d\.h5: episode \w+ instruction: bytes that are not UTF-8"):
+        read_demos(path)
+
+
+@requires_pyarrow
+def test_a_16_bit_png_in_a_lerobot_dataset_is_refused_not_wrapped():
+    import imageio.v3 as iio
+
+    from trainers.datasets.lerobot_read import _to_numpy
+
+    spec = {"dtype": "image", "shape": [4, 4, 3], "names": ["height", "width", "channel"]}
+    deep = iio.imwrite("<bytes>", np.full((4, 4), 300, np.uint16), extension=".png")
+    plain = iio.imwrite("<bytes>", np.full((4, 4, 3), 44, np.uint8), extension=".png")
+    column = pa.array([{"bytes": plain, "path": None}, {"bytes": deep, "path": None}])
+    with pytest.raises(ValueError, match=r"x\.parquet: image 1 is uint16 \(a 16-bit image"):
+        _to_numpy(column, spec, "x.parquet")
+    assert _to_numpy(column[:1], spec, "x.parquet").tolist() == np.full((1, 4, 4, 3), 44).tolist()

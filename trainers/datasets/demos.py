@@ -76,6 +76,34 @@ class Episode:
         return int(self.valid.sum())
 
 
+def check_numbers(array: np.ndarray, where: str) -> None:
+    """Refuse an array that is not real numbers (complex, object, strings) or holds NaN or inf,
+    naming ``where`` and the first bad step."""
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{where} must be real numbers, got dtype {array.dtype}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        step = int(np.argwhere(~np.isfinite(array))[0][0])
+        raise ValueError(f"{where} hold NaN or infinite values (step {step})")
+
+
+def text(value: Any, where: str) -> str:
+    """A string attribute read from a file: bytes (HDF5 and parquet may store them) decoded as UTF-8,
+    a one-element array unwrapped; anything else (or bytes that are not UTF-8) is a ``ValueError``
+    naming ``where``."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: bytes that are not UTF-8 text ({e})") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string, got {type(value).__name__} {value!r:.100}")
+    return value
+
+
 @dataclass
 class Demos:
     """A demonstration file in memory: its attributes and episodes."""
@@ -93,9 +121,21 @@ class Demos:
                 expected = "[steps, K, D]" if shape is None else f"[steps, {shape[0]}, {shape[1]}] as before"
                 raise ValueError(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
             shape = actions.shape[1:]
-            if np.issubdtype(actions.dtype, np.floating) and not np.isfinite(actions).all():
-                step = int(np.argwhere(~np.isfinite(actions))[0][0])
-                raise ValueError(f"demo episode {i}: actions hold NaN or infinite values (step {step})")
+            check_numbers(actions, f"demo episode {i}: actions")
+            check_numbers(np.asarray(ep.rewards), f"demo episode {i}: rewards")
+            for key, value in ep.obs.items():
+                value = np.asarray(value)
+                if value.ndim == 4 and value.dtype != np.uint8:  # [C, H, W, channels]: an image
+                    raise ValueError(
+                        f"demo episode {i}: obs {key!r} is a {value.dtype} image; images are read as uint8 "
+                        "(a 16-bit depth image would wrap around): convert it, or store it as a float feature"
+                    )
+                if value.dtype.kind in "fc" or value.dtype.kind == "O":
+                    check_numbers(value, f"demo episode {i}: obs {key!r}")
+            for name in ("instruction", "task"):
+                value = getattr(ep, name)
+                if not isinstance(value, str):
+                    raise ValueError(f"demo episode {i}: {name} must be a string, got {value!r:.100}")
 
     def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
         """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
@@ -262,8 +302,8 @@ def read_demos(path: str | Path) -> Demos:
                     actions=read(g["actions"]),
                     valid=read(g["valid"]),
                     rewards=read(g["rewards"]),
-                    instruction=str(g.attrs["instruction"]),
-                    task=str(g.attrs["task"]),
+                    instruction=text(g.attrs["instruction"], f"{path}: episode {name} instruction"),
+                    task=text(g.attrs["task"], f"{path}: episode {name} task"),
                     initial_frame=int(g.attrs["initial_frame"]),
                     success=bool(g.attrs["success"]),
                     sim_states=read(g["sim_states"]) if "sim_states" in g else None,

@@ -32,7 +32,7 @@ import numpy as np
 
 from nets.files import regular_file
 from trainers.datasets import lerobot_format as fmt
-from trainers.datasets.demos import Demos, Episode
+from trainers.datasets.demos import Demos, Episode, check_numbers, text
 from trainers.datasets.extras import pyarrow
 from trainers.datasets.paths import inside
 from trainers.datasets.video import read_ranges
@@ -240,7 +240,13 @@ def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
                     f"{where}: image {n} is {size[0]}x{size[1]} (height x width), not the "
                     f"{hw[0]}x{hw[1]} that {fmt.INFO_PATH} declares; refused"
                 )
-            images.append(iio.imread(item["bytes"]))
+            image = iio.imread(item["bytes"])
+            if image.dtype != np.uint8:
+                raise ValueError(
+                    f"{where}: image {n} is {image.dtype} (a 16-bit image, such as a depth camera's?); "
+                    "images are read as 8-bit RGB or greyscale and would wrap around: convert it"
+                )
+            images.append(image)
         if not images:
             return np.zeros((0, *hw, 3), np.uint8)
         out = np.stack(
@@ -357,6 +363,8 @@ def read_lerobot(
         e = table["episode_index"][r]
         arrays = per_episode[e]
         length = int(table["length"][r])
+        for name in (action, *extras.values()):
+            check_numbers(np.asarray(arrays[name]), f"{root}: episode {e} {name}")  # before any cast
         act = np.asarray(arrays[action], np.float32).reshape(length, 1, -1)
         reward = (
             np.asarray(arrays[extras["reward"]], np.float32).reshape(length)
@@ -376,7 +384,7 @@ def read_lerobot(
                 actions=act,
                 valid=np.ones((length, 1), bool),
                 rewards=reward[:, None],
-                instruction=str(tasks[task_index]),
+                instruction=text(tasks[task_index], f"{root}: {fmt.TASKS_PATH} task {task_index}"),
                 task=str(_cell(table, "vla_gym/task", r, "") or ""),
                 initial_frame=int(_cell(table, "vla_gym/initial_frame", r, -1)),
                 success=success,

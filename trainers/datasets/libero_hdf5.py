@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.datasets.demos import Demos, Episode
+from trainers.datasets.demos import Demos, Episode, text
 from trainers.datasets.paths import inside
 
 FORMAT = "libero-hdf5"
@@ -70,7 +70,7 @@ Read = Callable[[Any], np.ndarray]  # SafeHDF5.read: a whole dataset, its declar
 
 def _text(value: Any) -> str:
     if isinstance(value, bytes | np.bytes_):
-        return value.decode()
+        return text(bytes(value), "a LIBERO file's text attribute")
     if isinstance(value, np.ndarray) and value.dtype.kind in "SUO":
         return "".join(_text(v) for v in value.ravel())
     return str(value)
