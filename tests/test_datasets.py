@@ -442,8 +442,16 @@ def test_lerobot_export_options_and_refusals(tmp_path):
     assert set(back.episodes[0].obs) == {"image", "task_state"}
     np.testing.assert_array_equal(back.episodes[1].obs["task_state"], demos.episodes[1].obs["task_state"])
 
-    with pytest.raises(FileExistsError, match="exists: choose another folder, or overwrite=True"):
+    with pytest.raises(ValueError, match="ds already exists: pass --overwrite to replace it"):
         write_lerobot(demos, out, progress=False)
+    mine = tmp_path / "mine"  # a folder of the user's: --overwrite never deletes it
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="mine exists and is not a LeRobot dataset that vla-gym wrote"):
+        write_lerobot(demos, mine, overwrite=True, progress=False)
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    (mine / "thesis.tex").unlink()
+    mine.rmdir()
     write_lerobot(_demos(seed=5), out, video=False, overwrite=True, progress=False)  # replaced whole
     np.testing.assert_array_equal(
         read_lerobot(out, progress=False).episodes[0].actions, _demos(seed=5).episodes[0].actions
@@ -697,7 +705,7 @@ def test_world_model_dataset_is_what_load_initial_frames_reads(tmp_path, k):
     if k > 1:
         np.testing.assert_array_equal(last["action_valid"], demos.episodes[1].valid[-1])
     assert ("action_chunk" in whole[0]) == (k > 1)
-    with pytest.raises(FileExistsError, match="dataset exists: pass overwrite=True"):
+    with pytest.raises(ValueError, match="dataset already exists: pass --overwrite"):
         write_world_model_dataset(demos, tmp_path / "bundle", progress=False)
     bad = _demos(k=k)
     bad.episodes[2].actions = bad.episodes[2].actions[..., :6]

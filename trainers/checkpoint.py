@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from nets.file_settings import OPT_IN_KEYS, check_file_settings
+from nets.files import check_output
 from nets.safe_load import UnsafeFileError, torch_load
 from trainers import parallel
 from trainers.files import write_atomic
@@ -475,18 +476,34 @@ def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) ->
     load_policy_state(policy, spec, path, optional=CRITIC_PREFIXES)
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a vla-gym checkpoint that loads (its checksum verified): the only file an
+    export with ``overwrite`` may replace."""
+    try:
+        load_checkpoint(path)
+    except (OSError, ValueError, UnsafeFileError):
+        return False
+    return True
+
+
 def export_policy(
     source: str | Path,
     path: str | Path,
     note: dict[str, Any] | None = None,
     *,
     allow_unverified: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Write the policy alone (class, arguments, weights; no optimizer or RNG state) of a run's
     newest checkpoint to ``path``: a small file that ``--init-policy`` and ``load_policy`` read.
+    ``path`` is never the checkpoint read; an existing one is replaced only with ``overwrite``, and only
+    if it is a vla-gym checkpoint.
     ``allow_unverified`` reads a version-1 source (no SHA-256) that you trust; what is written
     carries the SHA-256 of what was read."""
     src, data = latest_checkpoint(source, allow_unverified=allow_unverified)
+    check_output(
+        path, overwrite=overwrite, ours=is_checkpoint, what="a checkpoint", flag="out", sources=[src]
+    )
     payload = {
         "algo": data["algo"],
         "policy": data["policy"],
@@ -580,8 +597,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="read a version-1 checkpoint (no SHA-256) that you trust; the export carries one",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing policy checkpoint at out"
+    )
     args = parser.parse_args(argv)
-    print(f"wrote {export_policy(args.source, args.out, allow_unverified=args.allow_unverified)}")
+    path = export_policy(
+        args.source, args.out, allow_unverified=args.allow_unverified, overwrite=args.overwrite
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

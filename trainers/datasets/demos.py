@@ -2,8 +2,8 @@
 ``write_demos``; ``python -m trainers.demos`` collects them), read back for behaviour cloning and as
 prior data of the off-policy trainers.
 
-File format (HDF5, written with ``h5py``; the file appears once complete, an interrupted writer leaves
-the episodes written so far in ``<out>.tmp``):
+File format (HDF5, written with ``h5py``; the file appears once complete, a writer stopped by an error
+leaves the episodes written so far in ``<out>.<pid>.tmp``, its own temporary file):
 
     /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
                         policy_kwargs, chunk_size K, action_dim D, seed, episodes_run,
@@ -26,6 +26,7 @@ way (files of earlier versions of this code are uncompressed, in the earliest fo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from nets.files import atomic_path
+from nets.files import atomic_path, regular_file
 
 FORMAT, VERSION = "vla-gym-demos", 1
 LIBVER = "v110"  # the oldest HDF5 file format with single-chunk datasets (readable by HDF5 >= 1.10)
@@ -216,14 +217,16 @@ class Demos:
 
 
 def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
-    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.tmp`` renamed at the
-    end. ``meta`` is written first and again at the end (a caller may add totals meanwhile). If the
-    episodes stop with an error, ``<path>.tmp`` keeps the complete episodes written so far."""
+    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.<pid>.tmp`` (one per
+    process: two writers of one path never share it) renamed at the end. ``meta`` is written first and
+    again at the end (a caller may add totals meanwhile). If the episodes stop with an error, the
+    temporary file keeps the complete episodes written so far."""
     h5py = _h5py()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # nets.files.atomic_path: fsynced and renamed once complete; kept on an error (the partial file)
-    with atomic_path(path, temp=path.with_name(path.name + ".tmp"), keep_on_error=True) as tmp:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with atomic_path(path, temp=temp, keep_on_error=True) as tmp:
         with h5py.File(tmp, "w", libver=LIBVER) as f:
             _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
             group = f.create_group("episodes")
@@ -276,6 +279,16 @@ def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
         raise ValueError(f"{path} is not a {fmt} file (format attribute {f.attrs.get('format')!r})")
     if int(f.attrs["version"]) > version:
         raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
+
+
+def is_demos_file(path: Path) -> bool:
+    """Whether ``path`` is a vla-gym demos file (its ``format`` attribute): the only file
+    ``--overwrite`` may replace."""
+    try:
+        with _h5py().File(regular_file(path), "r") as f:
+            return f.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def read_demos(path: str | Path) -> Demos:
