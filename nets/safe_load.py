@@ -27,6 +27,7 @@ import functools
 import io
 import os
 import pickle
+import tokenize
 import types
 import zipfile
 from collections.abc import Iterable
@@ -301,8 +302,8 @@ def load_npy(
                 np.lib.format.read_array_header_2_0,  # 2.0 and 3.0 headers
             )
             shape, _, dtype = read_header(f)
-        except ValueError as e:
-            raise ValueError(f"{path}: not a .npy file ({e})") from None
+        except (ValueError, SyntaxError, tokenize.TokenError) as e:  # a damaged header's dict literal
+            raise ValueError(f"{path}: not a .npy file ({type(e).__name__}: {e})") from None
         if not dtype.hasobject:
             f.seek(0)
             try:

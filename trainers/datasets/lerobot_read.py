@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.field_types import check_value
 from nets.files import regular_file
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets.demos import Demos, Episode, check_numbers, text
@@ -80,7 +81,35 @@ def read_info(root: Path) -> dict[str, Any]:
     fps = info["fps"]
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
         raise ValueError(f"{path}: expected fps as a positive number, got {_short(fps)}")
+    checks = [(f"{k}", info[k], t) for k, t in INFO_ENTRIES.items() if k in info]
+    own = info.get("vla_gym")
+    if isinstance(own, dict):
+        checks += [(f"vla_gym.{k}", own[k], t) for k, t in VLA_GYM_ENTRIES.items() if k in own]
+    for name, spec in features.items():
+        checks += [(f"features[{name!r}].{k}", spec[k], t) for k, t in FEATURE_ENTRIES.items() if k in spec]
+    for where, value, annotation in checks:
+        try:
+            check_value(annotation, value)
+        except ValueError as e:
+            raise ValueError(f"{path}: {where}: {e}, got {_short(value)}") from None
     return info
+
+
+# the entries of info.json this reader uses, and what each must be
+INFO_ENTRIES: dict[str, Any] = {
+    "data_path": str,
+    "video_path": str | None,
+    "robot_type": str | None,
+    "vla_gym": dict[str, Any] | None,
+    "features": dict[str, Any],
+}
+VLA_GYM_ENTRIES: dict[str, Any] = {"obs_keys": dict[str, str] | None, "demos": dict[str, Any] | None}
+FEATURE_ENTRIES: dict[str, Any] = {
+    "dtype": str,
+    "shape": Sequence[int],
+    "names": list | dict | None,
+    "info": dict[str, Any] | None,
+}
 
 
 def _short(value: Any) -> str:
