@@ -225,6 +225,11 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     assert len(settings) >= 10 and all(outcome == "" for outcome in settings.values()), settings
     special = main(["--categories", "special files", "--out", str(tmp_path)])["special files"]
     assert len(special) == 8 and all(outcome == "" for outcome in special.values()), special
+    issue47 = main(
+        ["--categories", "settings from files", "data semantics", "outputs", "--out", str(tmp_path)]
+    )
+    assert [len(issue47[c]) for c in issue47] == [8, 5, 4]
+    assert all(outcome == "" for cases in issue47.values() for outcome in cases.values()), issue47
 
 
 @requires_libero
