@@ -25,6 +25,7 @@ import codecs
 import collections
 import functools
 import io
+import math
 import os
 import pickle
 import tokenize
@@ -67,16 +68,33 @@ class _NotPlainDataError(Exception):
     ``UnsafeFileError`` naming the file)."""
 
 
-def _no_hooks(rebuild: Any, hooks_at: int) -> Any:
+def _no_hooks(rebuild: Any, hooks_at: int, layout: bool = False) -> Any:
     """``rebuild`` (a torch tensor rebuild function) refusing backward hooks, which a plain
-    data file never has (they would be called later, on a backward pass)."""
+    data file never has (they would be called later, on a backward pass), and with ``layout`` (its
+    arguments start ``storage, offset, size, stride``) elements that overlap (``_check_layout``)."""
 
     def checked(*args: Any) -> Any:
         if len(args) > hooks_at and args[hooks_at]:
             raise _NotPlainDataError("a tensor with backward hooks")
+        if layout:
+            _check_layout(args[2], args[3])
         return rebuild(*args)
 
     return checked
+
+
+def _check_layout(size: Any, stride: Any) -> None:
+    """Refuse a tensor whose elements share memory (a zero or overlapping stride): a few bytes in the
+    file that read as gigabytes once any operation copies them."""
+    dims = sorted((int(st), int(n)) for n, st in zip(size, stride, strict=True) if int(n) > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            raise _NotPlainDataError(
+                f"a tensor of size {tuple(size)} with strides {tuple(stride)}, whose elements overlap in "
+                "memory (a zero or overlapping stride)"
+            )
+        span = st * n
 
 
 @functools.cache
@@ -85,8 +103,8 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
     Python's containers (the ``Storage`` classes torch resolves itself)."""
     utils = torch._utils
     allowed: dict[tuple[str, str], Any] = {
-        ("torch._utils", "_rebuild_tensor"): utils._rebuild_tensor,
-        ("torch._utils", "_rebuild_tensor_v2"): _no_hooks(utils._rebuild_tensor_v2, 5),
+        ("torch._utils", "_rebuild_tensor"): _no_hooks(utils._rebuild_tensor, 4, layout=True),
+        ("torch._utils", "_rebuild_tensor_v2"): _no_hooks(utils._rebuild_tensor_v2, 5, layout=True),
         ("torch._utils", "_rebuild_parameter"): _no_hooks(utils._rebuild_parameter, 2),
         ("torch._utils", "_rebuild_parameter_with_state"): _no_hooks(utils._rebuild_parameter_with_state, 2),
         ("torch", "Size"): torch.Size,
@@ -102,7 +120,7 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
         ("_codecs", "encode"): codecs.encode,  # how protocol 2 writes bytes
     }
     if hasattr(utils, "_rebuild_tensor_v3"):
-        allowed[("torch._utils", "_rebuild_tensor_v3")] = _no_hooks(utils._rebuild_tensor_v3, 5)
+        allowed[("torch._utils", "_rebuild_tensor_v3")] = _no_hooks(utils._rebuild_tensor_v3, 5, layout=True)
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype):
             allowed[("torch", name)] = value
@@ -305,6 +323,13 @@ def load_npy(
         except (ValueError, SyntaxError, tokenize.TokenError) as e:  # a damaged header's dict literal
             raise ValueError(f"{path}: not a .npy file ({type(e).__name__}: {e})") from None
         if not dtype.hasobject:
+            declared = math.prod(shape) * dtype.itemsize
+            held = os.fstat(f.fileno()).st_size - f.tell()
+            if declared > held:  # checked before numpy allocates what the header declares
+                raise ValueError(
+                    f"{path}: its header declares a {shape} {dtype} array ({declared:,} bytes) but the file "
+                    f"holds {held:,} bytes after it; is the file truncated or crafted?"
+                )
             f.seek(0)
             try:
                 return np.load(f, allow_pickle=False)

@@ -600,7 +600,7 @@ def test_shared_references_cannot_make_verification_hang(tmp_path):
 def test_a_view_cannot_expand_past_the_file(tmp_path):
     """A tensor view with stride 0 names 2**40 elements over one stored number."""
     path = _raw_checkpoint(tmp_path / "iter_000001.pt", {"w": torch.zeros(1).expand(2**40)})
-    with pytest.raises(ValueError, match="cannot verify"):
+    with pytest.raises(ValueError, match="whose elements overlap in memory"):  # refused as it is read
         ckpt.load_checkpoint(path)
 
 
@@ -682,3 +682,37 @@ def test_readers_refuse_fifos_and_devices_at_once(tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_sizes_a_file_declares_are_checked_before_memory(tmp_path):
+    """A 100 KB checkpoint whose saved arguments ask for a 14 GB network, a tensor of a few bytes
+    that reads as a million (zero strides), an .npy header declaring 10^12 elements: each refused,
+    naming the file, before anything that size is allocated."""
+    import resource
+
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    policy, built = ckpt.build_policy("categorical", {"hidden_sizes": [8]}, *spaces)
+    huge = {**built["kwargs"], "hidden_sizes": [60000, 60000]}  # 3.6e9 weights in the middle layer
+    path = _policy_checkpoint(tmp_path / "small.pt", built["name"], huge, policy.state_dict())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(
+        ValueError, match=r"small.pt: the saved arguments build .* refused before building it"
+    ):
+        ckpt.load_policy(path, *spaces)
+    with pytest.raises(ValueError, match=r"refused before building it"):
+        ckpt.build_policy("auto", {}, *spaces, init_policy=path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: nothing near 14 GB
+
+    torch.save({"w": torch.zeros(1).expand(1000, 1000)}, tmp_path / "strided.pt")
+    with pytest.raises(UnsafeFileError, match=r"strides \(0, 0\), whose elements overlap"):
+        torch_load(tmp_path / "strided.pt")
+    torch.save({"t": torch.arange(6.0).reshape(2, 3).t(), "s": torch.zeros(4)[1:]}, tmp_path / "views.pt")
+    assert torch_load(tmp_path / "views.pt")["t"].shape == (3, 2)  # transposed and offset views load
+
+    np.save(tmp_path / "a.npy", np.zeros(4, np.float32))
+    raw = (tmp_path / "a.npy").read_bytes()
+    header = raw[:128].replace(b"(4,), }", b"(10**12,),}".replace(b"10**12", b"1000000000000"))
+    (tmp_path / "big.npy").write_bytes(header[:127].ljust(127) + b"\n" + raw[128:])
+    with pytest.raises(ValueError, match=r"big.npy: its header declares a \(1000000000000,\) float32 array"):
+        load_npy(tmp_path / "big.npy")

@@ -269,6 +269,35 @@ def load_policy_state(
         )
 
 
+def make_sized_policy(
+    name: str, observation_space: Any, action_space: Any, kwargs: dict[str, Any], state: Any, where: Any
+) -> Any:
+    """``make_policy`` for arguments read from a checkpoint whose weights are ``state``: the policy is
+    first built on the meta device (no memory), and a parameter whose shape differs from the
+    checkpoint's tensor of that name is a ``ValueError`` naming it, before anything is allocated (a
+    small file whose saved ``hidden_sizes`` ask for gigabytes is refused, not built). A policy that
+    cannot be built on the meta device (one that reads pretrained files as it is built) skips the
+    check."""
+    from policies.registry import make_policy
+
+    if isinstance(state, Mapping):
+        try:
+            with torch.device("meta"):
+                probe = make_policy(name, observation_space, action_space, **kwargs)
+        except Exception:  # built for real below, where its own errors are raised
+            probe = None
+        if probe is not None:
+            for key, tensor in probe.state_dict().items():
+                theirs = state.get(key)
+                if isinstance(theirs, torch.Tensor) and tuple(theirs.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"{where}: the saved arguments build {key} of shape {tuple(tensor.shape)} "
+                        f"({tensor.numel():,} values), but the checkpoint's weights have "
+                        f"{tuple(theirs.shape)}; refused before building it"
+                    )
+    return make_policy(name, observation_space, action_space, **kwargs)
+
+
 def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] = ()) -> dict[str, Any]:
     """A checkpoint's policy spec, checked before anything is built from it: ``name`` (and the
     name of a nested policy spec such as a residual policy's ``base``) must be a registered policy
@@ -383,7 +412,6 @@ def load_policy(
     a policy whose pretrained files need them: ``given_opt_ins``; the file's own opt-ins are
     dropped with a warning), ``allow_policies`` are ``module:Class`` names besides vla-gym's
     policies that the file may name, and ``allow_unverified`` reads a version-1 file (no SHA-256)."""
-    from policies.registry import make_policy
 
     path, data = latest_checkpoint(source, allow_unverified=allow_unverified)
     spec = checked_policy_spec(data.get("policy"), path, allow_policies)
@@ -400,7 +428,8 @@ def load_policy(
             )
         del overrides["base"]
     opt_ins = given_opt_ins(given, spec["name"], path, action_space, spec["kwargs"])
-    policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **overrides, **opt_ins})
+    kwargs = {**spec["kwargs"], **overrides, **opt_ins}
+    policy = make_sized_policy(spec["name"], space, action_space, kwargs, spec.get("state_dict"), path)
     load_policy_state(policy, spec, path)
     return policy
 
@@ -456,7 +485,11 @@ def build_policy(
             name, kwargs = spec["name"], {**kept, **kwargs}
         state = (path, spec)
         observation_space = policy_observation_space(spec, observation_space, path)
-    policy = make_policy(name, observation_space, action_space, **kwargs)
+    if resume or (init_policy and name not in FROZEN_BASE):  # weights of this shape follow
+        weights = data["policy"].get("state_dict") if isinstance(data.get("policy"), dict) else None
+        policy = make_sized_policy(name, observation_space, action_space, kwargs, weights, path)
+    else:
+        policy = make_policy(name, observation_space, action_space, **kwargs)
     if state is not None:
         load_initial_weights(policy.base if name in FROZEN_BASE else policy, *state)
     built = {"name": resolve_policy(name, action_space), "kwargs": kwargs}
