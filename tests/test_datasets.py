@@ -1134,3 +1134,24 @@ def test_a_16_bit_png_in_a_lerobot_dataset_is_refused_not_wrapped():
     with pytest.raises(ValueError, match=r"x\.parquet: image 1 is uint16 \(a 16-bit image"):
         _to_numpy(column, spec, "x.parquet")
     assert _to_numpy(column[:1], spec, "x.parquet").tolist() == np.full((1, 4, 4, 3), 44).tolist()
+
+
+@requires_pyarrow
+def test_images_a_lerobot_dataset_declares_are_checked_against_memory_before_decoding(tmp_path):
+    out = write_lerobot(_demos(), tmp_path / "ds", video=False, progress=False)
+    info = json.loads((out / "meta/info.json").read_text())
+    info["features"]["observation.images.image"]["shape"] = [60000, 60000, 3]  # 10.8 GB per frame
+    (out / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"ds: 19 frames of 3 episodes with their images needs about .* GiB"):
+        read_lerobot(out, progress=False)
+
+
+def test_the_memory_budget_names_what_asked():
+    from nets.budget import available_memory, check_memory
+
+    assert available_memory() is None or available_memory() > 0
+    check_memory(1, "one byte")
+    with pytest.raises(
+        ValueError, match=r"a petabyte needs about 1,048,576.0 GiB of memory; .* is available"
+    ):
+        check_memory(2**50, "a petabyte")

@@ -409,6 +409,13 @@ def test_bad_constructor_arguments_are_named_before_any_worker_starts(kwargs, na
         gym.make_vec("Libero-Spatial-v0", **{"num_envs": 1, "cameras": [], **kwargs})
 
 
+def test_more_envs_than_memory_holds_are_refused_before_any_worker_starts():
+    with pytest.raises(
+        ValueError, match=r"Libero-Spatial-v0: num_envs=5000 \(at least 300 MB each\) needs about"
+    ):
+        gym.make_vec("Libero-Spatial-v0", num_envs=5000, cameras=[])
+
+
 @pytest.mark.parametrize("make", [gym.make, gym.make_vec])
 def test_an_unknown_keyword_is_named_with_the_accepted_ones(make):
     """Not Python's TypeError from inside the constructor: a ValueError naming the keyword, every

@@ -17,12 +17,15 @@ from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
 from envs.libero.suites import SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
+from nets.budget import check_memory
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 # the proprio observation, published as the named fields of its FieldBox
 PROPRIO_FIELDS = (("eef_pos", 3), ("eef_axis_angle", 3), ("gripper_qpos", 2))
 PROPRIO_DIM = sum(size for _, size in PROPRIO_FIELDS)
 CAMERAS = ("agentview", "wrist")
+# memory of one env's simulator, at least (measured: 390-450 MB PSS per env without cameras, 2-4 envs)
+ENV_BYTES = 300 * 2**20
 # largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
 SIM_STATE_BOUND = 1e3
 
@@ -287,6 +290,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             task_state=task_state,
             object_state=object_state_in_info,
         )
+        check_memory(self.num_envs * ENV_BYTES, f"{env_id}: num_envs={self.num_envs} (at least 300 MB each)")
         gpus = list(render_gpus) if render_gpus is not None else _default_render_gpus()
         if context == "forkserver" and warm_forkserver:
             _preload_in_forkserver("envs.libero.preload")

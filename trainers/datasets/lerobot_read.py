@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.budget import check_memory
 from nets.field_types import check_value
 from nets.files import regular_file
 from trainers.datasets import lerobot_format as fmt
@@ -327,6 +328,15 @@ def read_lerobot(
         if absent:
             raise ValueError(f"{root}: episodes {absent} are not in the dataset ({len(by_index)} episodes)")
         rows = [by_index[e] for e in episodes]
+
+    # the images the selected episodes declare, decoded whole: checked against memory first
+    frames = sum(max(int(table["length"][r]), 0) for r in rows)
+    image_bytes = sum(
+        frames * int(np.prod(fmt.image_hw(features[n]))) * 3
+        for n in set(wanted.values())
+        if features[n]["dtype"] in ("image", "video")
+    )
+    check_memory(image_bytes, f"{root}: {frames:,} frames of {len(rows)} episodes with their images")
 
     # per-frame columns, file by file
     parquet = list(dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] != "video"))
