@@ -124,7 +124,12 @@ def _parquet(path: Path, what: str, columns: list[str] | None = None, schema: bo
     pa, pq = pyarrow()
     regular_file(path)
     try:
-        return pq.read_schema(path) if schema else pq.read_table(path, columns=columns)
+        if schema:
+            return pq.read_schema(path)
+        meta = pq.read_metadata(path)  # the footer only: what the row groups decode to, checked first
+        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        check_memory(decoded, f"{path}: {meta.num_rows:,} rows ({what})")
+        return pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
