@@ -274,6 +274,7 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     import gymnasium as gym
 
     from envs.libero.pro import categories as known
+    from envs.libero.pro import pro_tasks
     from trainers.metrics import format_table, mcnemar_p
 
     if (args.checkpoint is None) == (args.policy is None):
@@ -295,6 +296,17 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             print(f"{category}: done in {out}, kept")
             continue
         kwargs = {} if category == "standard" else {"category": category}
+        skipped = []
+        if category != "standard" and args.tasks is None:  # the tasks its data can build
+            tasks = pro_tasks(args.suite, category)
+            skipped = [t.index for t in tasks if t.problem]
+            if len(skipped) == len(tasks):
+                raise ValueError(
+                    f"category {category!r}: none of its tasks can be built ({tasks[0].problem})"
+                )
+            if skipped:
+                kwargs["task_ids"] = [t.index for t in tasks if not t.problem]
+                print(f"{category}: tasks {skipped} cannot be built from the installed data; left out")
         env = gym.make_vec(
             f"Libero-{args.suite.capitalize()}-v0",
             num_envs=args.num_envs,
@@ -305,7 +317,7 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         try:
             policy = _make_policy(args, env)
             policy.eval()
-            ids = frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks)
+            ids = frame_ids(env.unwrapped.initial_frames, args.init_states, None if skipped else args.tasks)
             episodes = []
             for seed in seeds:
                 policy.seed(seed)
@@ -315,7 +327,11 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                 ]
         finally:
             env.close()
-        done["categories"][category] = {"episodes": episodes, **summarize(episodes)}
+        done["categories"][category] = {
+            "episodes": episodes,
+            "tasks_left_out": skipped,
+            **summarize(episodes),
+        }
         write_json(out, done)  # a finished category is never run again
     chosen = {c: done["categories"][c] for c in args.categories}
     pooled = summarize([ep for c in chosen.values() for ep in c["episodes"]])
