@@ -15,6 +15,7 @@ from envs.core.frames import InitialFrame
 from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
+from envs.libero.fresh import MAX_FRESH_ID, fresh_init_states
 from envs.libero.suites import _BASE_SUITES, SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
 from nets.budget import check_memory
@@ -74,12 +75,14 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
             raise ValueError(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
         self.init_states = None if init_states is None else [int(i) for i in init_states]
         if self.init_states is not None:
-            fewest = min(t.num_init_states for t in self.tasks)
-            if not self.init_states or not all(0 <= i < fewest for i in self.init_states):
-                expected = f"a non-empty list of ints in [0, {fewest})"
+            if not self.init_states or not all(0 <= i <= MAX_FRESH_ID for i in self.init_states):
+                expected = (
+                    f"a non-empty list of ints in [0, {MAX_FRESH_ID}] (past a task's official ones: fresh)"
+                )
                 raise ValueError(f"init_states must be {expected}, got {init_states}")
             if len(set(self.init_states)) != len(self.init_states):
                 raise ValueError(f"init_states must not repeat an index, got {init_states}")
+        self._fresh: dict[int, dict[int, np.ndarray]] = {}
         per_task = None if self.init_states is None else len(self.init_states)
         counts = [per_task or t.num_init_states for t in self.tasks]
         self._offsets = np.cumsum([0, *counts])
@@ -98,12 +101,22 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
             raise IndexError(f"initial frame id {index} out of range [0, {len(self)})")
         pos, state = self.locate(int(index))
         task = self.tasks[pos]
+        fresh = state >= task.num_init_states
         return InitialFrame(
             instruction=task.instruction,
             task=task_key(task),
-            sim_state=load_init_states(task)[state],
-            meta={"suite": task.suite, "task_index": task.index, "init_state_index": state},
+            sim_state=self._fresh_states(pos)[state] if fresh else load_init_states(task)[state],
+            meta={"suite": task.suite, "task_index": task.index, "init_state_index": state, "fresh": fresh},
         )
+
+    def _fresh_states(self, pos: int) -> dict[int, np.ndarray]:
+        """The fresh init states (``envs/libero/fresh.py``) this frame set uses for task ``pos``, all
+        generated on the first use of one of them."""
+        if pos not in self._fresh:
+            task = self.tasks[pos]
+            ids = [i for i in self.init_states or () if i >= task.num_init_states]
+            self._fresh[pos] = dict(zip(ids, fresh_init_states(task, ids), strict=True)) if ids else {}
+        return self._fresh[pos]
 
 
 class _Slot:
