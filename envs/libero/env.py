@@ -106,7 +106,12 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
             instruction=task.instruction,
             task=task_key(task),
             sim_state=self._fresh_states(pos)[state] if fresh else load_init_states(task)[state],
-            meta={"suite": task.suite, "task_index": task.index, "init_state_index": state, "fresh": fresh},
+            meta={
+                "suite": task.suite,
+                "task_index": task.index,
+                "init_state_index": state,
+                **({"fresh": True} if fresh else {}),  # drawn by envs/libero/fresh.py
+            },
         )
 
     def _fresh_states(self, pos: int) -> dict[int, np.ndarray]:
