@@ -17,6 +17,15 @@ from ``--checkpoint`` (a run or checkpoint; ``--policy-kwargs`` override its sav
 pooled over the seeds and each seed's overall rate, and writes JSON (``--out``);
 ``--failure-videos DIR`` keeps an mp4 of each failed episode (up to ``--max-videos``; the env must
 render the agent view: add ``"cameras": ["agentview"]``).
+
+Across LIBERO-Pro's perturbation categories (``envs/libero/pro.py``), one table per category and the
+pooled rate, each with its Wilson interval; ``standard`` is the suite itself. Each finished category is
+saved at once in ``--out``, and a sweep run again with the same settings skips them (resume);
+``--against OTHER.json`` (the same sweep of another policy) adds the paired comparison on the same
+(category, task, init state, seed) episodes, exact McNemar per category and pooled:
+
+    python -m benchmarks.evaluate --policy libero_expert --categories standard lan with_milk task \
+        --env-kwargs '{"chunk_size": null, "cameras": [], "task_state": true}' --out runs/expert.json
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.report import write_json
+from benchmarks.report import table, write_json
 from trainers.metrics import wilson_interval
 
 
@@ -182,8 +191,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=None, help="one seed (the same as --seeds SEED)")
     parser.add_argument("--failure-videos", default=None, help="directory for mp4s of failed episodes")
     parser.add_argument("--max-videos", type=int, default=20)
+    parser.add_argument(
+        "--categories",
+        nargs="+",
+        default=None,
+        help="LIBERO-Pro categories of the suite to sweep ('standard': the suite itself); resumable",
+    )
+    parser.add_argument("--against", default=None, help="with --categories: another sweep's JSON to compare")
     parser.add_argument("--out", default="runs/benchmarks/evaluate.json")
     args = parser.parse_args(argv)
+    if args.categories:
+        return sweep_categories(parser, args)
     if (args.checkpoint is None) == (args.policy is None):
         parser.error("give exactly one of --checkpoint and --policy")
     if not isinstance(args.policy_kwargs, dict) or not isinstance(args.env_kwargs, dict):
@@ -238,6 +256,112 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_summary(summary, f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()}"))
     write_json(args.out, summary)
     return summary
+
+
+def _make_policy(args: argparse.Namespace, env: Any) -> Any:
+    from policies.registry import make_policy
+    from trainers.checkpoint import load_policy
+
+    obs_space, act_space = env.single_observation_space, env.single_action_space
+    if args.checkpoint:
+        return load_policy(args.checkpoint, obs_space, act_space, policy_kwargs=args.policy_kwargs)
+    return make_policy(args.policy, obs_space, act_space, **args.policy_kwargs)
+
+
+def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """``--categories``: every category's episodes, a per-category table and the pooled rate, saved
+    after each category (a rerun with the same settings resumes); ``--against``: paired comparison."""
+    import gymnasium as gym
+
+    from envs.libero.pro import categories as known
+    from envs.libero.pro import pro_tasks
+    from trainers.metrics import format_table, mcnemar_p
+
+    if (args.checkpoint is None) == (args.policy is None):
+        parser.error("give exactly one of --checkpoint and --policy")
+    unknown = [c for c in args.categories if c != "standard" and c not in known(args.suite)]
+    if unknown:  # before any simulator starts
+        parser.error(
+            f"unknown categories {unknown} of {args.suite!r}: 'standard' or one of {known(args.suite)}"
+        )
+    settings = {k: v for k, v in vars(args).items() if k not in ("categories", "against", "out")}
+    settings["init_states"] = list(args.init_states)
+    out = Path(args.out)
+    done = json.loads(out.read_text()) if out.is_file() else {}
+    if done.get("settings") != settings:
+        done = {"settings": settings, "categories": {}}
+    seeds = [args.seed] if args.seed is not None else list(args.seeds)
+    for category in args.categories:
+        if category in done["categories"]:
+            print(f"{category}: done in {out}, kept")
+            continue
+        kwargs = {} if category == "standard" else {"category": category}
+        skipped = []
+        if category != "standard" and args.tasks is None:  # the tasks its data can build
+            tasks = pro_tasks(args.suite, category)
+            skipped = [t.index for t in tasks if t.problem]
+            if len(skipped) == len(tasks):
+                raise ValueError(
+                    f"category {category!r}: none of its tasks can be built ({tasks[0].problem})"
+                )
+            if skipped:
+                kwargs["task_ids"] = [t.index for t in tasks if not t.problem]
+                print(f"{category}: tasks {skipped} cannot be built from the installed data; left out")
+        env = gym.make_vec(
+            f"Libero-{args.suite.capitalize()}-v0",
+            num_envs=args.num_envs,
+            autoreset_mode="Disabled",
+            **kwargs,
+            **args.env_kwargs,
+        )
+        try:
+            policy = _make_policy(args, env)
+            policy.eval()
+            ids = frame_ids(env.unwrapped.initial_frames, args.init_states, None if skipped else args.tasks)
+            episodes = []
+            for seed in seeds:
+                policy.seed(seed)
+                episodes += [
+                    {**ep, "seed": seed}
+                    for ep in run_frames(env, policy, ids, seed=seed, deterministic=not args.sample)
+                ]
+        finally:
+            env.close()
+        done["categories"][category] = {
+            "episodes": episodes,
+            "tasks_left_out": skipped,
+            **summarize(episodes),
+        }
+        write_json(out, done)  # a finished category is never run again
+    chosen = {c: done["categories"][c] for c in args.categories}
+    pooled = summarize([ep for c in chosen.values() for ep in c["episodes"]])
+    rows = [(c, rate_cell(r)) for c, r in chosen.items()] + [("all categories", rate_cell(pooled))]
+    title = f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()} by LIBERO-Pro category"
+    print(format_table(rows, title=title))
+    result = {**done, "pooled": pooled}
+    if args.against:
+        other = json.loads(Path(args.against).read_text())["categories"]
+        comparison, gained_all, lost_all = [], 0, 0
+        for c, r in chosen.items():
+            if c not in other:
+                continue
+            theirs = {(e["task"], e["frame"], e["seed"]): e["success"] for e in other[c]["episodes"]}
+            pairs = [
+                (e["success"], theirs[key])
+                for e in r["episodes"]
+                if (key := (e["task"], e["frame"], e["seed"])) in theirs
+            ]
+            gained = sum(a and not b for a, b in pairs)
+            lost = sum(b and not a for a, b in pairs)
+            gained_all, lost_all = gained_all + gained, lost_all + lost
+            comparison.append((c, len(pairs), f"+{gained} -{lost}", f"{mcnemar_p(gained, lost):.3g}"))
+        comparison.append(("pooled", sum(n for _, n, _, _ in comparison), f"+{gained_all} -{lost_all}",
+                           f"{mcnemar_p(gained_all, lost_all):.3g}"))  # fmt: skip
+        header = ["category", "pairs", f"gained -lost vs {args.against}", "McNemar p"]
+        print(table(header, [list(row) for row in comparison], "paired: the same (task, init state, seed)"))
+        result["against"] = comparison
+    write_json(out, result)
+    return result
 
 
 if __name__ == "__main__":

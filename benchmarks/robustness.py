@@ -1423,6 +1423,134 @@ def special_files(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def settings_from_files(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Settings a file carries (a resumed run's config.json, a checkpoint's saved arguments) are
+    typed data on an allow-list (issue 47 class 1): nothing in them names code, an executable, an
+    address or a URL, and an unknown key is refused by its path."""
+    from trainers.checkpoint import checked_policy_spec
+    from trainers.config import untrusted_settings
+
+    def resumed(run: dict[str, Any], *words: str) -> Callable[[], None]:
+        return lambda: raises(ValueError, *words)(lambda: untrusted_settings({"run": run}, {}, "config.json"))
+
+    shell = {"runtime_env": {"py_executable": f"touch {probe.marker}"}}
+    libero = "envs:Libero-Spatial-v0"
+    return {
+        "config.json: ray_options.runtime_env.py_executable": resumed(
+            {"env": libero, "env_kwargs": {"ray_actors": 1, "ray_options": shell}}, "env_kwargs.ray_options"
+        ),
+        "config.json: Ray-v0's env names a module": resumed(
+            {"env": "envs:Ray-v0", "env_kwargs": {"env": "this:CartPole-v1"}},
+            "env_kwargs.env",
+            "not vla-gym's",
+        ),
+        "config.json: ray_address": resumed(
+            {"env": libero, "env_kwargs": {"ray_address": "1.2.3.4:6379"}}, "ray_address"
+        ),
+        "config.json: an unknown nested key": resumed(
+            {"env": libero, "env_kwargs": {"camras": []}}, "camras"
+        ),
+        "config.json: a URL as init_policy": resumed(
+            {"init_policy": "https://x.org/p.pt"}, "init_policy", "URL"
+        ),
+        "config.json: runtime_env deep in policy_kwargs": resumed(
+            {"policy_kwargs": {"torso_kwargs": {"a": shell}}}, "torso_kwargs.a.runtime_env"
+        ),
+        "checkpoint kwargs: an unknown key": lambda: raises(ValueError, "hiddensizes", "takes no setting")(
+            lambda: checked_policy_spec({"name": "gaussian", "kwargs": {"hiddensizes": [8]}}, "c.pt")
+        ),
+        "checkpoint kwargs: a module in a nested spec": lambda: raises(
+            ValueError, "base.name", "not vla-gym's"
+        )(
+            lambda: checked_policy_spec(
+                {"name": "residual", "kwargs": {"base": {"name": "os:system"}}}, "c.pt"
+            )
+        ),
+    }
+
+
+def data_semantics(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Data that would be read wrongly without a word is refused, naming the episode and the field
+    (issue 47 class 4)."""
+    import dataclasses
+
+    import numpy as np
+
+    from trainers.datasets.demos import Demos
+
+    demos = tiny_demos()
+
+    def changed(*words: str, **change: Any) -> Callable[[], None]:
+        def call() -> None:
+            episodes = list(demos.episodes)
+            episodes[1] = dataclasses.replace(episodes[1], **change)
+            Demos({}, episodes)
+
+        return lambda: raises(ValueError, *words)(call)
+
+    ep = demos.episodes[1]
+    return {
+        "complex-valued actions": changed("actions", "real numbers", actions=ep.actions.astype(np.complex64)),
+        "NaN rewards": changed("rewards", "NaN", rewards=np.full(ep.rewards.shape, np.nan, np.float32)),
+        "a 16-bit image": changed("uint16", obs={**ep.obs, "image": ep.obs["image"].astype(np.uint16) * 300}),
+        "an instruction stored as bytes": changed("instruction", "string", instruction=b"pick up the bowl"),
+        "inf in proprio": changed("proprio", "NaN", obs={**ep.obs, "proprio": ep.obs["proprio"] * np.inf}),
+    }
+
+
+def outputs(probe: Probe) -> dict[str, Callable[[], None]]:
+    """One output rule for every writer (issue 47 class 5): an existing output needs --overwrite,
+    which replaces only this project's own outputs, and never the source being read."""
+    from trainers import demos as demos_cli
+    from trainers.checkpoint import main as export
+    from trainers.datasets.lerobot_write import write_lerobot
+
+    root = probe.root / "outputs"
+    root.mkdir(parents=True, exist_ok=True)
+    mine = root / "thesis"
+    mine.mkdir(exist_ok=True)
+    (mine / "chapter1.tex").write_text("years of work")
+    existing = root / "notes.h5"
+    existing.write_text("a user's file")
+    from trainers.checkpoint import latest_checkpoint
+    from trainers.ppo import train as ppo_train
+
+    run = root / "ppo-run"
+    if not run.exists():  # a real (tiny) run's checkpoint
+        ppo_train.main(
+            ["--env", "CartPole-v1", "--num-envs", "2", "--n-steps", "16", "--batch-size", "32",
+             "--total-steps", "32", "--eval-every", "-1", "--run-dir", str(run), "--no-progress",
+             "--no-tensorboard", "--no-video"]
+        )  # fmt: skip
+    source = latest_checkpoint(run)[0]
+
+    def kept(call: Callable[[], Any], *words: str) -> Callable[[], None]:
+        def check() -> None:
+            raises(ValueError, *words)(call)
+            if (
+                mine / "chapter1.tex"
+            ).read_text() != "years of work" or existing.read_text() != "a user's file":
+                raise AssertionError("a user's file was changed")
+
+        return check
+
+    demos_args = ["--env", "CartPole-v1", "--policy", "auto", "--episodes", "1", "--out", str(existing)]
+    return {
+        "trainers.demos --out EXISTING": kept(
+            lambda: demos_cli.main(demos_args), "already exists", "--overwrite"
+        ),
+        "trainers.demos --out A_USERS_FILE --overwrite": kept(
+            lambda: demos_cli.main([*demos_args, "--overwrite"]), "not a demos file that vla-gym wrote"
+        ),
+        "export-lerobot --overwrite onto a user's folder": kept(
+            lambda: write_lerobot(tiny_demos(), mine, overwrite=True, progress=False), "not a LeRobot dataset"
+        ),
+        "python -m trainers.checkpoint SRC SRC": kept(
+            lambda: export([str(source), str(source)]), "source being read"
+        ),
+    }
+
+
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "untrusted files": untrusted_files,
     "constructor arguments": constructor_arguments,
@@ -1437,6 +1565,9 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "malformed files": malformed_files,
     "settings": settings,
     "special files": special_files,
+    "settings from files": settings_from_files,
+    "data semantics": data_semantics,
+    "outputs": outputs,
 }
 
 

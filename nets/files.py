@@ -33,7 +33,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TextIO
@@ -60,6 +60,47 @@ def regular_file(path: str | os.PathLike) -> Path:
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
         raise ValueError(f"{path} is {kind}, not a regular file: only regular files are read")
     return path
+
+
+def check_output(
+    path: str | os.PathLike,
+    *,
+    overwrite: bool,
+    ours: Callable[[Path], bool],
+    what: str,
+    flag: str = "--out",
+    sources: Iterable[str | os.PathLike] = (),
+) -> Path:
+    """The one rule for every writer's output ``path`` (``flag`` names it in errors, ``what`` says what
+    it is), checked before anything is written: a source being read (``sources``) is never the
+    output; an existing output is refused unless ``overwrite``; with it, one that ``ours`` does not
+    recognise as this project's own (a file of its format, a folder holding only its own files) is
+    refused too, so ``--overwrite`` never deletes a user's other files."""
+    path = Path(path)
+    for source in sources:
+        if path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise ValueError(f"{flag} {path} is also the source being read: write it elsewhere")
+    empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    if empty or not (path.exists() or path.is_symlink()):
+        return path  # nothing there to replace (an empty folder is no output)
+    if not overwrite:
+        raise ValueError(
+            f"{flag} {path} already exists: pass --overwrite to replace it, or choose another {flag}"
+        )
+    if path.is_symlink() or not ours(path):
+        raise ValueError(
+            f"{flag} {path} exists and is not {what} that vla-gym wrote: --overwrite replaces only this "
+            f"project's own outputs; move it, or choose another {flag}"
+        )
+    return path
+
+
+def only_entries(folder: Path, names: Collection[str]) -> bool:
+    """Whether ``folder`` is a folder (not a link) holding nothing but entries named in ``names``
+    (and temporary files of them): a writer's own output folder."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    return all(p.name in names or p.name.endswith(TEMP_SUFFIX) for p in folder.iterdir())
 
 
 def fsync_dir(folder: str | Path) -> None:

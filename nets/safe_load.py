@@ -25,8 +25,10 @@ import codecs
 import collections
 import functools
 import io
+import math
 import os
 import pickle
+import tokenize
 import types
 import zipfile
 from collections.abc import Iterable
@@ -66,16 +68,33 @@ class _NotPlainDataError(Exception):
     ``UnsafeFileError`` naming the file)."""
 
 
-def _no_hooks(rebuild: Any, hooks_at: int) -> Any:
+def _no_hooks(rebuild: Any, hooks_at: int, layout: bool = False) -> Any:
     """``rebuild`` (a torch tensor rebuild function) refusing backward hooks, which a plain
-    data file never has (they would be called later, on a backward pass)."""
+    data file never has (they would be called later, on a backward pass), and with ``layout`` (its
+    arguments start ``storage, offset, size, stride``) elements that overlap (``_check_layout``)."""
 
     def checked(*args: Any) -> Any:
         if len(args) > hooks_at and args[hooks_at]:
             raise _NotPlainDataError("a tensor with backward hooks")
+        if layout:
+            _check_layout(args[2], args[3])
         return rebuild(*args)
 
     return checked
+
+
+def _check_layout(size: Any, stride: Any) -> None:
+    """Refuse a tensor whose elements share memory (a zero or overlapping stride): a few bytes in the
+    file that read as gigabytes once any operation copies them."""
+    dims = sorted((int(st), int(n)) for n, st in zip(size, stride, strict=True) if int(n) > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            raise _NotPlainDataError(
+                f"a tensor of size {tuple(size)} with strides {tuple(stride)}, whose elements overlap in "
+                "memory (a zero or overlapping stride)"
+            )
+        span = st * n
 
 
 @functools.cache
@@ -84,8 +103,8 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
     Python's containers (the ``Storage`` classes torch resolves itself)."""
     utils = torch._utils
     allowed: dict[tuple[str, str], Any] = {
-        ("torch._utils", "_rebuild_tensor"): utils._rebuild_tensor,
-        ("torch._utils", "_rebuild_tensor_v2"): _no_hooks(utils._rebuild_tensor_v2, 5),
+        ("torch._utils", "_rebuild_tensor"): _no_hooks(utils._rebuild_tensor, 4, layout=True),
+        ("torch._utils", "_rebuild_tensor_v2"): _no_hooks(utils._rebuild_tensor_v2, 5, layout=True),
         ("torch._utils", "_rebuild_parameter"): _no_hooks(utils._rebuild_parameter, 2),
         ("torch._utils", "_rebuild_parameter_with_state"): _no_hooks(utils._rebuild_parameter_with_state, 2),
         ("torch", "Size"): torch.Size,
@@ -101,7 +120,7 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
         ("_codecs", "encode"): codecs.encode,  # how protocol 2 writes bytes
     }
     if hasattr(utils, "_rebuild_tensor_v3"):
-        allowed[("torch._utils", "_rebuild_tensor_v3")] = _no_hooks(utils._rebuild_tensor_v3, 5)
+        allowed[("torch._utils", "_rebuild_tensor_v3")] = _no_hooks(utils._rebuild_tensor_v3, 5, layout=True)
     for name, value in vars(torch).items():
         if isinstance(value, torch.dtype):
             allowed[("torch", name)] = value
@@ -301,9 +320,16 @@ def load_npy(
                 np.lib.format.read_array_header_2_0,  # 2.0 and 3.0 headers
             )
             shape, _, dtype = read_header(f)
-        except ValueError as e:
-            raise ValueError(f"{path}: not a .npy file ({e})") from None
+        except (ValueError, SyntaxError, tokenize.TokenError) as e:  # a damaged header's dict literal
+            raise ValueError(f"{path}: not a .npy file ({type(e).__name__}: {e})") from None
         if not dtype.hasobject:
+            declared = math.prod(shape) * dtype.itemsize
+            held = os.fstat(f.fileno()).st_size - f.tell()
+            if declared > held:  # checked before numpy allocates what the header declares
+                raise ValueError(
+                    f"{path}: its header declares a {shape} {dtype} array ({declared:,} bytes) but the file "
+                    f"holds {held:,} bytes after it; is the file truncated or crafted?"
+                )
             f.seek(0)
             try:
                 return np.load(f, allow_pickle=False)
@@ -316,44 +342,3 @@ def load_npy(
     if not isinstance(array, np.ndarray) or array.shape != shape:
         raise ValueError(f"{path}: the pickled array does not match its header (shape {shape})")
     return array
-
-
-# ---------------------------------------------------------------------- settings read from files
-# keyword arguments that widen what a loader loads or fetches: they come from the user's own
-# command line or call, never from a file being loaded (a checkpoint's saved kwargs, a run
-# folder's config.json)
-OPT_IN_KEYS = frozenset({"trust_pickle", "download", "revision", "trust_remote_code"})
-PROJECT_PACKAGES = ("envs", "policies", "nets", "trainers")  # modules a file may name for import
-MAX_SETTINGS_DEPTH = 64
-
-
-def strip_opt_ins(settings: Any, source: Any, depth: int = 0) -> Any:
-    """A copy of ``settings`` (read from ``source``, a file) without the keys of ``OPT_IN_KEYS`` at
-    any depth. Dropping one that asks for something (not False or None) warns, naming it and the
-    file; nesting deeper than ``MAX_SETTINGS_DEPTH`` is a ``ValueError``."""
-    import warnings
-
-    if depth > MAX_SETTINGS_DEPTH:
-        raise ValueError(f"{source}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
-    if isinstance(settings, dict):
-        dropped = {k: v for k, v in settings.items() if k in OPT_IN_KEYS and v not in (False, None)}
-        if dropped:
-            warnings.warn(
-                f"{source}: ignored {dropped}: opt-ins that widen what is loaded or fetched come only "
-                "from your own command line or call, never from a file being loaded; give them "
-                "again yourself if you trust what they load",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return {k: strip_opt_ins(v, source, depth + 1) for k, v in settings.items() if k not in OPT_IN_KEYS}
-    if isinstance(settings, (list, tuple)):
-        return type(settings)(strip_opt_ins(v, source, depth + 1) for v in settings)
-    return settings
-
-
-def is_project_module(name: str) -> bool:
-    """Whether ``name`` (``"module"`` or ``"module:Name"``) is a module of this project, which a
-    file may name for import (any other module is imported only when the user names it)."""
-    module = name.partition(":")[0]
-    parts = module.split(".")
-    return all(p.isidentifier() for p in parts) and parts[0] in PROJECT_PACKAGES

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 from collections.abc import Collection
 from typing import Any
 
 from gymnasium import spaces
+
+from nets.file_settings import Schema, schema_of
 
 from .base import ActionChunkPolicy
 
@@ -80,19 +81,15 @@ def accepted_arguments(cls: type[ActionChunkPolicy]) -> set[str]:
     """The keyword arguments a policy class names: the fields of its typed options (``options_type``)
     if it has them, its constructor's and, as long as a constructor takes ``**options`` (passed on to
     its parent's), the parent's too, up to ``ActionChunkPolicy``."""
-    options = getattr(cls, "options_type", None)
-    names: set[str] = {f.name for f in dataclasses.fields(options)} if options is not None else set()
-    for klass in cls.__mro__:
-        if klass is ActionChunkPolicy:
-            break
-        init = vars(klass).get("__init__")
-        if init is None:  # inherits its parent's
-            continue
-        params = inspect.signature(init).parameters.values()
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names - {"self"}
+    return set(settings_schema(cls).keys) - {"observation_space", "action_space"}
+
+
+def settings_schema(cls: type[ActionChunkPolicy]) -> Schema:
+    """What a file may give ``cls`` as keyword arguments (``nets.file_settings``): its constructors'
+    keywords and its options' fields, with their annotations."""
+    schema = schema_of(cls, f"{cls.__module__}:{cls.__qualname__}", stop=ActionChunkPolicy)
+    keys = {k: v for k, v in schema.keys.items() if k not in ("observation_space", "action_space")}
+    return dataclasses.replace(schema, keys=keys)
 
 
 def options_type(name: str) -> type | None:

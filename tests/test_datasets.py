@@ -152,7 +152,7 @@ def test_libero_files_with_nan_or_mixed_size_actions_are_refused(tmp_path):
     nan = _libero_demo(rng, 5)
     nan["actions"][3, 2] = np.nan
     path = write_libero_file(tmp_path / "nan_demo.hdf5", [_libero_demo(rng, 4), nan])
-    with pytest.raises(ValueError, match=r"demo episode 1: actions hold NaN or infinite values \(step 2\)"):
+    with pytest.raises(ValueError, match=r"nan_demo.hdf5: data/demo_1: actions hold NaN .* \(step 3\)"):
         load_demos(path, progress=False)
     wide = _libero_demo(rng, 5)
     wide["actions"] = rng.uniform(-1, 1, (5, 8))
@@ -442,8 +442,16 @@ def test_lerobot_export_options_and_refusals(tmp_path):
     assert set(back.episodes[0].obs) == {"image", "task_state"}
     np.testing.assert_array_equal(back.episodes[1].obs["task_state"], demos.episodes[1].obs["task_state"])
 
-    with pytest.raises(FileExistsError, match="exists: choose another folder, or overwrite=True"):
+    with pytest.raises(ValueError, match="ds already exists: pass --overwrite to replace it"):
         write_lerobot(demos, out, progress=False)
+    mine = tmp_path / "mine"  # a folder of the user's: --overwrite never deletes it
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="mine exists and is not a LeRobot dataset that vla-gym wrote"):
+        write_lerobot(demos, mine, overwrite=True, progress=False)
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    (mine / "thesis.tex").unlink()
+    mine.rmdir()
     write_lerobot(_demos(seed=5), out, video=False, overwrite=True, progress=False)  # replaced whole
     np.testing.assert_array_equal(
         read_lerobot(out, progress=False).episodes[0].actions, _demos(seed=5).episodes[0].actions
@@ -697,7 +705,7 @@ def test_world_model_dataset_is_what_load_initial_frames_reads(tmp_path, k):
     if k > 1:
         np.testing.assert_array_equal(last["action_valid"], demos.episodes[1].valid[-1])
     assert ("action_chunk" in whole[0]) == (k > 1)
-    with pytest.raises(FileExistsError, match="dataset exists: pass overwrite=True"):
+    with pytest.raises(ValueError, match="dataset already exists: pass --overwrite"):
         write_world_model_dataset(demos, tmp_path / "bundle", progress=False)
     bad = _demos(k=k)
     bad.episodes[2].actions = bad.episodes[2].actions[..., :6]
@@ -1078,3 +1086,72 @@ def test_libero_files_read_upright_like_the_env_renders(tmp_path):
     np.testing.assert_array_equal(ep.obs["wrist_image"][0], up["wrist_image"])
     np.testing.assert_array_equal(ep.obs["proprio"][0], up["proprio"])
     assert ep.task == start.task and ep.instruction == start.instruction
+
+
+# ------------------------------------------------------------------------------ data semantics
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ep: {"actions": ep.actions.astype(np.complex64)}, r"episode 1: actions must be real numbers"),
+        (lambda ep: {"rewards": np.full_like(ep.rewards, np.nan)}, r"episode 1: rewards hold NaN"),
+        (
+            lambda ep: {"obs": {**ep.obs, "image": ep.obs["image"].astype(np.uint16) * 300}},
+            r"'image' is a uint16",
+        ),
+        (lambda ep: {"obs": {**ep.obs, "proprio": ep.obs["proprio"] * np.inf}}, r"obs 'proprio' hold NaN"),
+        (lambda ep: {"instruction": b"put the bowl"}, r"episode 1: instruction must be a string"),
+    ],
+    ids=["complex-actions", "nan-rewards", "16-bit-image", "inf-proprio", "bytes-instruction"],
+)
+def test_demos_hold_real_finite_numbers_8_bit_images_and_text(change, message):
+    episodes = _demos().episodes
+    episodes[1] = dataclasses.replace(episodes[1], **change(episodes[1]))
+    with pytest.raises(ValueError, match=message):
+        Demos({}, episodes)
+
+
+def test_byte_string_attributes_are_decoded_or_refused(tmp_path):
+    path = write_demos(tmp_path / "d.h5", _demos().episodes, {})
+    with h5py.File(path, "r+") as f:
+        f["episodes"][sorted(f["episodes"])[0]].attrs["instruction"] = np.bytes_("put the bowl on the plate")
+    assert read_demos(path).episodes[0].instruction == "put the bowl on the plate"  # not "b'put ...'"
+    with h5py.File(path, "r+") as f:
+        f["episodes"][sorted(f["episodes"])[0]].attrs["instruction"] = np.bytes_(b"\xff\xfe bowl")
+    with pytest.raises(ValueError, match=r"d\.h5: episode \w+ instruction: bytes that are not UTF-8"):
+        read_demos(path)
+
+
+@requires_pyarrow
+def test_a_16_bit_png_in_a_lerobot_dataset_is_refused_not_wrapped():
+    import imageio.v3 as iio
+
+    from trainers.datasets.lerobot_read import _to_numpy
+
+    spec = {"dtype": "image", "shape": [4, 4, 3], "names": ["height", "width", "channel"]}
+    deep = iio.imwrite("<bytes>", np.full((4, 4), 300, np.uint16), extension=".png")
+    plain = iio.imwrite("<bytes>", np.full((4, 4, 3), 44, np.uint8), extension=".png")
+    column = pa.array([{"bytes": plain, "path": None}, {"bytes": deep, "path": None}])
+    with pytest.raises(ValueError, match=r"x\.parquet: image 1 is uint16 \(a 16-bit image"):
+        _to_numpy(column, spec, "x.parquet")
+    assert _to_numpy(column[:1], spec, "x.parquet").tolist() == np.full((1, 4, 4, 3), 44).tolist()
+
+
+@requires_pyarrow
+def test_images_a_lerobot_dataset_declares_are_checked_against_memory_before_decoding(tmp_path):
+    out = write_lerobot(_demos(), tmp_path / "ds", video=False, progress=False)
+    info = json.loads((out / "meta/info.json").read_text())
+    info["features"]["observation.images.image"]["shape"] = [60000, 60000, 3]  # 10.8 GB per frame
+    (out / "meta/info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=r"ds: 19 frames of 3 episodes with their images needs about .* GiB"):
+        read_lerobot(out, progress=False)
+
+
+def test_the_memory_budget_names_what_asked():
+    from nets.budget import available_memory, check_memory
+
+    assert available_memory() is None or available_memory() > 0
+    check_memory(1, "one byte")
+    with pytest.raises(
+        ValueError, match=r"a petabyte needs about 1,048,576.0 GiB of memory; .* is available"
+    ):
+        check_memory(2**50, "a petabyte")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gymnasium as gym
 import h5py
@@ -46,7 +47,7 @@ def test_demo_file_round_trip(tmp_path):
     path = write_demos(
         tmp_path / "d.h5", episodes, {"env": "x", "env_kwargs": {"image_size": 8}, "chunk_size": 4}
     )
-    assert not (tmp_path / "d.h5.tmp").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5"]  # no temporary file left
     demos = read_demos(path)
     assert demos.meta["env_kwargs"] == {"image_size": 8} and demos.meta["chunk_size"] == 4
     assert len(demos.episodes) == 2
@@ -86,7 +87,7 @@ def test_demo_file_round_trip(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_demos(tmp_path / "cut.h5", interrupted(), {"env": "x"})
     assert not (tmp_path / "cut.h5").exists()
-    partial = read_demos(tmp_path / "cut.h5.tmp")  # the complete episodes written before the stop
+    partial = read_demos(tmp_path / f"cut.h5.{os.getpid()}.tmp")  # the complete episodes written before
     assert len(partial.episodes) == 1 and partial.episodes[0].length == episodes[0].length
 
     with h5py.File(tmp_path / "other.h5", "w") as f:

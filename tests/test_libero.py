@@ -292,11 +292,11 @@ def test_held_out_init_states_without_a_simulator():
     assert held_out.locate(0) == (0, 40) and held_out.locate(99) == (9, 49)
     assert held_out[13].meta == {"suite": "libero_spatial", "task_index": 1, "init_state_index": 43}
     assert np.array_equal(held_out[13].sim_state, LiberoInitialFrames(tasks)[93].sim_state)
-    for bad in ([], [50], [-1], [3, 3], [1.5], [True]):
+    for bad in ([], [-1], [3, 3], [1.5], [True], [2**31]):  # 50 and on: fresh states (test_libero_fresh.py)
         with pytest.raises(ValueError, match="init_states"):
             LiberoInitialFrames(tasks, bad)
     with pytest.raises(ValueError, match="Libero-Spatial-v0: init_states"):  # before any worker starts
-        gym.make_vec("Libero-Spatial-v0", num_envs=1, init_states=[50])
+        gym.make_vec("Libero-Spatial-v0", num_envs=1, init_states=[-1])
 
 
 def test_init_state_is_applied_after_the_scene_reset():
@@ -407,6 +407,13 @@ def test_bad_constructor_arguments_are_named_before_any_worker_starts(kwargs, na
     match = f"Libero-Spatial-v0: bad {name}: expected {expected}" if name else expected
     with pytest.raises(ValueError, match=match):
         gym.make_vec("Libero-Spatial-v0", **{"num_envs": 1, "cameras": [], **kwargs})
+
+
+def test_more_envs_than_memory_holds_are_refused_before_any_worker_starts():
+    with pytest.raises(
+        ValueError, match=r"Libero-Spatial-v0: num_envs=5000 \(at least 300 MB each\) needs about"
+    ):
+        gym.make_vec("Libero-Spatial-v0", num_envs=5000, cameras=[])
 
 
 @pytest.mark.parametrize("make", [gym.make, gym.make_vec])

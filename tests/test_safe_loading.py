@@ -326,12 +326,12 @@ def test_a_checkpoints_kwargs_lose_download_and_revision(tmp_path):
             "model_path": "owner/repo@0123abcd",
             "download": True,
             "revision": "main",
-            "nested": {"trust_pickle": True, "keep": 1},
+            "options": {"trust_pickle": True, "lora_rank": 1},
         },
     }
     with pytest.warns(RuntimeWarning) as caught:
         checked = ckpt.checked_policy_spec(spec, "ckpt.pt")
-    assert checked["kwargs"] == {"model_path": "owner/repo@0123abcd", "nested": {"keep": 1}}
+    assert checked["kwargs"] == {"model_path": "owner/repo@0123abcd", "options": {"lora_rank": 1}}
     messages = [str(w.message) for w in caught]
     assert any("ignored {'download': True, 'revision': 'main'}" in m for m in messages)
     assert any("ignored {'trust_pickle': True}" in m for m in messages)
@@ -354,7 +354,7 @@ def test_the_callers_opt_ins_reach_only_a_policy_that_takes_them(tmp_path):
     """Issue 32: ``policy_kwargs={"trust_pickle": False}`` for a policy without that argument was
     its TypeError. False or None asks for nothing and is left out; a value that asks for something
     is a ValueError naming it and the policy; the pretrained policies take theirs."""
-    from nets.safe_load import OPT_IN_KEYS
+    from nets.file_settings import OPT_IN_KEYS
     from policies.cosmos_policy import CosmosPolicy
     from policies.registry import accepted_arguments
 
@@ -478,7 +478,7 @@ def test_a_checkpoints_module_name_is_checked_before_import(tmp_path, evil_modul
     # a residual policy's base names a class too
     base = {"base": {"name": "vla_gym_evil:Policy", "kwargs": {}}}
     nested = _policy_checkpoint(tmp_path / "r.pt", "residual", base)
-    with pytest.raises(ValueError, match=refusal):
+    with pytest.raises(ValueError, match=r"base.name: 'vla_gym_evil:Policy' imports a module that is not"):
         ckpt.load_policy(nested, *spaces)
     assert not evil_module.exists()
     # named by the user: imported (and then checked for its type)
@@ -600,7 +600,7 @@ def test_shared_references_cannot_make_verification_hang(tmp_path):
 def test_a_view_cannot_expand_past_the_file(tmp_path):
     """A tensor view with stride 0 names 2**40 elements over one stored number."""
     path = _raw_checkpoint(tmp_path / "iter_000001.pt", {"w": torch.zeros(1).expand(2**40)})
-    with pytest.raises(ValueError, match="cannot verify"):
+    with pytest.raises(ValueError, match="whose elements overlap in memory"):  # refused as it is read
         ckpt.load_checkpoint(path)
 
 
@@ -682,3 +682,37 @@ def test_readers_refuse_fifos_and_devices_at_once(tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_sizes_a_file_declares_are_checked_before_memory(tmp_path):
+    """A 100 KB checkpoint whose saved arguments ask for a 14 GB network, a tensor of a few bytes
+    that reads as a million (zero strides), an .npy header declaring 10^12 elements: each refused,
+    naming the file, before anything that size is allocated."""
+    import resource
+
+    env = gym.make("CartPole-v1")
+    spaces = (env.observation_space, env.action_space)
+    policy, built = ckpt.build_policy("categorical", {"hidden_sizes": [8]}, *spaces)
+    huge = {**built["kwargs"], "hidden_sizes": [60000, 60000]}  # 3.6e9 weights in the middle layer
+    path = _policy_checkpoint(tmp_path / "small.pt", built["name"], huge, policy.state_dict())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(
+        ValueError, match=r"small.pt: the saved arguments build .* refused before building it"
+    ):
+        ckpt.load_policy(path, *spaces)
+    with pytest.raises(ValueError, match=r"refused before building it"):
+        ckpt.build_policy("auto", {}, *spaces, init_policy=path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: nothing near 14 GB
+
+    torch.save({"w": torch.zeros(1).expand(1000, 1000)}, tmp_path / "strided.pt")
+    with pytest.raises(UnsafeFileError, match=r"strides \(0, 0\), whose elements overlap"):
+        torch_load(tmp_path / "strided.pt")
+    torch.save({"t": torch.arange(6.0).reshape(2, 3).t(), "s": torch.zeros(4)[1:]}, tmp_path / "views.pt")
+    assert torch_load(tmp_path / "views.pt")["t"].shape == (3, 2)  # transposed and offset views load
+
+    np.save(tmp_path / "a.npy", np.zeros(4, np.float32))
+    raw = (tmp_path / "a.npy").read_bytes()
+    header = raw[:128].replace(b"(4,), }", b"(10**12,),}".replace(b"10**12", b"1000000000000"))
+    (tmp_path / "big.npy").write_bytes(header[:127].ljust(127) + b"\n" + raw[128:])
+    with pytest.raises(ValueError, match=r"big.npy: its header declares a \(1000000000000,\) float32 array"):
+        load_npy(tmp_path / "big.npy")

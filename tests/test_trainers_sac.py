@@ -550,3 +550,7 @@ def test_actor_every_steps_the_actor_and_temperature_on_every_nth_update_only(tm
     assert all(moved == flag for flag, moved, _ in seen)
     row = [r for r in read_metrics(tmp_path / "run") if "train/actor_loss" in r][-1]
     assert {"train/critic_loss", "train/alpha_loss", "train/entropy"} <= set(row)  # averaged where present
+    seen.clear()  # a critic warm-up: the first 10 updates step the critics only, then every 3rd the actor
+    sac_train.main(_reach_args(tmp_path / "warm", "--actor-every", "3", "--actor-starts", "10"))
+    assert [flag for flag, _, _ in seen] == [i >= 10 and (i - 10) % 3 == 0 for i in range(90)]
+    assert all(moved == flag for flag, moved, _ in seen) and all(critic for _, _, critic in seen)

@@ -31,7 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from nets.safe_load import OPT_IN_KEYS, UnsafeFileError, strip_opt_ins, torch_load
+from nets.file_settings import OPT_IN_KEYS, check_file_settings
+from nets.files import check_output
+from nets.safe_load import UnsafeFileError, torch_load
 from trainers import parallel
 from trainers.files import write_atomic
 
@@ -267,19 +269,50 @@ def load_policy_state(
         )
 
 
+def make_sized_policy(
+    name: str, observation_space: Any, action_space: Any, kwargs: dict[str, Any], state: Any, where: Any
+) -> Any:
+    """``make_policy`` for arguments read from a checkpoint whose weights are ``state``: the policy is
+    first built on the meta device (no memory), and a parameter whose shape differs from the
+    checkpoint's tensor of that name is a ``ValueError`` naming it, before anything is allocated (a
+    small file whose saved ``hidden_sizes`` ask for gigabytes is refused, not built). A policy that
+    cannot be built on the meta device (one that reads pretrained files as it is built) skips the
+    check."""
+    from policies.registry import make_policy
+
+    if isinstance(state, Mapping):
+        try:
+            with torch.device("meta"):
+                probe = make_policy(name, observation_space, action_space, **kwargs)
+        except Exception:  # built for real below, where its own errors are raised
+            probe = None
+        if probe is not None:
+            for key, tensor in probe.state_dict().items():
+                theirs = state.get(key)
+                if isinstance(theirs, torch.Tensor) and tuple(theirs.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"{where}: the saved arguments build {key} of shape {tuple(tensor.shape)} "
+                        f"({tensor.numel():,} values), but the checkpoint's weights have "
+                        f"{tuple(theirs.shape)}; refused before building it"
+                    )
+    return make_policy(name, observation_space, action_space, **kwargs)
+
+
 def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] = ()) -> dict[str, Any]:
     """A checkpoint's policy spec, checked before anything is built from it: ``name`` (and the
     name of a nested policy spec such as a residual policy's ``base``) must be a registered policy
     or in ``allow_policies`` (names the user gave: nothing is imported for a name a file chose);
-    the opt-ins of ``nets.safe_load.OPT_IN_KEYS`` (``trust_pickle``, ``download``, ...) are
-    dropped from ``kwargs`` with a warning (they come only from the user's own call)."""
+    ``kwargs`` hold only the class's keywords, as data (``nets.file_settings``): the opt-ins
+    (``trust_pickle``, ``download``, ...) are dropped with a warning (they come only from the user's
+    own call), and anything naming code, an address or a remote resource is refused."""
     from policies.registry import check_policy_from_file
 
     where = f"{source}: policy"
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
         raise ValueError(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
     check_policy_from_file(spec.get("name"), where, allow_policies)
-    kwargs = strip_opt_ins(spec["kwargs"], f"{where} kwargs")
+    schema = policy_settings(spec["name"])
+    kwargs = check_file_settings(spec["kwargs"], schema, f"{where} kwargs", allow=allow_policies)
     nested = [kwargs]
     while nested:  # nested policy specs ({"name": ..., "kwargs": ...}, e.g. a residual's base)
         value = nested.pop()
@@ -290,6 +323,17 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
         elif isinstance(value, (list, tuple)):
             nested.extend(value)
     return {**spec, "kwargs": kwargs}
+
+
+def policy_settings(name: str) -> Any:
+    """The allow-list of the policy ``name``'s keyword arguments (``policies.registry.settings_schema``),
+    or None (any key, checked as data) for ``auto`` or a name that does not resolve."""
+    from policies.registry import policy_class, settings_schema
+
+    try:
+        return None if name == "auto" else settings_schema(policy_class(name))
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def given_opt_ins(
@@ -368,7 +412,6 @@ def load_policy(
     a policy whose pretrained files need them: ``given_opt_ins``; the file's own opt-ins are
     dropped with a warning), ``allow_policies`` are ``module:Class`` names besides vla-gym's
     policies that the file may name, and ``allow_unverified`` reads a version-1 file (no SHA-256)."""
-    from policies.registry import make_policy
 
     path, data = latest_checkpoint(source, allow_unverified=allow_unverified)
     spec = checked_policy_spec(data.get("policy"), path, allow_policies)
@@ -385,7 +428,8 @@ def load_policy(
             )
         del overrides["base"]
     opt_ins = given_opt_ins(given, spec["name"], path, action_space, spec["kwargs"])
-    policy = make_policy(spec["name"], space, action_space, **{**spec["kwargs"], **overrides, **opt_ins})
+    kwargs = {**spec["kwargs"], **overrides, **opt_ins}
+    policy = make_sized_policy(spec["name"], space, action_space, kwargs, spec.get("state_dict"), path)
     load_policy_state(policy, spec, path)
     return policy
 
@@ -441,7 +485,11 @@ def build_policy(
             name, kwargs = spec["name"], {**kept, **kwargs}
         state = (path, spec)
         observation_space = policy_observation_space(spec, observation_space, path)
-    policy = make_policy(name, observation_space, action_space, **kwargs)
+    if resume or (init_policy and name not in FROZEN_BASE):  # weights of this shape follow
+        weights = data["policy"].get("state_dict") if isinstance(data.get("policy"), dict) else None
+        policy = make_sized_policy(name, observation_space, action_space, kwargs, weights, path)
+    else:
+        policy = make_policy(name, observation_space, action_space, **kwargs)
     if state is not None:
         load_initial_weights(policy.base if name in FROZEN_BASE else policy, *state)
     built = {"name": resolve_policy(name, action_space), "kwargs": kwargs}
@@ -461,18 +509,34 @@ def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) ->
     load_policy_state(policy, spec, path, optional=CRITIC_PREFIXES)
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a vla-gym checkpoint that loads (its checksum verified): the only file an
+    export with ``overwrite`` may replace."""
+    try:
+        load_checkpoint(path)
+    except (OSError, ValueError, UnsafeFileError):
+        return False
+    return True
+
+
 def export_policy(
     source: str | Path,
     path: str | Path,
     note: dict[str, Any] | None = None,
     *,
     allow_unverified: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Write the policy alone (class, arguments, weights; no optimizer or RNG state) of a run's
     newest checkpoint to ``path``: a small file that ``--init-policy`` and ``load_policy`` read.
+    ``path`` is never the checkpoint read; an existing one is replaced only with ``overwrite``, and only
+    if it is a vla-gym checkpoint.
     ``allow_unverified`` reads a version-1 source (no SHA-256) that you trust; what is written
     carries the SHA-256 of what was read."""
     src, data = latest_checkpoint(source, allow_unverified=allow_unverified)
+    check_output(
+        path, overwrite=overwrite, ours=is_checkpoint, what="a checkpoint", flag="out", sources=[src]
+    )
     payload = {
         "algo": data["algo"],
         "policy": data["policy"],
@@ -566,8 +630,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="read a version-1 checkpoint (no SHA-256) that you trust; the export carries one",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing policy checkpoint at out"
+    )
     args = parser.parse_args(argv)
-    print(f"wrote {export_policy(args.source, args.out, allow_unverified=args.allow_unverified)}")
+    path = export_policy(
+        args.source, args.out, allow_unverified=args.allow_unverified, overwrite=args.overwrite
+    )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

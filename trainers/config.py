@@ -21,7 +21,7 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -244,14 +244,16 @@ MODULE_FIELDS = ("env", "eval_env", "policy")  # "module:Name" values import tha
 
 
 def untrusted_settings(
-    sections: dict[str, dict[str, Any]], given: Collection[str], source: Any
+    sections: dict[str, dict[str, Any]], given: Mapping[str, Any], source: Any
 ) -> dict[str, dict[str, Any]]:
     """Settings read from a file the user did not hand over as settings (a resumed run's
-    ``config.json``), for the fields not ``given`` on the command line: opt-ins that widen what is
-    loaded or fetched (``trust_pickle``, ``download``, ``revision``, ...) are dropped with a
-    warning, and a module to import (``env``, ``eval_env``, ``policy`` as ``"module:Name"``) must
-    be one of this project's, else a ``ValueError`` asks for it on the command line."""
-    from nets.safe_load import is_project_module, strip_opt_ins
+    ``config.json``), for the fields not ``given`` on the command line, as typed data checked against
+    an allow-list (``nets.file_settings``): ``env_kwargs`` / ``eval_env_kwargs`` hold only keywords the
+    env takes and ``policy_kwargs`` only the policy's; nothing at any depth may name code, an
+    executable, an address or a remote resource (a ``ValueError`` names its path); opt-ins
+    (``trust_pickle``, ``download``, ...) are dropped with a warning; a module to import (``env``,
+    ``eval_env``, ``policy`` as ``"module:Name"``) must be one of this project's."""
+    from nets.file_settings import check_data, check_file_settings, is_project_module
 
     out: dict[str, dict[str, Any]] = {}
     for key, values in sections.items():
@@ -268,8 +270,37 @@ def untrusted_settings(
                         f"to import comes only from your own command line: pass {flag} {value} "
                         "again if you trust it"
                     )
-            out[key][name] = strip_opt_ins(value, where)
+            if isinstance(value, Mapping):
+                owner = {**values, **given}  # the env or policy these settings go to
+                out[key][name] = check_file_settings(value, _settings_schema(name, owner), where)
+            else:
+                out[key][name] = check_data(value, where)
     return out
+
+
+def _settings_schema(name: str, values: Mapping[str, Any]) -> Any:
+    """The allow-list (``nets.file_settings.Schema``) of the dict setting ``name`` of a section whose
+    settings are ``values``: the env's keywords for ``env_kwargs`` / ``eval_env_kwargs``, the
+    policy's for ``policy_kwargs``; None (any key, checked as data) for other dict settings."""
+    from nets.file_settings import Schema
+
+    if name in ("env_kwargs", "eval_env_kwargs"):
+        from trainers.env_factory import env_settings_schema
+
+        env = values.get("eval_env") if name == "eval_env_kwargs" else None
+        env = env or values.get("env")
+        return env_settings_schema(env) if isinstance(env, str) else None
+    if name == "policy_kwargs" and isinstance(values.get("policy"), str):
+        from policies.registry import policy_class, settings_schema
+
+        policy = values["policy"]
+        names = ["gaussian", "categorical"] if policy == "auto" else [policy]
+        try:
+            schemas = [settings_schema(policy_class(n)) for n in names]
+        except (ImportError, AttributeError, ValueError):
+            return None  # an unknown policy fails when it is built, with its own error
+        return schemas[0] if len(schemas) == 1 else Schema(policy, {**schemas[0].keys, **schemas[1].keys})
+    return None
 
 
 _OPTIMIZER = "the optimizer's state, its hyperparameters included, is restored from the checkpoint"
@@ -314,7 +345,7 @@ def keep_resumed(
     or ``from_file`` (``{section: (names, --config file)}``) must have the run's value, else a
     ``ValueError`` names it, the run's value and the given one. ``policy_kwargs`` given with opt-ins
     only (or a part of the run's) become the run's plus those opt-ins. Returns the configs."""
-    from nets.safe_load import OPT_IN_KEYS, strip_opt_ins
+    from nets.file_settings import OPT_IN_KEYS, strip_opt_ins
 
     folder = Path(source).parent
     out = dict(configs)

@@ -4,8 +4,9 @@ episodes in a demos file (format: ``trainers/datasets/demos.py``) for behaviour 
     python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert \\
         --env-kwargs '{"task_state": true, "image_size": 64}' --episodes 200 --out demos/spatial.h5
 
-The file appears once complete; an interrupted run leaves the episodes written so far in
-``<out>.tmp``. Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is
+The file appears once complete; a run stopped by an error leaves the episodes written so far in
+``<out>.<pid>.tmp``. An existing ``--out`` is replaced only with ``--overwrite``, and only if it is a
+demos file. Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is
 stored with K = 1. Starts: envs with ``initial_frames`` (this project's) go through a seeded
 permutation of their frame ids, so ``--episodes len(frames)`` covers every (task, init state) once;
 other envs are seeded per round.
@@ -24,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from nets.files import check_output
 from policies.base import ActionChunkPolicy
 from trainers.datasets.demos import (
     FORMAT,
@@ -31,6 +33,7 @@ from trainers.datasets.demos import (
     Demos,
     Episode,
     check_format,
+    is_demos_file,
     read_demos,
     write_demos,
 )
@@ -179,6 +182,8 @@ class DemoConfig:
     sampling"""
     out: str = "demos/demos.h5"
     """the demos file written"""
+    overwrite: bool = False
+    """replace an existing --out (only a vla-gym demos file is replaced)"""
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -188,6 +193,7 @@ def main(argv: list[str] | None = None) -> Path:
     from trainers.env_factory import make_vec_env
 
     cfg: DemoConfig = parse({"demos": DemoConfig}, argv, description=__doc__.splitlines()[0])["demos"]
+    check_output(cfg.out, overwrite=cfg.overwrite, ours=is_demos_file, what="a demos file")
     env = make_vec_env(cfg.env, cfg.num_envs, cfg.env_kwargs, autoreset="disabled_native")
     obs_space, act_space = env.single_observation_space, env.single_action_space
     if cfg.checkpoint:

@@ -11,6 +11,8 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
+from nets.file_settings import Schema, is_project_module, schema_of
+
 AUTORESET = {
     "next_step": AutoresetMode.NEXT_STEP,
     "same_step": AutoresetMode.SAME_STEP,
@@ -25,6 +27,31 @@ def _accepts(fn: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return True
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def env_settings_schema(env: str) -> Schema:
+    """What a file may give the env ``env`` (``"module:Env-v0"``; the module is imported) as keyword
+    arguments (``nets.file_settings``): for this project's ids, the keywords of the vector entry point
+    and of the vector env class the id names. Another env (gymnasium's wrappers take ``gym.make``'s
+    keywords too) or an id not registered (making it fails later, with gymnasium's error) gets an open
+    schema: any key, checked as data."""
+    module, _, env_id = env.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return Schema(env_id, {}, open=True)
+    entry = spec.vector_entry_point
+    if not (isinstance(entry, str) and is_project_module(entry)):
+        return Schema(env_id, {}, open=True)
+    targets = [t for t in (entry, spec.kwargs.get("vector_class")) if t]
+    schemas = [schema_of(load_env_creator(t) if isinstance(t, str) else t, env_id) for t in targets]
+    merged = schemas[0]
+    for other in schemas[1:]:
+        merged = merged | other
+    keys = {k: v for k, v in merged.keys.items() if k not in ("vector_class", "num_envs")}
+    return Schema(env_id, keys, merged.open)
 
 
 def make_vec_env(

@@ -184,6 +184,14 @@ def _old_entries(folder: Path, overwrite: bool) -> list[Path]:
             f"--overwrite removes a run's own files only, and {folder} also holds {foreign[:6]}: "
             "move them, or choose another --run-dir"
         )
+    for entry in entries:  # another run made inside this one's folders (its own .lock) is not removed
+        if entry.is_dir() and not entry.is_symlink():
+            for parent, _, files in os.walk(entry):  # links are not followed
+                if LOCK_FILE in files:
+                    raise ValueError(
+                        f"--overwrite removes a run's own files only, and {parent} holds another run: "
+                        "move it, or choose another --run-dir"
+                    )
     return entries
 
 

@@ -69,6 +69,10 @@ def declared_bytes(shape: tuple[int, ...] | None, dtype: np.dtype) -> int:
     return math.prod(int(s) for s in shape) * int(dtype.itemsize)
 
 
+# what h5py raises on a damaged file or on an entry that is not there or not what a reader expects
+UNREADABLE = (KeyError, RuntimeError, OSError, TypeError, IndexError, AttributeError)
+
+
 class SafeHDF5:
     """An HDF5 file open for reading, checked as the module docstring says.
 
@@ -80,10 +84,18 @@ class SafeHDF5:
         h5py = _h5py()
         self.path = regular_file(path)
         self.size = self.path.stat().st_size
-        self.file = h5py.File(self.path, "r")
+        try:
+            self.file = h5py.File(self.path, "r")
+        except OSError as e:
+            raise UnsafeHDF5Error(
+                f"{self.path}: not a readable HDF5 file ({e}); is it truncated or damaged?"
+            ) from None
         self._read = 0  # bytes the reads so far need at least
         try:
             self._check_file()
+        except UNREADABLE as e:
+            self.file.close()
+            raise self._refuse(f"its structure cannot be read ({type(e).__name__}: {e})") from None
         except BaseException:
             self.file.close()
             raise
@@ -91,8 +103,14 @@ class SafeHDF5:
     def __enter__(self) -> SafeHDF5:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
+        """Closes the file; what h5py raised while the block read it (a missing entry, a dataset of
+        another shape, damaged bytes) becomes a ``ValueError`` naming the file and the entry."""
         self.close()
+        if isinstance(error, UNREADABLE) and not isinstance(error, ValueError):
+            raise UnsafeHDF5Error(
+                f"{self.path}: not the file its reader expects ({type(error).__name__}: {error})"
+            ) from error
 
     def close(self) -> None:
         self.file.close()
@@ -113,6 +131,8 @@ class SafeHDF5:
                 )
             if not isinstance(link, h5py.HardLink | h5py.SoftLink):
                 raise self._refuse(f"{name} is a {type(link).__name__}; only hard and soft links are read")
+            if isinstance(link, h5py.SoftLink) and self.file.get(name) is None:
+                raise self._refuse(f"{name} is a soft link to {link.path}, which does not exist")
         self._check_attrs(self.file, "/")
         seen: set[int] = set()
         total = 0

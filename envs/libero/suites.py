@@ -43,6 +43,9 @@ class LiberoTask:
     bddl_file: str  # absolute path
     max_episode_steps: int
     num_init_states: int
+    init_file: str = ""  # a perturbation category's own init states (envs/libero/pro.py); "": LIBERO's
+    category: str = ""  # the LIBERO-Pro category ("" for LIBERO's own suites)
+    problem: str = ""  # why the task cannot be built ("" when it can)
 
 
 def _benchmark_names(suite: str) -> tuple[str, ...]:
@@ -109,4 +112,4 @@ def suite_tasks(suite: str) -> list[LiberoTask]:
 
 def load_init_states(task: LiberoTask) -> np.ndarray:
     """The task's fixed initial states, float64 [num_init_states, state_dim] (read-only, cached)."""
-    return _load_init_states_file(_init_states_path(task.suite, task.name))
+    return _load_init_states_file(task.init_file or _init_states_path(task.suite, task.name))

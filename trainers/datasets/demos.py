@@ -2,8 +2,8 @@
 ``write_demos``; ``python -m trainers.demos`` collects them), read back for behaviour cloning and as
 prior data of the off-policy trainers.
 
-File format (HDF5, written with ``h5py``; the file appears once complete, an interrupted writer leaves
-the episodes written so far in ``<out>.tmp``):
+File format (HDF5, written with ``h5py``; the file appears once complete, a writer stopped by an error
+leaves the episodes written so far in ``<out>.<pid>.tmp``, its own temporary file):
 
     /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
                         policy_kwargs, chunk_size K, action_dim D, seed, episodes_run,
@@ -26,6 +26,7 @@ way (files of earlier versions of this code are uncompressed, in the earliest fo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from nets.files import atomic_path
+from nets.files import atomic_path, regular_file
 
 FORMAT, VERSION = "vla-gym-demos", 1
 LIBVER = "v110"  # the oldest HDF5 file format with single-chunk datasets (readable by HDF5 >= 1.10)
@@ -76,6 +77,34 @@ class Episode:
         return int(self.valid.sum())
 
 
+def check_numbers(array: np.ndarray, where: str) -> None:
+    """Refuse an array that is not real numbers (complex, object, strings) or holds NaN or inf,
+    naming ``where`` and the first bad step."""
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{where} must be real numbers, got dtype {array.dtype}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        step = int(np.argwhere(~np.isfinite(array))[0][0])
+        raise ValueError(f"{where} hold NaN or infinite values (step {step})")
+
+
+def text(value: Any, where: str) -> str:
+    """A string attribute read from a file: bytes (HDF5 and parquet may store them) decoded as UTF-8,
+    a one-element array unwrapped; anything else (or bytes that are not UTF-8) is a ``ValueError``
+    naming ``where``."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: bytes that are not UTF-8 text ({e})") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string, got {type(value).__name__} {value!r:.100}")
+    return value
+
+
 @dataclass
 class Demos:
     """A demonstration file in memory: its attributes and episodes."""
@@ -93,9 +122,21 @@ class Demos:
                 expected = "[steps, K, D]" if shape is None else f"[steps, {shape[0]}, {shape[1]}] as before"
                 raise ValueError(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
             shape = actions.shape[1:]
-            if np.issubdtype(actions.dtype, np.floating) and not np.isfinite(actions).all():
-                step = int(np.argwhere(~np.isfinite(actions))[0][0])
-                raise ValueError(f"demo episode {i}: actions hold NaN or infinite values (step {step})")
+            check_numbers(actions, f"demo episode {i}: actions")
+            check_numbers(np.asarray(ep.rewards), f"demo episode {i}: rewards")
+            for key, value in ep.obs.items():
+                value = np.asarray(value)
+                if value.ndim == 4 and value.dtype != np.uint8:  # [C, H, W, channels]: an image
+                    raise ValueError(
+                        f"demo episode {i}: obs {key!r} is a {value.dtype} image; images are read as uint8 "
+                        "(a 16-bit depth image would wrap around): convert it, or store it as a float feature"
+                    )
+                if value.dtype.kind in "fc" or value.dtype.kind == "O":
+                    check_numbers(value, f"demo episode {i}: obs {key!r}")
+            for name in ("instruction", "task"):
+                value = getattr(ep, name)
+                if not isinstance(value, str):
+                    raise ValueError(f"demo episode {i}: {name} must be a string, got {value!r:.100}")
 
     def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
         """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
@@ -176,14 +217,16 @@ class Demos:
 
 
 def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
-    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.tmp`` renamed at the
-    end. ``meta`` is written first and again at the end (a caller may add totals meanwhile). If the
-    episodes stop with an error, ``<path>.tmp`` keeps the complete episodes written so far."""
+    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.<pid>.tmp`` (one per
+    process: two writers of one path never share it) renamed at the end. ``meta`` is written first and
+    again at the end (a caller may add totals meanwhile). If the episodes stop with an error, the
+    temporary file keeps the complete episodes written so far."""
     h5py = _h5py()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # nets.files.atomic_path: fsynced and renamed once complete; kept on an error (the partial file)
-    with atomic_path(path, temp=path.with_name(path.name + ".tmp"), keep_on_error=True) as tmp:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with atomic_path(path, temp=temp, keep_on_error=True) as tmp:
         with h5py.File(tmp, "w", libver=LIBVER) as f:
             _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
             group = f.create_group("episodes")
@@ -238,6 +281,16 @@ def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
         raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
 
 
+def is_demos_file(path: Path) -> bool:
+    """Whether ``path`` is a vla-gym demos file (its ``format`` attribute): the only file
+    ``--overwrite`` may replace."""
+    try:
+        with _h5py().File(regular_file(path), "r") as f:
+            return f.attrs.get("format") == FORMAT
+    except (OSError, ValueError):
+        return False
+
+
 def read_demos(path: str | Path) -> Demos:
     """Load a file written by ``write_demos`` (through ``trainers.safe_hdf5``: nothing outside the
     file is followed, no dataset declaring more than the file holds is read)."""
@@ -262,8 +315,8 @@ def read_demos(path: str | Path) -> Demos:
                     actions=read(g["actions"]),
                     valid=read(g["valid"]),
                     rewards=read(g["rewards"]),
-                    instruction=str(g.attrs["instruction"]),
-                    task=str(g.attrs["task"]),
+                    instruction=text(g.attrs["instruction"], f"{path}: episode {name} instruction"),
+                    task=text(g.attrs["task"], f"{path}: episode {name} task"),
                     initial_frame=int(g.attrs["initial_frame"]),
                     success=bool(g.attrs["success"]),
                     sim_states=read(g["sim_states"]) if "sim_states" in g else None,

@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from nets.budget import check_memory
+from nets.field_types import check_value
 from nets.files import regular_file
 from trainers.datasets import lerobot_format as fmt
-from trainers.datasets.demos import Demos, Episode
+from trainers.datasets.demos import Demos, Episode, check_numbers, text
 from trainers.datasets.extras import pyarrow
 from trainers.datasets.paths import inside
 from trainers.datasets.video import read_ranges
@@ -80,7 +82,35 @@ def read_info(root: Path) -> dict[str, Any]:
     fps = info["fps"]
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
         raise ValueError(f"{path}: expected fps as a positive number, got {_short(fps)}")
+    checks = [(f"{k}", info[k], t) for k, t in INFO_ENTRIES.items() if k in info]
+    own = info.get("vla_gym")
+    if isinstance(own, dict):
+        checks += [(f"vla_gym.{k}", own[k], t) for k, t in VLA_GYM_ENTRIES.items() if k in own]
+    for name, spec in features.items():
+        checks += [(f"features[{name!r}].{k}", spec[k], t) for k, t in FEATURE_ENTRIES.items() if k in spec]
+    for where, value, annotation in checks:
+        try:
+            check_value(annotation, value)
+        except ValueError as e:
+            raise ValueError(f"{path}: {where}: {e}, got {_short(value)}") from None
     return info
+
+
+# the entries of info.json this reader uses, and what each must be
+INFO_ENTRIES: dict[str, Any] = {
+    "data_path": str,
+    "video_path": str | None,
+    "robot_type": str | None,
+    "vla_gym": dict[str, Any] | None,
+    "features": dict[str, Any],
+}
+VLA_GYM_ENTRIES: dict[str, Any] = {"obs_keys": dict[str, str] | None, "demos": dict[str, Any] | None}
+FEATURE_ENTRIES: dict[str, Any] = {
+    "dtype": str,
+    "shape": Sequence[int],
+    "names": list | dict | None,
+    "info": dict[str, Any] | None,
+}
 
 
 def _short(value: Any) -> str:
@@ -94,7 +124,12 @@ def _parquet(path: Path, what: str, columns: list[str] | None = None, schema: bo
     pa, pq = pyarrow()
     regular_file(path)
     try:
-        return pq.read_schema(path) if schema else pq.read_table(path, columns=columns)
+        if schema:
+            return pq.read_schema(path)
+        meta = pq.read_metadata(path)  # the footer only: what the row groups decode to, checked first
+        decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        check_memory(decoded, f"{path}: {meta.num_rows:,} rows ({what})")
+        return pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -240,7 +275,13 @@ def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
                     f"{where}: image {n} is {size[0]}x{size[1]} (height x width), not the "
                     f"{hw[0]}x{hw[1]} that {fmt.INFO_PATH} declares; refused"
                 )
-            images.append(iio.imread(item["bytes"]))
+            image = iio.imread(item["bytes"])
+            if image.dtype != np.uint8:
+                raise ValueError(
+                    f"{where}: image {n} is {image.dtype} (a 16-bit image, such as a depth camera's?); "
+                    "images are read as 8-bit RGB or greyscale and would wrap around: convert it"
+                )
+            images.append(image)
         if not images:
             return np.zeros((0, *hw, 3), np.uint8)
         out = np.stack(
@@ -292,6 +333,15 @@ def read_lerobot(
         if absent:
             raise ValueError(f"{root}: episodes {absent} are not in the dataset ({len(by_index)} episodes)")
         rows = [by_index[e] for e in episodes]
+
+    # the images the selected episodes declare, decoded whole: checked against memory first
+    frames = sum(max(int(table["length"][r]), 0) for r in rows)
+    image_bytes = sum(
+        frames * int(np.prod(fmt.image_hw(features[n]))) * 3
+        for n in set(wanted.values())
+        if features[n]["dtype"] in ("image", "video")
+    )
+    check_memory(image_bytes, f"{root}: {frames:,} frames of {len(rows)} episodes with their images")
 
     # per-frame columns, file by file
     parquet = list(dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] != "video"))
@@ -357,6 +407,8 @@ def read_lerobot(
         e = table["episode_index"][r]
         arrays = per_episode[e]
         length = int(table["length"][r])
+        for name in (action, *extras.values()):
+            check_numbers(np.asarray(arrays[name]), f"{root}: episode {e} {name}")  # before any cast
         act = np.asarray(arrays[action], np.float32).reshape(length, 1, -1)
         reward = (
             np.asarray(arrays[extras["reward"]], np.float32).reshape(length)
@@ -376,7 +428,7 @@ def read_lerobot(
                 actions=act,
                 valid=np.ones((length, 1), bool),
                 rewards=reward[:, None],
-                instruction=str(tasks[task_index]),
+                instruction=text(tasks[task_index], f"{root}: {fmt.TASKS_PATH} task {task_index}"),
                 task=str(_cell(table, "vla_gym/task", r, "") or ""),
                 initial_frame=int(_cell(table, "vla_gym/initial_frame", r, -1)),
                 success=success,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from nets.files import atomic_folder
+from nets.files import atomic_folder, check_output, only_entries
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets import stats as st
 from trainers.datasets.demos import Demos, Episode
@@ -246,6 +246,13 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
 
 
+def is_lerobot_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a LeRobot dataset (its ``meta/info.json``) holding nothing else at the
+    top: the only folder ``--overwrite`` may replace."""
+    own = {"meta", "data", "videos", "images", "README.md", ".gitattributes"}
+    return only_entries(folder, own) and (folder / fmt.INFO_PATH).is_file()
+
+
 def write_lerobot(
     demos: Demos,
     out: str | Path,
@@ -268,11 +275,7 @@ def write_lerobot(
     """
     pa, pq = pyarrow()
     pd = pandas()
-    out = Path(out)
-    if out.exists() and (not overwrite or not out.is_dir()):
-        raise FileExistsError(
-            f"{out} exists: choose another folder, or overwrite=True (--overwrite) to replace it"
-        )
+    out = check_output(out, overwrite=overwrite, ours=is_lerobot_folder, what="a LeRobot dataset")
     if not demos.episodes:
         raise ValueError("no episodes to export")
     if not fps > 0:

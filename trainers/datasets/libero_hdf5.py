@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.datasets.demos import Demos, Episode
+from trainers.datasets.demos import Demos, Episode, check_numbers, text
 from trainers.datasets.paths import inside
 
 FORMAT = "libero-hdf5"
@@ -70,7 +70,7 @@ Read = Callable[[Any], np.ndarray]  # SafeHDF5.read: a whole dataset, its declar
 
 def _text(value: Any) -> str:
     if isinstance(value, bytes | np.bytes_):
-        return value.decode()
+        return text(bytes(value), "a LIBERO file's text attribute")
     if isinstance(value, np.ndarray) and value.dtype.kind in "SUO":
         return "".join(_text(v) for v in value.ravel())
     return str(value)
@@ -119,7 +119,15 @@ def upright(images: np.ndarray, convention: str) -> np.ndarray:
 def _array(read: Read, g: Any, key: str, where: str) -> np.ndarray:
     if key not in g:
         raise ValueError(f"{where}: missing dataset {key!r} (a LIBERO demo has actions, states, obs/...)")
-    return read(g[key])
+    return _numbers(read, g[key], f"{where}: {key}")
+
+
+def _numbers(read: Read, dataset: Any, where: str) -> np.ndarray:
+    """A numeric dataset, refused (naming it) unless it holds real numbers: a complex or string
+    array would otherwise be cast to float without a word."""
+    array = np.asarray(read(dataset))
+    check_numbers(array, where)
+    return array
 
 
 def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -145,6 +153,8 @@ def _proprio(read: Read, obs: Any, where: str) -> np.ndarray | None:
         parts = [read(obs["robot0_eef_pos"]), quat_xyzw_to_axis_angle(quat), read(obs["robot0_gripper_qpos"])]
     else:
         return None
+    for part in parts:
+        check_numbers(np.asarray(part), f"{where}: obs (end-effector and gripper)")
     parts = [np.asarray(p, np.float32).reshape(len(p), -1) for p in parts]
     if len({len(p) for p in parts}) != 1:
         raise ValueError(f"{where}: the end-effector and gripper observations have different lengths")
@@ -170,9 +180,11 @@ def _read_demo(read: Read, g: Any, where: str, convention: str, align: bool) -> 
     if proprio is not None:
         arrays["proprio"] = proprio
     if "states" in g:
-        arrays["sim_states"] = np.asarray(read(g["states"]), np.float64)
+        arrays["sim_states"] = np.asarray(_numbers(read, g["states"], f"{where}: states"), np.float64)
     arrays["rewards"] = (
-        np.asarray(read(g["rewards"]), np.float32) if "rewards" in g else np.zeros(t, np.float32)
+        np.asarray(_numbers(read, g["rewards"], f"{where}: rewards"), np.float32)
+        if "rewards" in g
+        else np.zeros(t, np.float32)
     )
     dones = np.asarray(read(g["dones"]), bool) if "dones" in g else None
     lengths = {k: len(v) for k, v in arrays.items()}

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from nets.files import atomic_folder
+from nets.files import atomic_folder, check_output, only_entries
 from trainers.datasets.demos import Demos, Episode
 
 ACTION_DIM = 7  # RLinf's world models take LIBERO's 7-D actions
@@ -85,8 +85,12 @@ def write_world_model_dataset(
         raise ValueError("no episodes to export")
     root = Path(out)
     target = root / "dataset"
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists: pass overwrite=True (--overwrite) to replace it")
+    check_output(
+        target,
+        overwrite=overwrite,
+        ours=lambda d: only_entries(d, [p.name for p in d.glob("*.npy")]),
+        what="a world-model dataset folder (.npy files only)",
+    )
     root.mkdir(parents=True, exist_ok=True)
     # staging folder, fsynced, then swapped in: the old folder goes only once the new one is complete
     with atomic_folder(target) as staging:

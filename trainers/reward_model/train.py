@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nets.files import write_atomic
+from nets.files import check_output, only_entries, write_atomic
 from nets.resnet_rm import DEFAULT_WIDTH, ResnetRewardModel, check_width, nonfinite_entries
 from trainers.reward_model.augment import Augment, augment, resize_frames, to_model_input
 from trainers.reward_model.collect import FrameSet
@@ -92,6 +92,8 @@ class RewardModelConfig:
     # -- output
     out: str = "runs/reward_model"
     """resnet_rm.pth, report.json / .md, frames.h5, metrics.jsonl, tb/"""
+    overwrite: bool = False
+    """write into an existing --out (only a folder of the reward model's own files)"""
     tensorboard: bool = True
     """TensorBoard event files in <out>/tb"""
     progress: bool = True
@@ -466,6 +468,10 @@ def run(cfg: RewardModelConfig) -> dict[str, Any]:
     from trainers.reward_model.collect import read_frames
 
     specs = check_config(cfg)
+    own = {MODEL_FILE, REPORT_JSON, REPORT_MD, FRAMES_FILE, "metrics.jsonl", "tb"}
+    check_output(
+        cfg.out, overwrite=cfg.overwrite, ours=lambda d: only_entries(d, own), what="a reward-model folder"
+    )
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     training = cfg.frames is not None or not cfg.collect_only

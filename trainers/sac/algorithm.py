@@ -56,6 +56,9 @@ class SACConfig:
     actor_every: int = 1
     """update the actor and the temperature on every N-th gradient step only, the critics on every one
     (RLPD's JAX code: one actor step per round of UTD critic steps; CleanRL's SAC: 2)"""
+    actor_starts: int = 0
+    """gradient steps that update the critics only before the actor's first step (a critic warm-up: the
+    actor is not pulled by critics that have not yet learned the rewards; offline steps count)"""
     n_step: int = 1
     """chunk-steps per return (each chunk's executed sub-steps are always summed)"""
     # -- temperature
@@ -131,6 +134,7 @@ class SACConfig:
             "offline_steps",
             "critic_subsample",
             "max_policy_lag",
+            "actor_starts",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"sac {name} must be >= 0, got {getattr(self, name)}")

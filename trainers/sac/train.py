@@ -126,7 +126,8 @@ def train(
                 batch = extra_rows if batch is None else Batch.cat(batch, extra_rows)
             if config.placebo:
                 batch = shuffle_outcomes(batch, sampler)
-            update_actor = done["updates"] % config.actor_every == 0
+            n = done["updates"]
+            update_actor = n >= config.actor_starts and (n - config.actor_starts) % config.actor_every == 0
             done["updates"] += 1
             return sac_update(
                 policy, learner, optimizer, batch, config, sampler, guard, target_entropy, update_actor
