@@ -92,6 +92,18 @@ def settings_schema(cls: type[ActionChunkPolicy]) -> Schema:
     return dataclasses.replace(schema, keys=keys)
 
 
+def policy_settings_schema(name: str) -> Schema | None:
+    """The allow-list of the policy ``name``'s keyword arguments for settings read from a file: its
+    ``settings_schema`` (``auto``: the Gaussian's and the categorical's together), or None (any key,
+    checked as data) for a name that does not resolve (building it fails later, with its own error)."""
+    names = ["gaussian", "categorical"] if name == "auto" else [name]
+    try:
+        schemas = [settings_schema(policy_class(n)) for n in names]
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return Schema(name, {k: v for s in schemas for k, v in s.keys.items()}, all(s.open for s in schemas))
+
+
 def options_type(name: str) -> type | None:
     """The options dataclass of the policy ``name`` (its class's ``options_type``: the pretrained
     VLAs', ``policies/options.py``), or None for a policy whose keywords have none."""

@@ -305,13 +305,13 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
     ``kwargs`` hold only the class's keywords, as data (``nets.file_settings``): the opt-ins
     (``trust_pickle``, ``download``, ...) are dropped with a warning (they come only from the user's
     own call), and anything naming code, an address or a remote resource is refused."""
-    from policies.registry import check_policy_from_file
+    from policies.registry import check_policy_from_file, policy_settings_schema
 
     where = f"{source}: policy"
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
         raise ValueError(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
     check_policy_from_file(spec.get("name"), where, allow_policies)
-    schema = policy_settings(spec["name"])
+    schema = policy_settings_schema(spec["name"])
     kwargs = check_file_settings(spec["kwargs"], schema, f"{where} kwargs", allow=allow_policies)
     nested = [kwargs]
     while nested:  # nested policy specs ({"name": ..., "kwargs": ...}, e.g. a residual's base)
@@ -323,17 +323,6 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
         elif isinstance(value, (list, tuple)):
             nested.extend(value)
     return {**spec, "kwargs": kwargs}
-
-
-def policy_settings(name: str) -> Any:
-    """The allow-list of the policy ``name``'s keyword arguments (``policies.registry.settings_schema``),
-    or None (any key, checked as data) for ``auto`` or a name that does not resolve."""
-    from policies.registry import policy_class, settings_schema
-
-    try:
-        return None if name == "auto" else settings_schema(policy_class(name))
-    except (ImportError, AttributeError, ValueError):
-        return None
 
 
 def given_opt_ins(

@@ -282,8 +282,6 @@ def _settings_schema(name: str, values: Mapping[str, Any]) -> Any:
     """The allow-list (``nets.file_settings.Schema``) of the dict setting ``name`` of a section whose
     settings are ``values``: the env's keywords for ``env_kwargs`` / ``eval_env_kwargs``, the
     policy's for ``policy_kwargs``; None (any key, checked as data) for other dict settings."""
-    from nets.file_settings import Schema
-
     if name in ("env_kwargs", "eval_env_kwargs"):
         from trainers.env_factory import env_settings_schema
 
@@ -291,15 +289,9 @@ def _settings_schema(name: str, values: Mapping[str, Any]) -> Any:
         env = env or values.get("env")
         return env_settings_schema(env) if isinstance(env, str) else None
     if name == "policy_kwargs" and isinstance(values.get("policy"), str):
-        from policies.registry import policy_class, settings_schema
+        from policies.registry import policy_settings_schema
 
-        policy = values["policy"]
-        names = ["gaussian", "categorical"] if policy == "auto" else [policy]
-        try:
-            schemas = [settings_schema(policy_class(n)) for n in names]
-        except (ImportError, AttributeError, ValueError):
-            return None  # an unknown policy fails when it is built, with its own error
-        return schemas[0] if len(schemas) == 1 else Schema(policy, {**schemas[0].keys, **schemas[1].keys})
+        return policy_settings_schema(values["policy"])
     return None
 
 

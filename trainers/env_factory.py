@@ -45,11 +45,9 @@ def env_settings_schema(env: str) -> Schema:
     entry = spec.vector_entry_point
     if not (isinstance(entry, str) and is_project_module(entry)):
         return Schema(env_id, {}, open=True)
-    targets = [t for t in (entry, spec.kwargs.get("vector_class")) if t]
-    schemas = [schema_of(load_env_creator(t) if isinstance(t, str) else t, env_id) for t in targets]
-    merged = schemas[0]
-    for other in schemas[1:]:
-        merged = merged | other
+    merged = schema_of(load_env_creator(entry), env_id)
+    if isinstance(spec.kwargs.get("vector_class"), str):  # what make_vector passes its **kwargs to
+        merged = merged | schema_of(load_env_creator(spec.kwargs["vector_class"]), env_id)
     keys = {k: v for k, v in merged.keys.items() if k not in ("vector_class", "num_envs")}
     return Schema(env_id, keys, merged.open)
 

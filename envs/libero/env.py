@@ -47,16 +47,23 @@ def find_task(key: str) -> LiberoTask | None:
     if task is not None or "/" not in key:
         return task
     folder = key.split("/", 1)[0]
-    from envs.libero.pro import PRO_SUITES, pro_tasks
+    from envs.libero.pro import PRO_SUITES
 
     for suite in PRO_SUITES:
         prefix = _BASE_SUITES[suite] + "_"
         if folder.startswith(prefix):
             try:
-                return {task_key(t): t for t in pro_tasks(suite, folder[len(prefix) :])}.get(key)
+                return _pro_index(suite, folder[len(prefix) :]).get(key)
             except ValueError:
                 return None
     return None
+
+
+@functools.cache
+def _pro_index(suite: str, category: str) -> dict[str, LiberoTask]:
+    from envs.libero.pro import pro_tasks
+
+    return {task_key(t): t for t in pro_tasks(suite, category)}
 
 
 class LiberoInitialFrames(Sequence[InitialFrame]):

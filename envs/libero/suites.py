@@ -44,7 +44,6 @@ class LiberoTask:
     max_episode_steps: int
     num_init_states: int
     init_file: str = ""  # a perturbation category's own init states (envs/libero/pro.py); "": LIBERO's
-    category: str = ""  # the LIBERO-Pro category ("" for LIBERO's own suites)
     problem: str = ""  # why the task cannot be built ("" when it can)
 
 
