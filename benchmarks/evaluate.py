@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
+from nets.errors import BadInput, reading, run_cli
 from trainers.metrics import wilson_interval
 
 
@@ -61,7 +62,7 @@ def run_frames(
     from trainers.evaluation import write_video
 
     if failure_videos is not None and "image" not in env.single_observation_space.spaces:
-        raise ValueError("failure videos need an env that renders 'image' (cameras=['agentview'])")
+        raise BadInput("failure videos need an env that renders 'image' (cameras=['agentview'])")
     from tqdm import tqdm
 
     out, videos = [], 0
@@ -146,7 +147,7 @@ def frame_ids(frames: Any, init_states: int | Sequence[int], tasks: Sequence[int
             ids.append(i)
     if not ids:  # an evaluation over zero trials reports nothing
         known_tasks = sorted({frames.locate(i)[0] for i in range(len(frames))})
-        raise ValueError(
+        raise BadInput(
             f"--init-states {sorted(states)} and --tasks {tasks} select no (task, init state) pair of "
             f"this suite (tasks {known_tasks[0]}-{known_tasks[-1]}, init states of each task from 0)"
         )
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     import envs  # noqa: F401  (registers the ids)
     from policies.registry import make_policy
     from trainers.checkpoint import load_policy
+    from trainers.env_factory import check_env_kwargs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="spatial")
@@ -210,12 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--temperature must be > 0, got {args.temperature}")
     seeds = [args.seed] if args.seed is not None else list(args.seeds)
     sample = args.sample or args.temperature is not None
-    env = gym.make_vec(
-        f"Libero-{args.suite.capitalize()}-v0",
-        num_envs=args.num_envs,
-        autoreset_mode="Disabled",
-        **args.env_kwargs,
-    )
+    env_id = f"Libero-{args.suite.capitalize()}-v0"
+    check_env_kwargs(env_id, args.env_kwargs, "--env-kwargs")
+    with reading(f"--env-kwargs {args.env_kwargs}", TypeError):
+        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **args.env_kwargs)
     try:
         obs_space, act_space = env.single_observation_space, env.single_action_space
         if args.checkpoint:
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             policy = make_policy(args.policy, obs_space, act_space, **args.policy_kwargs)
         if args.temperature is not None:
             if not hasattr(policy, "temperature"):
-                raise ValueError(f"--temperature: {type(policy).__name__} has no sampling temperature")
+                raise BadInput(f"--temperature: {type(policy).__name__} has no sampling temperature")
             policy.temperature = float(args.temperature)
         policy.eval()
         ids = frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks)
@@ -301,9 +301,7 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             tasks = pro_tasks(args.suite, category)
             skipped = [t.index for t in tasks if t.problem]
             if len(skipped) == len(tasks):
-                raise ValueError(
-                    f"category {category!r}: none of its tasks can be built ({tasks[0].problem})"
-                )
+                raise BadInput(f"category {category!r}: none of its tasks can be built ({tasks[0].problem})")
             if skipped:
                 kwargs["task_ids"] = [t.index for t in tasks if not t.problem]
                 print(f"{category}: tasks {skipped} cannot be built from the installed data; left out")
@@ -365,4 +363,4 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -21,7 +21,9 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets import files
 from nets.devices import default_device, parse_dtype
+from nets.errors import BadInput
 from nets.files import atomic_path, write_atomic
 
 from .base import ActionChunkPolicy
@@ -63,7 +65,7 @@ def find_checkpoint(
             "'owner/name[@revision]'"
         )
     if download and not revision:
-        raise ValueError(
+        raise BadInput(
             f"{what} {repo!r}: download=True needs a pinned revision, '{repo}@<commit hash>' (vla-gym "
             f"does not download an unpinned repository), or download it yourself and pass the folder"
         )
@@ -99,9 +101,9 @@ def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
     index = folder / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json(index, "shard index")["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
+            raise BadInput(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
         files = [folder / name for name in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
@@ -122,13 +124,13 @@ def read_state_dict(folder: Path, dtype: torch.dtype | None = None) -> dict[str,
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 if key in state:
-                    raise ValueError(f"{file}: key {key!r} appears in two shards")
+                    raise BadInput(f"{file}: key {key!r} appears in two shards")
                 if weight_map is not None and weight_map.get(key) != file.name:
-                    raise ValueError(f"{file}: key {key!r} is not listed for this shard in {INDEX_FILE}")
+                    raise BadInput(f"{file}: key {key!r} is not listed for this shard in {INDEX_FILE}")
                 tensor = f.get_tensor(key)
                 state[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
     if weight_map is not None and set(weight_map) - set(state):
-        raise ValueError(
+        raise BadInput(
             f"{folder}: {INDEX_FILE} lists keys no shard has: {_short(set(weight_map) - set(state))}"
         )
     return state
@@ -159,7 +161,7 @@ def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], what: str)
         if keys
     ]
     if problems:
-        raise ValueError(f"{what} does not match the model: " + "; ".join(problems))
+        raise BadInput(f"{what} does not match the model: " + "; ".join(problems))
     module.load_state_dict(state, strict=True, assign=any(p.is_meta for p in own.values()))
 
 
@@ -201,12 +203,9 @@ def read_json(path: Path, what: str) -> dict:
     """A JSON object from ``path``; a clear error when it is missing or malformed."""
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON: {e}") from e
+    data = files.read_json(path, what)
     if not isinstance(data, dict):
-        raise ValueError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
+        raise BadInput(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -236,7 +235,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> None:
     """VLAs read a Dict observation with ``instruction`` and uint8 ``[H, W, 3]`` images at ``image_keys``."""
     if not isinstance(space, spaces.Dict) or "instruction" not in space.spaces:
-        raise ValueError(f"a VLA needs a Dict observation space with 'instruction', got {space}")
+        raise BadInput(f"a VLA needs a Dict observation space with 'instruction', got {space}")
     for key in image_keys:
         sub = space.spaces.get(key)
         if not (
@@ -246,7 +245,7 @@ def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> N
             and sub.shape[-1] == 3
         ):
             have = sorted(space.spaces)
-            raise ValueError(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
+            raise BadInput(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
 
 
 def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "the model") -> None:
@@ -257,7 +256,7 @@ def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "t
     unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if unknown:
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(
+        raise BadInput(
             f"LoRA target modules {unknown} are not in {what}; its linear layers are named {linears}"
         )
     try:

@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 
-def bad_input(env_id: str, what: str, expected: Any, received: Any) -> ValueError:
+
+def bad_input(env_id: str, what: str, expected: Any, received: Any) -> BadInput:
     """A ``ValueError`` that names the env id, the expected value and the received one."""
-    return ValueError(f"{env_id}: bad {what}: expected {expected}, received {received}")
+    return BadInput(f"{env_id}: bad {what}: expected {expected}, received {received}")
 
 
 class ClosedEnvError(RuntimeError):

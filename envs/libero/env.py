@@ -19,6 +19,7 @@ from envs.libero.fresh import MAX_FRESH_ID, fresh_init_states
 from envs.libero.suites import _BASE_SUITES, SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
 from nets.budget import check_memory
+from nets.errors import BadInput
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 # the proprio observation, published as the named fields of its FieldBox
@@ -79,16 +80,16 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
         if init_states is not None and not all(
             isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in init_states
         ):
-            raise ValueError(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
+            raise BadInput(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
         self.init_states = None if init_states is None else [int(i) for i in init_states]
         if self.init_states is not None:
             if not self.init_states or not all(0 <= i <= MAX_FRESH_ID for i in self.init_states):
                 expected = (
                     f"a non-empty list of ints in [0, {MAX_FRESH_ID}] (past a task's official ones: fresh)"
                 )
-                raise ValueError(f"init_states must be {expected}, got {init_states}")
+                raise BadInput(f"init_states must be {expected}, got {init_states}")
             if len(set(self.init_states)) != len(self.init_states):
-                raise ValueError(f"init_states must not repeat an index, got {init_states}")
+                raise BadInput(f"init_states must not repeat an index, got {init_states}")
         self._fresh: dict[int, dict[int, np.ndarray]] = {}
         per_task = None if self.init_states is None else len(self.init_states)
         counts = [per_task or t.num_init_states for t in self.tasks]
@@ -272,7 +273,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         env_id = env_id or f"Libero-{suite.capitalize()}-v0"
         cameras = tuple(cameras)
         if not set(cameras) <= set(CAMERAS) or (cameras and cameras[0] != "agentview"):
-            raise ValueError(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
+            raise BadInput(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
         hw = check_image_size(env_id, image_size)
         check_int(env_id, "settle_steps", settle_steps, low=0)
         check_int(env_id, "scene_seed", scene_seed, low=0, none_ok=True)
@@ -291,7 +292,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             try:
                 tasks = list(pro_tasks(suite, category))
             except ValueError as e:
-                raise ValueError(f"{env_id}: {e}") from None
+                raise BadInput(f"{env_id}: {e}") from None
         all_tasks = tasks
         if task_ids is not None:
             bad = [
@@ -300,12 +301,12 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < len(tasks)
             ]
             if bad:
-                raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
+                raise BadInput(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
         broken = [t for t in tasks if t.problem]
         if broken:
             usable = [i for i, t in enumerate(all_tasks) if not t.problem]
-            raise ValueError(
+            raise BadInput(
                 f"{env_id}: {len(broken)} of its tasks cannot be built: "
                 + "; ".join(f"task {t.index}: {t.problem}" for t in broken)
                 + f". Choose others with task_ids (these can be built: {usable})"
@@ -314,7 +315,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         try:
             frames = LiberoInitialFrames(tasks, init_states)
         except ValueError as e:
-            raise ValueError(f"{env_id}: {e}") from None
+            raise BadInput(f"{env_id}: {e}") from None
         obs_space = observation_space(
             image_size=hw if cameras else None,
             wrist="wrist" in cameras,

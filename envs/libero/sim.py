@@ -48,6 +48,7 @@ import numpy as np
 
 from envs.core.images import resize_bilinear, to_uint8
 from envs.libero.suites import LiberoTask
+from nets.errors import BadInput
 
 CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, observation key)
     "agentview": ("agentview", "image"),
@@ -310,9 +311,9 @@ class LiberoSim:
         reads); otherwise each step samples only the robot observables the observation reads."""
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
-            raise ValueError(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
+            raise BadInput(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
         if max_cached_scenes < 1:
-            raise ValueError("max_cached_scenes must be >= 1")
+            raise BadInput("max_cached_scenes must be >= 1")
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.cameras = tuple(cameras)
         self.upright = upright

@@ -12,6 +12,8 @@ from functools import cache
 
 import numpy as np
 
+from nets.errors import BadInput
+
 # Our suite names -> hf-libero benchmark names. "130" is all five suites, in this order.
 _BASE_SUITES: dict[str, str] = {
     "spatial": "libero_spatial",
@@ -49,7 +51,7 @@ class LiberoTask:
 
 def _benchmark_names(suite: str) -> tuple[str, ...]:
     if suite not in SUITES:
-        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(SUITES)}")
+        raise BadInput(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(SUITES)}")
     return SUITES[suite]
 
 
@@ -69,7 +71,7 @@ def _load_init_states_file(path: str) -> np.ndarray:
     # LIBERO's .pruned_init files are pickled numpy arrays: unpickle those and nothing else
     states = np.array(torch_load(path, numpy=True, opt_in=None), dtype=np.float64)
     if states.ndim != 2:
-        raise ValueError(f"unexpected init-state array of shape {states.shape} in {path}")
+        raise BadInput(f"unexpected init-state array of shape {states.shape} in {path}")
     states.setflags(write=False)
     return states
 
