@@ -197,7 +197,14 @@ def main(argv: list[str] | None = None) -> dict:
         "--categories",
         nargs="+",
         default=None,
-        help="LIBERO-Pro categories of the suite to sweep ('standard': the suite itself); resumable",
+        help="LIBERO-Pro (or, with --benchmark plus, LIBERO-Plus) categories of the suite to sweep "
+        "('standard': the suite itself); resumable",
+    )
+    parser.add_argument(
+        "--benchmark",
+        choices=("pro", "plus"),
+        default="pro",
+        help="whose --categories: LIBERO-Pro's (envs/libero/pro.py) or LIBERO-Plus's (envs/libero/plus.py)",
     )
     parser.add_argument("--against", default=None, help="with --categories: another sweep's JSON to compare")
     parser.add_argument("--out", default="runs/benchmarks/evaluate.json")
@@ -273,12 +280,15 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     after each category (a rerun with the same settings resumes); ``--against``: paired comparison."""
     import gymnasium as gym
 
-    from envs.libero.pro import categories as known
-    from envs.libero.pro import pro_tasks
+    from envs.libero import plus, pro
     from trainers.metrics import format_table, mcnemar_p
 
     if (args.checkpoint is None) == (args.policy is None):
         parser.error("give exactly one of --checkpoint and --policy")
+    if args.benchmark == "plus":
+        known, category_tasks = (lambda suite: list(plus.CATEGORIES)), plus.plus_tasks
+    else:
+        known, category_tasks = pro.categories, pro.pro_tasks
     unknown = [c for c in args.categories if c != "standard" and c not in known(args.suite)]
     if unknown:  # before any simulator starts
         parser.error(
@@ -295,10 +305,10 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if category in done["categories"]:
             print(f"{category}: done in {out}, kept")
             continue
-        kwargs = {} if category == "standard" else {"category": category}
+        kwargs = {} if category == "standard" else {"category": category, "benchmark": args.benchmark}
         skipped = []
         if category != "standard" and args.tasks is None:  # the tasks its data can build
-            tasks = pro_tasks(args.suite, category)
+            tasks = category_tasks(args.suite, category)
             skipped = [t.index for t in tasks if t.problem]
             if len(skipped) == len(tasks):
                 raise BadInput(f"category {category!r}: none of its tasks can be built ({tasks[0].problem})")

@@ -48,6 +48,13 @@ def find_task(key: str) -> LiberoTask | None:
     if task is not None or "/" not in key:
         return task
     folder = key.split("/", 1)[0]
+    if "_plus_" in folder:  # LIBERO-Plus: libero_spatial_plus_camera/<variant>
+        benchmark, _, category = folder.partition("_plus_")
+        suite = next((k for k, v in _BASE_SUITES.items() if v == benchmark), None)
+        try:
+            return None if suite is None else _plus_index(suite, category).get(key)
+        except ValueError:
+            return None
     from envs.libero.pro import PRO_SUITES
 
     for suite in PRO_SUITES:
@@ -58,6 +65,13 @@ def find_task(key: str) -> LiberoTask | None:
             except ValueError:
                 return None
     return None
+
+
+@functools.cache
+def _plus_index(suite: str, category: str) -> dict[str, LiberoTask]:
+    from envs.libero.plus import plus_tasks
+
+    return {task_key(t): t for t in plus_tasks(suite, category)}
 
 
 @functools.cache
@@ -202,9 +216,13 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     Args:
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
-        category: a LIBERO-Pro perturbation category of the suite (``envs/libero/pro.py``: "lan",
-            "task", "with_milk", ...; ids ``LiberoPro-<Suite>-<Category>-v0``), its tasks, instructions
-            and init states instead of LIBERO's; ``info["category"]`` names it at every step.
+        category: a perturbation category of the suite, its tasks, instructions and init states
+            instead of LIBERO's; ``info["category"]`` names it at every step. LIBERO-Pro's
+            (``envs/libero/pro.py``: "lan", "task", "with_milk", ...; ids
+            ``LiberoPro-<Suite>-<Category>-v0``) or, with ``benchmark="plus"``, LIBERO-Plus's
+            (``envs/libero/plus.py``: "camera", "robot", "noise", "language", "light", "background",
+            "layout"; ids ``LiberoPlus-<Suite>-<Category>-v0``; init state 0 of each variant by default).
+        benchmark: "pro" (the default) or "plus": whose ``category``.
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
         image_size: camera size in pixels: an int (square) or (height, width). A non-square size
@@ -244,6 +262,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         num_envs: int = 1,
         *,
         category: str | None = None,
+        benchmark: str = "pro",
         chunk_size: int | None = 8,
         image_size: int | tuple[int, int] = 128,
         proprio: bool = True,
@@ -284,15 +303,22 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
             if value is not None:
                 check_float(env_id, name, value, low=0.01)
+        if benchmark not in ("pro", "plus"):
+            raise BadInput(
+                f"{env_id}: benchmark must be 'pro' (LIBERO-Pro) or 'plus' (LIBERO-Plus), got {benchmark!r}"
+            )
         if category is None:
             tasks = suite_tasks(suite)
         else:
+            from envs.libero.plus import plus_tasks
             from envs.libero.pro import pro_tasks
 
             try:
-                tasks = list(pro_tasks(suite, category))
+                tasks = list((plus_tasks if benchmark == "plus" else pro_tasks)(suite, category))
             except ValueError as e:
                 raise BadInput(f"{env_id}: {e}") from None
+            if benchmark == "plus" and init_states is None:
+                init_states = [0]  # LIBERO-Plus runs each variant once, from init state 0
         all_tasks = tasks
         if task_ids is not None:
             bad = [
@@ -308,10 +334,12 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             usable = [i for i, t in enumerate(all_tasks) if not t.problem]
             raise BadInput(
                 f"{env_id}: {len(broken)} of its tasks cannot be built: "
-                + "; ".join(f"task {t.index}: {t.problem}" for t in broken)
-                + f". Choose others with task_ids (these can be built: {usable})"
+                + "; ".join(f"task {t.index}: {t.problem}" for t in broken[:3])
+                + (f"; and {len(broken) - 3} more" if len(broken) > 3 else "")
+                + f". Choose others with task_ids (these can be built: {usable or 'none'})"
             )
         self.category = category or ""
+        self.benchmark = benchmark if category else ""
         try:
             frames = LiberoInitialFrames(tasks, init_states)
         except ValueError as e:
@@ -375,7 +403,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         task = find_task(frame.task)
         if task is None:
             return "a frame whose task is a LIBERO task key '<suite>/<task name>'"
-        suites = SUITES[self.suite] if not self.category else (f"{_BASE_SUITES[self.suite]}_{self.category}",)
+        suites = SUITES[self.suite]
+        if self.category:
+            infix = "_plus_" if self.benchmark == "plus" else "_"
+            suites = (f"{_BASE_SUITES[self.suite]}{infix}{self.category}",)
         if task.suite not in suites:
             return f"a frame of a {' or '.join(suites)} task (this env's suite), got a {task.suite} frame"
         expected = load_init_states(task).shape[1]

@@ -52,11 +52,9 @@ def data_root() -> Path:
     return root
 
 
-@cache
-def task_map() -> dict[str, list[str]]:
-    """RLinf's LIBERO-Pro task map (category -> task names in order), read as a literal: the file
-    is parsed, never run."""
-    path = data_root() / "benchmark" / "libero_suite_task_map.py"
+def read_task_map(path: Path) -> dict[str, list[str]]:
+    """The ``libero_task_map`` dict of one of RLinf's LIBERO task-map files (category or suite ->
+    task names in order), read as a literal: the file is parsed, never run."""
     tree = ast.parse(path.read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
@@ -64,6 +62,12 @@ def task_map() -> dict[str, list[str]]:
         ):
             return ast.literal_eval(node.value)
     raise BadInput(f"{path}: no libero_task_map in it")
+
+
+@cache
+def task_map() -> dict[str, list[str]]:
+    """RLinf's LIBERO-Pro task map (category -> task names in order)."""
+    return read_task_map(data_root() / "benchmark" / "libero_suite_task_map.py")
 
 
 def categories(suite: str) -> list[str]:

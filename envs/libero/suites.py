@@ -47,6 +47,9 @@ class LiberoTask:
     num_init_states: int
     init_file: str = ""  # a perturbation category's own init states (envs/libero/pro.py); "": LIBERO's
     problem: str = ""  # why the task cannot be built ("" when it can)
+    # what the simulator changes beyond the BDDL (LIBERO-Plus, envs/libero/plus.py): sorted (key, value)
+    # pairs of "camera" (H, V, S, R, E), "robot" (pose 1-500), "noise" (level 1-50)
+    perturbation: tuple[tuple[str, object], ...] = ()
 
 
 def _benchmark_names(suite: str) -> tuple[str, ...]:
@@ -70,6 +73,8 @@ def _load_init_states_file(path: str) -> np.ndarray:
 
     # LIBERO's .pruned_init files are pickled numpy arrays: unpickle those and nothing else
     states = np.array(torch_load(path, numpy=True, opt_in=None), dtype=np.float64)
+    if states.ndim == 1:  # one state stored flat (LIBERO-Plus's layouts), read as LIBERO reads it
+        states = states.reshape(1, -1)
     if states.ndim != 2:
         raise BadInput(f"unexpected init-state array of shape {states.shape} in {path}")
     states.setflags(write=False)
