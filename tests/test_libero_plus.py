@@ -195,3 +195,63 @@ def test_the_keyword_equals_the_id():
     finally:
         one.close()
         two.close()
+
+
+def test_the_code_perturbations_are_env_options_on_any_task():
+    variant = plus_tasks("spatial", "camera")[0]
+    view = list(dict(variant.perturbation)["camera"])
+    plus_obs, *_ = _first_obs("LiberoPlus-Spatial-Camera-v0", task_ids=[0], cameras=("agentview",))
+    option_obs, *_ = _first_obs(
+        "Libero-Spatial-v0", task_ids=[0], init_states=[0], cameras=("agentview",), camera_view=view
+    )
+    np.testing.assert_array_equal(option_obs["image"], plus_obs["image"])  # the option is the variant
+    robot_obs, *_ = _first_obs("Libero-Spatial-v0", task_ids=[0], init_states=[0], cameras=(), robot_pose=1)
+    variant_obs, *_ = _first_obs("LiberoPlus-Spatial-Robot-v0", task_ids=[0], cameras=())
+    np.testing.assert_array_equal(robot_obs["proprio"], variant_obs["proprio"])
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"camera_view": [0, 0, 100]}, r"camera_view must be 5 ints"),
+        ({"camera_view": [400, 0, 100, 0, 0]}, r"camera_view must be 5 ints .*\[0, 360\)"),
+        ({"robot_pose": 501}, r"robot_pose.*<= 500"),
+        ({"sensor_noise": 0}, r"sensor_noise.*>= 1"),
+        ({"sensor_noise": 2.5}, r"sensor_noise"),
+    ],
+)
+def test_perturbation_options_out_of_range_are_refused_before_any_simulator(option, message):
+    with pytest.raises(BadInput, match=message):
+        gym.make_vec("Libero-Spatial-v0", num_envs=1, cameras=(), **option)
+
+
+def _category_ids() -> list[str]:
+    return sorted(i for i in gym.registry if i.startswith(("LiberoPro-", "LiberoPlus-")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", _category_ids())
+def test_every_registered_pro_and_plus_id_resets_and_steps_a_chunk_on_2_envs(env_id):
+    """Each id whose data can build a task: 2 envs (one worker), the first buildable task, a reset and a
+    chunk, its category in info. An id none of whose tasks can be built is refused when made."""
+    from envs.libero.plus import plus_tasks
+    from envs.libero.pro import pro_tasks
+
+    spec = gym.spec(env_id).kwargs
+    tasks = (plus_tasks if spec.get("benchmark") == "plus" else pro_tasks)(spec["suite"], spec["category"])
+    usable = [t.index for t in tasks if not t.problem]
+    if not usable:
+        with pytest.raises(BadInput, match="cannot be built"):
+            gym.make_vec(env_id, num_envs=2, cameras=())
+        return
+    env = gym.make_vec(
+        env_id, num_envs=2, cameras=(), task_ids=usable[:1], init_states=[0], envs_per_worker=2,
+        autoreset_mode="Disabled",
+    )  # fmt: skip
+    try:
+        obs, _ = env.reset(seed=0, options={"initial_frames": [0, 0]})
+        obs, reward, terminated, truncated, info = env.step(np.zeros(env.action_space.shape, np.float32))
+        assert obs["proprio"].shape == (2, 8) and np.isfinite(obs["proprio"]).all()
+        assert list(info["category"]) == [spec["category"]] * 2
+    finally:
+        env.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,33 @@ CAMERAS = ("agentview", "wrist")
 ENV_BYTES = 300 * 2**20
 # largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
 SIM_STATE_BOUND = 1e3
+
+
+def _perturbation_options(
+    env_id: str, camera_view: Sequence[int] | None, robot_pose: int | None, sensor_noise: int | None
+) -> dict[str, object]:
+    """The LIBERO-Plus options given, checked: a ``BadInput`` naming the option and its range."""
+    out: dict[str, object] = {}
+    if camera_view is not None:
+        view = list(camera_view) if isinstance(camera_view, list | tuple) else None
+        ok = (
+            view is not None
+            and len(view) == 5
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in view)
+        )
+        if not ok or not (0 <= view[0] < 360 and 0 <= view[1] < 360 and 1 <= view[2] <= 1000):
+            raise BadInput(
+                f"{env_id}: camera_view must be 5 ints (H, V, S, R, E): H and V degrees in [0, 360), S the "
+                f"distance in % in [1, 1000], R and E degrees; got {camera_view!r}"
+            )
+        out["camera"] = tuple(view)
+    if robot_pose is not None:
+        check_int(env_id, "robot_pose", robot_pose, low=1, high=500)
+        out["robot"] = int(robot_pose)
+    if sensor_noise is not None:
+        check_int(env_id, "sensor_noise", sensor_noise, low=1, high=50)
+        out["noise"] = int(sensor_noise)
+    return out
 
 
 def task_key(task: LiberoTask) -> str:
@@ -223,6 +251,12 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             (``envs/libero/plus.py``: "camera", "robot", "noise", "language", "light", "background",
             "layout"; ids ``LiberoPlus-<Suite>-<Category>-v0``; init state 0 of each variant by default).
         benchmark: "pro" (the default) or "plus": whose ``category``.
+        camera_view, robot_pose, sensor_noise: LIBERO-Plus's code-level perturbations as options, on
+            every task of the env (any suite or category; ``envs/libero/plus.py``): the agent-view camera
+            moved by the view parameters (H, V, S, R, E) (degrees about z, degrees of tilt, distance in %
+            of LIBERO's, degrees of aim about z and y), the arm started at LIBERO-Plus's pose 1-500, the
+            agent-view image corrupted at noise level 1-50 (``envs/libero/plus_noise.py``, seeded per
+            episode). They replace a variant's own. None: as the task says.
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
         image_size: camera size in pixels: an int (square) or (height, width). A non-square size
@@ -263,6 +297,9 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         *,
         category: str | None = None,
         benchmark: str = "pro",
+        camera_view: Sequence[int] | None = None,
+        robot_pose: int | None = None,
+        sensor_noise: int | None = None,
         chunk_size: int | None = 8,
         image_size: int | tuple[int, int] = 128,
         proprio: bool = True,
@@ -303,6 +340,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
             if value is not None:
                 check_float(env_id, name, value, low=0.01)
+        self.perturbation = _perturbation_options(env_id, camera_view, robot_pose, sensor_noise)
         if benchmark not in ("pro", "plus"):
             raise BadInput(
                 f"{env_id}: benchmark must be 'pro' (LIBERO-Pro) or 'plus' (LIBERO-Plus), got {benchmark!r}"
@@ -423,7 +461,13 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
         seeds = [self._scene_seed() for _ in frames]
-        args = [(find_task(f.task), f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)]
+        tasks = [find_task(f.task) for f in frames]
+        if self.perturbation:  # the options replace what a variant says
+            tasks = [
+                replace(t, perturbation=tuple(sorted({**dict(t.perturbation), **self.perturbation}.items())))
+                for t in tasks
+            ]
+        args = [(t, f.sim_state, s, self.object_state_in_info) for t, f, s in zip(tasks, frames, seeds)]
         try:
             results, crashed = self.pool.call("reset", env_ids, args, self.reset_timeout_s)
             retry = np.flatnonzero(crashed)

@@ -18,7 +18,8 @@ them (``category=`` with ``benchmark="plus"``, or the ids ``LiberoPlus-<Suite>-<
   applies an init state overwrites; here the init state's objects are kept and the arm is perturbed.)
 * ``noise``: ``..._initstate_0_noise_N``: agent-view images corrupted (``envs/libero/plus_noise.py``).
 * ``language``: ``<task>_language_N``: the BDDL's paraphrased instruction.
-* ``layout``: ``<task>_levelL_sampleS`` (regions shifted up to 0.01 L m, its own init state) and
+* ``layout``: ``<task>_levelL_sampleS`` (``<task>_moved_levelL_sampleS`` in LIBERO-Goal; regions shifted
+  up to 0.01 L m, its own init state) and
   ``<task>_add_N`` (1-5 new objects).
 * ``light``: ``<task>_light_N``; ``background``: ``<task>_table_N`` and ``<task>_tb_N`` (table and wall).
 
@@ -73,7 +74,8 @@ _VIEW = re.compile(
     r"^(?P<base>.+?)(?:_language_(?P<language>\d+))?_view_(?P<h>\d+)_(?P<v>\d+)_(?P<s>\d+)_(?P<r>\d+)_(?P<e>\d+)"
     r"_initstate_(?P<k>\d+)(?:_noise_(?P<noise>\d+))?$"
 )
-_SUFFIX = re.compile(r"^(?P<base>.+)_(?:(?P<kind>light|table|tb|add)_\d+|level\d+_sample\d+)$")
+# LIBERO-Goal's shifted layouts are named <task>_moved_levelL_sampleS
+_SUFFIX = re.compile(r"^(?P<base>.+?)(?:_moved)?_(?:(?P<kind>light|table|tb|add)_\d+|level\d+_sample\d+)$")
 _KIND_CATEGORY = {
     "light": "light",
     "table": "background",
