@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,10 @@ def run_frames(
     deterministic: bool = True,
     failure_videos: str | Path | None = None,
     max_videos: int = 20,
+    on_episode: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time.
+    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time
+    (``on_episode`` is called with each as it ends: a sweep saves it).
 
     With ``failure_videos`` (a directory) the first ``max_videos`` failed episodes are written as
     mp4s of the camera image the policy saw before each chunk (the env must render ``image``)."""
@@ -69,6 +71,8 @@ def run_frames(
     episodes = collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids)
     for ep in tqdm(episodes, total=len(ids), desc=f"evaluate (seed {seed})", unit="episode"):
         out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
+        if on_episode is not None:
+            on_episode(out[-1])
         if failure_videos is not None and not ep.success and videos < max_videos:
             name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_frame{ep.initial_frame}.mp4"
             write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
@@ -326,15 +330,31 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             policy = _make_policy(args, env)
             policy.eval()
             ids = frame_ids(env.unwrapped.initial_frames, args.init_states, None if skipped else args.tasks)
-            episodes = []
+            episodes = done.setdefault("partial", {}).setdefault(category, [])  # saved after each episode
+            finished = {(ep["seed"], ep["frame"]) for ep in episodes}
+            if finished:
+                print(f"{category}: {len(finished)} episodes done in {out}, kept")
+
+            def keep(ep: dict, seed: int, episodes: list = episodes) -> None:
+                episodes.append({**ep, "seed": seed})
+                write_json(out, done)
+
             for seed in seeds:
-                policy.seed(seed)
-                episodes += [
-                    {**ep, "seed": seed}
-                    for ep in run_frames(env, policy, ids, seed=seed, deterministic=not args.sample)
-                ]
+                todo = [i for i in ids if (seed, i) not in finished]
+                policy.seed(seed)  # deterministic episodes do not depend on it; sampled ones resume anew
+                run_frames(
+                    env,
+                    policy,
+                    todo,
+                    seed=seed,
+                    deterministic=not args.sample,
+                    on_episode=lambda e, s=seed: keep(e, s),
+                )
         finally:
             env.close()
+        del done["partial"][category]
+        if not done["partial"]:
+            del done["partial"]
         done["categories"][category] = {
             "episodes": episodes,
             "tasks_left_out": skipped,
@@ -344,7 +364,8 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     chosen = {c: done["categories"][c] for c in args.categories}
     pooled = summarize([ep for c in chosen.values() for ep in c["episodes"]])
     rows = [(c, rate_cell(r)) for c, r in chosen.items()] + [("all categories", rate_cell(pooled))]
-    title = f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()} by LIBERO-Pro category"
+    whose = "LIBERO-Plus" if args.benchmark == "plus" else "LIBERO-Pro"
+    title = f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()} by {whose} category"
     print(format_table(rows, title=title))
     result = {**done, "pooled": pooled}
     if args.against:
