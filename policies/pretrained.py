@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -136,11 +137,48 @@ def read_state_dict(folder: Path, dtype: torch.dtype | None = None) -> dict[str,
     return state
 
 
-def empty_model(build: Callable[[], nn.Module]) -> nn.Module:
+# the largest value a config file may give a size (every public checkpoint's is far below): a file
+# asking for more is refused before anything is built (a million layers would take an hour on meta)
+SIZE_LIMITS = {
+    "hidden_size": 1 << 16, "intermediate_size": 1 << 18, "num_hidden_layers": 512,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 4096, "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 20,
+    "width": 1 << 16, "depth": 512, "mlp_dim": 1 << 18, "num_heads": 1024, "num_kv_heads": 1024,
+    "image_size": 8192, "patch_size": 1024, "embed_dim": 1 << 16, "num_layers": 512,
+}  # fmt: skip
+
+
+def check_sizes(values: Any, where: str) -> None:
+    """Every entry of ``values`` (a config's JSON, nested) named in ``SIZE_LIMITS`` is an int in
+    [1, its limit]; else a ``BadInput`` naming the file and the entry."""
+    stack = [("", values)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        name = path.rsplit(".", 1)[-1]
+        if name in SIZE_LIMITS and not isinstance(value, dict | list):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= SIZE_LIMITS[name]:
+                raise BadInput(
+                    f"{where}: {path} must be an int in [1, {SIZE_LIMITS[name]}], got {value!r:.60}"
+                )
+
+
+def empty_model(build: Callable[[], nn.Module], what: str = "model") -> nn.Module:
     """``build()`` with its parameters on the meta device (no memory, no random init) and its buffers
-    real (computed ones such as rotary frequencies are not in checkpoints); ``load_strict`` fills them."""
+    real (computed ones such as rotary frequencies are not in checkpoints); ``load_strict`` fills them.
+    It is built on the meta device first, so buffers a config sizes beyond the memory available are
+    refused (``nets.budget.check_memory``) before any is allocated."""
     from accelerate import init_empty_weights
 
+    from nets.budget import check_memory
+
+    with torch.device("meta"):
+        probe = build()
+    check_memory(sum(b.numel() * b.element_size() for b in probe.buffers()), f"{what}'s buffers")
+    del probe
     with init_empty_weights(include_buffers=False):
         return build()
 

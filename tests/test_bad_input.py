@@ -4,6 +4,7 @@ as one line and exit status 2. Tiny PPO runs on CartPole (about a second each)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -216,3 +217,41 @@ def test_demos_with_undecodable_text_are_refused(tmp_path):
         dst["episodes/000000"].attrs["instruction"] = b"\xff\xfe pick"
     with pytest.raises(BadInput, match="episode 000000 instruction: bytes that are not UTF-8"):
         load_demos(path)
+
+
+@pytest.mark.parametrize(
+    "entry, value, message",
+    [
+        (
+            "num_hidden_layers",
+            10**6,
+            r"text_config.num_hidden_layers must be an int in \[1, 512\], got 1000000",
+        ),
+        ("hidden_size", -4, r"text_config.hidden_size must be an int"),
+        ("vocab_size", "32064", r"text_config.vocab_size must be an int"),
+    ],
+)
+def test_a_vla_config_sizes_nothing_past_its_limits(tmp_path, entry, value, message):
+    from policies.openvla_oft.config import OpenVLAConfig
+    from policies.openvla_oft.tiny import write_tiny_openvla
+
+    folder = write_tiny_openvla(tmp_path / "tiny")
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"][entry] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadInput, match=f"config.json: {message}"):
+        OpenVLAConfig.from_folder(folder)
+
+
+def test_buffers_a_config_sizes_past_the_memory_are_refused_before_allocation(monkeypatch):
+    import nets.budget
+    from policies.pretrained import empty_model
+
+    class Huge(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.zeros(10**12))  # 4 TB: only ever made on the meta device here
+
+    monkeypatch.setattr(nets.budget, "available_memory", lambda: 1 << 30)
+    with pytest.raises(BadInput, match=r"Huge's buffers needs about .* of memory"):
+        empty_model(Huge, "Huge")

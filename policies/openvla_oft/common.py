@@ -240,6 +240,6 @@ class OpenVLABase(PretrainedVLAPolicy):
 
 def load_model(folder: Path, config: OpenVLAConfig, dtype: torch.dtype) -> OpenVLAModel:
     """Build the model without allocating random weights and load the folder's weights strictly."""
-    model = empty_model(lambda: OpenVLAModel(config))
+    model = empty_model(lambda: OpenVLAModel(config), f"OpenVLA model of {folder}")
     load_strict(model, read_state_dict(folder, dtype), f"OpenVLA checkpoint {folder}")
     return model.eval()

@@ -17,7 +17,7 @@ import torch
 
 from nets.errors import BadInput
 
-from ..pretrained import read_json
+from ..pretrained import check_sizes, read_json
 from .vision import TIMM_VITS, ViTSpec
 
 CONFIG_FILE = "config.json"
@@ -76,6 +76,7 @@ class OpenVLAConfig:
     @classmethod
     def from_folder(cls, folder: Path) -> OpenVLAConfig:
         data = read_json(folder / CONFIG_FILE, "OpenVLA config")
+        check_sizes(data, str(folder / CONFIG_FILE))
         if data.get("model_type", "openvla") != "openvla":
             raise BadInput(
                 f"{folder / CONFIG_FILE}: model_type {data.get('model_type')!r}, expected 'openvla'"

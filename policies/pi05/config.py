@@ -21,7 +21,7 @@ import torch
 
 from nets.errors import BadInput
 
-from ..pretrained import read_json
+from ..pretrained import check_sizes, read_json
 
 CONFIG_FILE = "config.json"
 STATS_FILE = "norm_stats.json"
@@ -93,6 +93,7 @@ class Pi05Config:
     @classmethod
     def from_folder(cls, folder: Path) -> Pi05Config:
         data = read_json(folder / CONFIG_FILE, "pi0.5 config")
+        check_sizes(data, str(folder / CONFIG_FILE))
         if data.get("model_type", "pi05") not in ("pi05", "pi0"):
             raise BadInput(f"{folder / CONFIG_FILE}: model_type {data['model_type']!r}, expected 'pi05'")
         if data.get("pi05") is False or data.get("model_type") == "pi0":

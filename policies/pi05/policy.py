@@ -289,7 +289,7 @@ class Pi05Policy(PretrainedVLAPolicy):
 
 def load_model(folder: Path, config: Pi05Config, dtype: torch.dtype) -> Pi05Model:
     """Build pi0.5 without allocating random weights and load the folder's weights strictly."""
-    model = empty_model(lambda: Pi05Model(config))
+    model = empty_model(lambda: Pi05Model(config), f"pi0.5 model of {folder}")
     state, _unused = from_checkpoint_keys(read_state_dict(folder, dtype))
     load_strict(model, state, f"pi0.5 checkpoint {folder}")
     return model.eval()
