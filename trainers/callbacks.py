@@ -36,6 +36,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium as gym
 import torch
 from torch import nn
 
@@ -197,9 +198,10 @@ class Evaluation(Callback):
         return episodes
 
     def _check_spaces(self, run: RunContext, s: dict[str, Any]) -> None:
-        """Before training: an eval env whose spaces are not the policy's is bad input (named), not
-        a shape error at the first evaluation. Made at once when it evaluates at the start; else an
-        env like it with one sub-env is made and closed, where its settings differ from training's."""
+        """Before training: an eval env whose spaces are not the policy's (it may observe more keys,
+        e.g. a camera for videos) is bad input (named), not a shape error at the first evaluation.
+        Made at once when it evaluates at the start; else an env like it with one sub-env is made and
+        closed, where its settings differ from training's."""
         cfg = run.config
         if run.env_spaces is None or s["every"] < 0:
             return
@@ -217,6 +219,8 @@ class Evaluation(Callback):
             ) as env:
                 spaces = (env.single_observation_space, env.single_action_space)
         for what, theirs, ours in zip(("observation", "action"), spaces, run.env_spaces, strict=True):
+            if isinstance(theirs, gym.spaces.Dict) and isinstance(ours, gym.spaces.Dict):  # more keys: fine
+                theirs = gym.spaces.Dict({k: theirs[k] for k in ours.spaces if k in theirs.spaces})
             if theirs != ours:
                 source = f"eval env {cfg.eval_env or cfg.env} with eval_env_kwargs {cfg.eval_env_kwargs}"
                 raise BadInput(
