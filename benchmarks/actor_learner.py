@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import table, write_json
+from nets.errors import run_cli
 from trainers.callbacks import Callback
 
 CLOCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -342,4 +343,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -25,6 +25,7 @@ from benchmarks.report import table, write_json
 from envs.b1k.layout import ACTION_PARTS, PROPRIO_SLICES
 from envs.b1k.omnigibson_backend import B1KUnavailableError
 from envs.b1k.tasks import task_env_id
+from nets.errors import run_cli
 
 
 def hold_actions(state: np.ndarray, num_envs: int, chunk: int) -> np.ndarray:
@@ -104,4 +105,4 @@ def main(argv: list[str] | None = None, backend=None) -> dict | None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from nets.errors import run_cli
+
 WINDOWS = {
     "evaluation": (("callbacks.py", "on_training_end", "Evaluation"), ("callbacks.py", "on_training_end")),
     "GRPO iteration": (("train.py", "collect_groups", None), ("run.py", "end_iteration")),
@@ -127,4 +129,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import plot_lines, table, write_json
+from nets.errors import run_cli
 
 TINY_SIZES = {"cosmos": (32, 48), "opensora": (32, 32)}
 
@@ -192,4 +193,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

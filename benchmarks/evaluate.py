@@ -33,13 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.report import table, write_json
+from nets.errors import BadInput, reading, run_cli
 from trainers.metrics import wilson_interval
 
 
@@ -52,8 +53,10 @@ def run_frames(
     deterministic: bool = True,
     failure_videos: str | Path | None = None,
     max_videos: int = 20,
+    on_episode: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time.
+    """One episode from each initial frame id of a DISABLED-mode env, ``num_envs`` at a time
+    (``on_episode`` is called with each as it ends: a sweep saves it).
 
     With ``failure_videos`` (a directory) the first ``max_videos`` failed episodes are written as
     mp4s of the camera image the policy saw before each chunk (the env must render ``image``)."""
@@ -61,13 +64,15 @@ def run_frames(
     from trainers.evaluation import write_video
 
     if failure_videos is not None and "image" not in env.single_observation_space.spaces:
-        raise ValueError("failure videos need an env that renders 'image' (cameras=['agentview'])")
+        raise BadInput("failure videos need an env that renders 'image' (cameras=['agentview'])")
     from tqdm import tqdm
 
     out, videos = [], 0
     episodes = collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids)
     for ep in tqdm(episodes, total=len(ids), desc=f"evaluate (seed {seed})", unit="episode"):
         out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
+        if on_episode is not None:
+            on_episode(out[-1])
         if failure_videos is not None and not ep.success and videos < max_videos:
             name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_frame{ep.initial_frame}.mp4"
             write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
@@ -146,7 +151,7 @@ def frame_ids(frames: Any, init_states: int | Sequence[int], tasks: Sequence[int
             ids.append(i)
     if not ids:  # an evaluation over zero trials reports nothing
         known_tasks = sorted({frames.locate(i)[0] for i in range(len(frames))})
-        raise ValueError(
+        raise BadInput(
             f"--init-states {sorted(states)} and --tasks {tasks} select no (task, init state) pair of "
             f"this suite (tasks {known_tasks[0]}-{known_tasks[-1]}, init states of each task from 0)"
         )
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     import envs  # noqa: F401  (registers the ids)
     from policies.registry import make_policy
     from trainers.checkpoint import load_policy
+    from trainers.env_factory import check_env_kwargs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="spatial")
@@ -195,7 +201,14 @@ def main(argv: list[str] | None = None) -> dict:
         "--categories",
         nargs="+",
         default=None,
-        help="LIBERO-Pro categories of the suite to sweep ('standard': the suite itself); resumable",
+        help="LIBERO-Pro (or, with --benchmark plus, LIBERO-Plus) categories of the suite to sweep "
+        "('standard': the suite itself); resumable",
+    )
+    parser.add_argument(
+        "--benchmark",
+        choices=("pro", "plus"),
+        default="pro",
+        help="whose --categories: LIBERO-Pro's (envs/libero/pro.py) or LIBERO-Plus's (envs/libero/plus.py)",
     )
     parser.add_argument("--against", default=None, help="with --categories: another sweep's JSON to compare")
     parser.add_argument("--out", default="runs/benchmarks/evaluate.json")
@@ -210,12 +223,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--temperature must be > 0, got {args.temperature}")
     seeds = [args.seed] if args.seed is not None else list(args.seeds)
     sample = args.sample or args.temperature is not None
-    env = gym.make_vec(
-        f"Libero-{args.suite.capitalize()}-v0",
-        num_envs=args.num_envs,
-        autoreset_mode="Disabled",
-        **args.env_kwargs,
-    )
+    env_id = f"Libero-{args.suite.capitalize()}-v0"
+    check_env_kwargs(env_id, args.env_kwargs, "--env-kwargs")
+    with reading(f"--env-kwargs {args.env_kwargs}", TypeError):
+        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **args.env_kwargs)
     try:
         obs_space, act_space = env.single_observation_space, env.single_action_space
         if args.checkpoint:
@@ -224,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
             policy = make_policy(args.policy, obs_space, act_space, **args.policy_kwargs)
         if args.temperature is not None:
             if not hasattr(policy, "temperature"):
-                raise ValueError(f"--temperature: {type(policy).__name__} has no sampling temperature")
+                raise BadInput(f"--temperature: {type(policy).__name__} has no sampling temperature")
             policy.temperature = float(args.temperature)
         policy.eval()
         ids = frame_ids(env.unwrapped.initial_frames, args.init_states, args.tasks)
@@ -273,12 +284,15 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     after each category (a rerun with the same settings resumes); ``--against``: paired comparison."""
     import gymnasium as gym
 
-    from envs.libero.pro import categories as known
-    from envs.libero.pro import pro_tasks
+    from envs.libero import plus, pro
     from trainers.metrics import format_table, mcnemar_p
 
     if (args.checkpoint is None) == (args.policy is None):
         parser.error("give exactly one of --checkpoint and --policy")
+    if args.benchmark == "plus":
+        known, category_tasks = (lambda suite: list(plus.CATEGORIES)), plus.plus_tasks
+    else:
+        known, category_tasks = pro.categories, pro.pro_tasks
     unknown = [c for c in args.categories if c != "standard" and c not in known(args.suite)]
     if unknown:  # before any simulator starts
         parser.error(
@@ -295,15 +309,13 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if category in done["categories"]:
             print(f"{category}: done in {out}, kept")
             continue
-        kwargs = {} if category == "standard" else {"category": category}
+        kwargs = {} if category == "standard" else {"category": category, "benchmark": args.benchmark}
         skipped = []
         if category != "standard" and args.tasks is None:  # the tasks its data can build
-            tasks = pro_tasks(args.suite, category)
+            tasks = category_tasks(args.suite, category)
             skipped = [t.index for t in tasks if t.problem]
             if len(skipped) == len(tasks):
-                raise ValueError(
-                    f"category {category!r}: none of its tasks can be built ({tasks[0].problem})"
-                )
+                raise BadInput(f"category {category!r}: none of its tasks can be built ({tasks[0].problem})")
             if skipped:
                 kwargs["task_ids"] = [t.index for t in tasks if not t.problem]
                 print(f"{category}: tasks {skipped} cannot be built from the installed data; left out")
@@ -318,15 +330,31 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             policy = _make_policy(args, env)
             policy.eval()
             ids = frame_ids(env.unwrapped.initial_frames, args.init_states, None if skipped else args.tasks)
-            episodes = []
+            episodes = done.setdefault("partial", {}).setdefault(category, [])  # saved after each episode
+            finished = {(ep["seed"], ep["frame"]) for ep in episodes}
+            if finished:
+                print(f"{category}: {len(finished)} episodes done in {out}, kept")
+
+            def keep(ep: dict, seed: int, episodes: list = episodes) -> None:
+                episodes.append({**ep, "seed": seed})
+                write_json(out, done)
+
             for seed in seeds:
-                policy.seed(seed)
-                episodes += [
-                    {**ep, "seed": seed}
-                    for ep in run_frames(env, policy, ids, seed=seed, deterministic=not args.sample)
-                ]
+                todo = [i for i in ids if (seed, i) not in finished]
+                policy.seed(seed)  # deterministic episodes do not depend on it; sampled ones resume anew
+                run_frames(
+                    env,
+                    policy,
+                    todo,
+                    seed=seed,
+                    deterministic=not args.sample,
+                    on_episode=lambda e, s=seed: keep(e, s),
+                )
         finally:
             env.close()
+        del done["partial"][category]
+        if not done["partial"]:
+            del done["partial"]
         done["categories"][category] = {
             "episodes": episodes,
             "tasks_left_out": skipped,
@@ -336,7 +364,8 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     chosen = {c: done["categories"][c] for c in args.categories}
     pooled = summarize([ep for c in chosen.values() for ep in c["episodes"]])
     rows = [(c, rate_cell(r)) for c, r in chosen.items()] + [("all categories", rate_cell(pooled))]
-    title = f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()} by LIBERO-Pro category"
+    whose = "LIBERO-Plus" if args.benchmark == "plus" else "LIBERO-Pro"
+    title = f"{args.checkpoint or args.policy} on LIBERO-{args.suite.capitalize()} by {whose} category"
     print(format_table(rows, title=title))
     result = {**done, "pooled": pooled}
     if args.against:
@@ -365,4 +394,4 @@ def sweep_categories(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

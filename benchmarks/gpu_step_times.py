@@ -15,6 +15,7 @@ import sys
 import torch
 
 from benchmarks import world_model_step
+from nets.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> bool:
@@ -30,4 +31,4 @@ def main(argv: list[str] | None = None) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

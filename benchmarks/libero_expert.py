@@ -15,6 +15,7 @@ import time
 
 from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize
 from benchmarks.report import write_json
+from nets.errors import run_cli
 
 
 def evaluate_suite(suite: str, init_states: int, num_envs: int, seed: int) -> dict:
@@ -66,4 +67,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

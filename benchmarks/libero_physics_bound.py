@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
+from nets.errors import run_cli
 
 K = 8  # actions per chunk for our env
 SETTLE = 10  # no-op steps after the init state, as LiberoSim does by default
@@ -354,4 +355,4 @@ def _print_breakdown(breakdowns: dict[str, dict[str, float]], results: list[dict
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -24,6 +24,7 @@ import numpy as np
 
 from benchmarks.env_throughput import rss_gb
 from benchmarks.report import write_json
+from nets.errors import run_cli
 
 K = 8
 NUM_ENVS = 2
@@ -162,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

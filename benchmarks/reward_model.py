@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import table, write_json
+from nets.errors import run_cli
 
 
 def recipe(args: argparse.Namespace) -> Any:
@@ -163,4 +164,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

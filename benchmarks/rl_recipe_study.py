@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import plot_lines, table, write_json
+from nets.errors import BadInput, run_cli
 from trainers.metrics import mcnemar_p, wilson_interval
 
 # name -> what it is, the algorithm, and the recipe settings it changes ("run" / algorithm sections)
@@ -332,7 +333,7 @@ def train_variant(
             path.write_text(json.dumps({"run": dataclasses.asdict(config), "bc": algo_settings}))
             train_bc(["--config", str(path)])
     else:
-        raise ValueError(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac' or 'bc'")
+        raise BadInput(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac' or 'bc'")
     return time.perf_counter() - t0
 
 
@@ -733,4 +734,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

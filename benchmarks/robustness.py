@@ -25,6 +25,7 @@ import argparse
 import io
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
+from nets.errors import BadInput, run_cli
 
 
 class Payload:
@@ -259,25 +261,25 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
         "step_timeout_s": -1.0,
     }
     cases = {
-        f"LIBERO {k}={v!r}": lambda k=k, v=v: raises(ValueError, f"bad {k}: expected")(
+        f"LIBERO {k}={v!r}": lambda k=k, v=v: raises(BadInput, f"bad {k}: expected")(
             lambda: probe.libero(**{k: v})
         )
         for k, v in libero.items()
     }
-    cases["LIBERO max_episode_steps=-5"] = lambda: raises(ValueError, "bad max_episode_steps")(
+    cases["LIBERO max_episode_steps=-5"] = lambda: raises(BadInput, "bad max_episode_steps")(
         lambda: probe.libero(max_episode_steps=-5)
     )
-    cases["LIBERO chunk_size='4'"] = lambda: raises(ValueError, "bad chunk_size")(
+    cases["LIBERO chunk_size='4'"] = lambda: raises(BadInput, "bad chunk_size")(
         lambda: probe.libero(chunk_size="4")
     )
-    cases["LIBERO task_ids=[99]"] = lambda: raises(ValueError, "task_ids must be in")(
+    cases["LIBERO task_ids=[99]"] = lambda: raises(BadInput, "task_ids must be in")(
         lambda: probe.libero(task_ids=[99])
     )
     # a bool is an int to Python: num_envs=True used to make one env (issue 32 item 8)
-    cases["LIBERO num_envs=True"] = lambda: raises(ValueError, "bad num_envs: expected an int >= 1", "True")(
+    cases["LIBERO num_envs=True"] = lambda: raises(BadInput, "bad num_envs: expected an int >= 1", "True")(
         lambda: probe.libero(num_envs=True)
     )
-    cases["LIBERO task_ids=[True]"] = lambda: raises(ValueError, "task_ids must be in", "[True]")(
+    cases["LIBERO task_ids=[True]"] = lambda: raises(BadInput, "task_ids must be in", "[True]")(
         lambda: probe.libero(task_ids=[True])
     )
     # was Python's TypeError from inside the constructor (issue 32): named, with the closest one
@@ -291,17 +293,17 @@ def constructor_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
         "reward_coef": float("nan"),
     }
     for k, v in world_model.items():
-        cases[f"world model {k}={v!r}"] = lambda k=k, v=v: raises(ValueError, f"bad {k}: expected")(
+        cases[f"world model {k}={v!r}"] = lambda k=k, v=v: raises(BadInput, f"bad {k}: expected")(
             lambda: probe.world_model(**{k: v})
         )
-    cases["world model image_size=(-32, 48)"] = lambda: raises(ValueError, "bad image_size")(
+    cases["world model image_size=(-32, 48)"] = lambda: raises(BadInput, "bad image_size")(
         lambda: probe.world_model(image_size=(-32, 48))
     )
-    cases["world model num_envs=True"] = lambda: raises(ValueError, "bad num_envs", "True")(
+    cases["world model num_envs=True"] = lambda: raises(BadInput, "bad num_envs", "True")(
         lambda: probe.world_model(num_envs=True)
     )
     # chunk_size was Python's TypeError once the weights had loaded (issue 32): now LIBERO's meaning
-    cases["world model chunk_size=0"] = lambda: raises(ValueError, "bad chunk_size: expected an int >= 1")(
+    cases["world model chunk_size=0"] = lambda: raises(BadInput, "bad chunk_size: expected an int >= 1")(
         lambda: probe.world_model(chunk_size=0)
     )
     cases["world model chunk_size=4 (LIBERO's K)"] = lambda: _chunked_world_model(probe)
@@ -355,7 +357,7 @@ def _world_model_refuses_another_suite(probe: Probe) -> None:
     try:
         wm.reset(seed=0)
         before = wm.unwrapped.get_state()
-        raises(ValueError, "bad initial frame", "a libero_spatial task", "got a libero_object frame")(
+        raises(BadInput, "bad initial frame", "a libero_spatial task", "got a libero_object frame")(
             lambda: wm.reset(options={"initial_frames": [libero_object_frame(image=True)]})
         )
         if wm.unwrapped.get_state() != before:
@@ -371,7 +373,7 @@ def call_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
         def case() -> None:
             env = probe.shared_libero
             obs, _ = env.reset(options={"initial_frames": [2, 52]})
-            raises(ValueError, *words)(lambda: call(env))
+            raises(BadInput, *words)(lambda: call(env))
             if not np.array_equal(env.unwrapped._observations()["proprio"], obs["proprio"]):
                 raise AssertionError("the env changed")
 
@@ -399,10 +401,10 @@ def call_arguments(probe: Probe) -> dict[str, Callable[[], None]]:
         "sim_state with 1e308": unchanged(
             lambda e: e.reset(options={"initial_frames": [0, _with_state(e, 1e308)]}), "within"
         ),
-        "frame image 0x0": lambda: raises(ValueError, "H, W >= 1")(
+        "frame image 0x0": lambda: raises(BadInput, "H, W >= 1")(
             lambda: InitialFrame("pick", image=np.zeros((0, 0, 3), np.uint8))
         ),
-        "world-model load_state(b'junk')": lambda: raises(ValueError, "bad state")(
+        "world-model load_state(b'junk')": lambda: raises(BadInput, "bad state")(
             lambda: probe.world_model().unwrapped.load_state(b"junk")
         ),
         "Ray-v0 action out of range": _ray_v0_bad_action,
@@ -424,7 +426,7 @@ def _ray_v0_bad_action() -> None:
     env = gym.make_vec("Ray-v0", num_envs=2, env="CartPole-v1", ray_actors=1)
     try:
         env.reset(seed=0)
-        raises(ValueError, "bad actions", "values in [0, 1]")(lambda: env.step(np.array([0, 2])))
+        raises(BadInput, "bad actions", "values in [0, 1]")(lambda: env.step(np.array([0, 2])))
         env.step(np.array([0, 1]))
     finally:
         env.close()
@@ -488,7 +490,7 @@ def env_states(probe: Probe) -> dict[str, Callable[[], None]]:
             wm.unwrapped.load_state(good)
             before = wm.unwrapped.get_state()
             numpy_rng = wm.unwrapped.np_random.bit_generator.state
-            raises(ValueError, *words)(lambda: call(wm, good))
+            raises(BadInput, *words)(lambda: call(wm, good))
             if wm.unwrapped.get_state() != before or wm.unwrapped.np_random.bit_generator.state != numpy_rng:
                 raise AssertionError("the env changed")
 
@@ -668,7 +670,7 @@ def checkpoints(probe: Probe) -> dict[str, Callable[[], None]]:
         start = raw.index((torch.linspace(-1, 1, 4096) * 2).numpy().tobytes()[:64]) + 100
         raw[start : start + 64] = bytes(b ^ 0xFF for b in raw[start : start + 64])
         path.write_bytes(bytes(raw))
-        raises(ValueError, "corrupt checkpoint")(lambda: ckpt.load_checkpoint(path))
+        raises(BadInput, "corrupt checkpoint")(lambda: ckpt.load_checkpoint(path))
 
     def older_one_used(damage: Callable[[Path], None]) -> Callable[[], None]:
         def case() -> None:
@@ -695,13 +697,13 @@ def checkpoints(probe: Probe) -> dict[str, Callable[[], None]]:
 
         run_dir = run("config")
         (run_dir / "config.json").write_text("{")
-        raises(ValueError, "config.json: cannot read the config as JSON")(
+        raises(BadInput, "config.json: expected JSON, got a file that does not parse")(
             lambda: main(["--resume", str(run_dir)])
         )
 
     def foreign() -> None:
         torch.save({"weights": 1}, probe.root / "other.pt")
-        raises(ValueError, "not a vla-gym checkpoint")(lambda: ckpt.load_checkpoint(probe.root / "other.pt"))
+        raises(BadInput, "not a vla-gym checkpoint")(lambda: ckpt.load_checkpoint(probe.root / "other.pt"))
 
     return {
         "64 flipped bytes in a tensor": flipped,
@@ -848,7 +850,7 @@ def run_folders(probe: Probe) -> dict[str, Callable[[], None]]:
             (folder / name).rename(outside)
             (folder / name).symlink_to(outside)
             before = outside.read_bytes()
-            raises(ValueError, "is a symbolic link")(
+            raises(BadInput, "is a symbolic link")(
                 lambda: main(["--resume", str(folder), "--total-steps", "256"])
             )
             if outside.read_bytes() != before:
@@ -984,7 +986,7 @@ def lerobot_reaching_out(root: Path, how: str) -> Path:
         info_path.symlink_to(outside / "info.json")
         return out
     else:
-        raise ValueError(f"unknown case {how!r}")
+        raise BadInput(f"unknown case {how!r}")
     info_path.write_text(json.dumps(info, indent=2))
     return out
 
@@ -1035,7 +1037,7 @@ def demos_file_with(path: Path, how: str) -> Path:
         elif how == "800 MB contiguous":
             g.create_dataset("sim_states", (10**5, 1000), np.float64)
         else:
-            raise ValueError(f"unknown case {how!r}")
+            raise BadInput(f"unknown case {how!r}")
     return path
 
 
@@ -1096,38 +1098,38 @@ def declared_sizes(probe: Probe) -> dict[str, Callable[[], None]]:
 
     def lerobot(size: int, video: bool) -> Callable[[], None]:
         words = ("16x16", f"not the {size}x{size}", "meta/info.json")
-        return lambda: raises(ValueError, *words)(
+        return lambda: raises(BadInput, *words)(
             lambda: load_demos(
                 lerobot_declaring(folder(f"lr-{size}-{video}") / "ds", size, video), progress=False
             )
         )
 
     def outside(how: str) -> Callable[[], None]:
-        return lambda: raises(ValueError, "outside the dataset folder")(
+        return lambda: raises(BadInput, "outside the dataset folder")(
             lambda: load_demos(lerobot_reaching_out(folder(how.replace(" ", "-")), how), progress=False)
         )
 
     def demos(how: str, *words: str) -> Callable[[], None]:
-        return lambda: raises(ValueError, *words)(
+        return lambda: raises(BadInput, *words)(
             lambda: load_demos(demos_file_with(folder(how.replace(" ", "-")) / "d.h5", how))
         )
 
     def libero_linked() -> None:
         path = libero_file(folder("linked") / "task_demo.hdf5", linked=20)
-        raises(ValueError, "past what the file can hold")(lambda: load_demos(path, progress=False))
+        raises(BadInput, "past what the file can hold")(lambda: load_demos(path, progress=False))
 
     def libero_symlink() -> None:
         suite = folder("suite")
         libero_file(suite / "a_demo.hdf5")
         other = libero_file(folder("elsewhere") / "b_demo.hdf5")
         (suite / "b_demo.hdf5").symlink_to(other)
-        raises(ValueError, "outside the dataset folder")(lambda: load_demos(suite, progress=False))
+        raises(BadInput, "outside the dataset folder")(lambda: load_demos(suite, progress=False))
 
     def frame_set() -> None:
         from trainers.reward_model.collect import read_frames
 
         path = frame_set_declaring(folder("frames") / "frames.h5")
-        raises(ValueError, "declares (4194304, 32, 32, 1)", "expand to at most")(lambda: read_frames(path))
+        raises(BadInput, "declares (4194304, 32, 32, 1)", "expand to at most")(lambda: read_frames(path))
 
     return {
         "LeRobot video larger than info.json declares": lerobot(8, True),
@@ -1135,7 +1137,7 @@ def declared_sizes(probe: Probe) -> dict[str, Callable[[], None]]:
         "LeRobot PNG images of another size": lerobot(8, False),
         "LeRobot data_path with ../": outside("data_path ../"),
         "LeRobot video_path absolute": outside("video_path absolute"),
-        "LeRobot data_path 900 MB wide": lambda: raises(ValueError, "not a path template", "0900000000d")(
+        "LeRobot data_path 900 MB wide": lambda: raises(BadInput, "not a path template", "0900000000d")(
             lambda: load_demos(lerobot_reaching_out(folder("wide"), "data_path 900 MB wide"), progress=False)
         ),
         "LeRobot data file symlinked out": outside("symlinked data file"),
@@ -1179,7 +1181,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
 
             out = write_lerobot(tiny_demos(), root / name, progress=False)
             change(out)
-            raises(ValueError, *words)(lambda: load_demos(out, progress=False))
+            raises(BadInput, *words)(lambda: load_demos(out, progress=False))
 
         return case
 
@@ -1192,14 +1194,14 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         frame = InitialFrame("pick", image=np.zeros((4, 4, 3), np.uint8))
         folder = save_initial_frames([frame], root / "frames")
         truncated(folder / "frame_00000.npy", 0.8)
-        raises(ValueError, "frame_00000.npy", "expected a whole pickle", "truncated")(
+        raises(BadInput, "frame_00000.npy", "expected a whole pickle", "truncated")(
             lambda: load_initial_frames(folder)
         )
 
     def bundle_npy() -> None:
         bundle = shutil.copytree(probe.bundle, root / "bundle")
         truncated(sorted((bundle / "dataset").glob("*.npy"))[0], 0.9)
-        raises(ValueError, ".npy", "truncated")(lambda: probe.world_model(bundle))
+        raises(BadInput, ".npy", "truncated")(lambda: probe.world_model(bundle))
 
     def plain_npy() -> None:
         from nets.safe_load import load_npy
@@ -1207,7 +1209,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         path = root / "plain.npy"
         path.parent.mkdir(parents=True, exist_ok=True)
         np.save(path, np.zeros((10, 10)))
-        raises(ValueError, "plain.npy", "(10, 10)", "truncated")(lambda: load_npy(truncated(path, 0.9)))
+        raises(BadInput, "plain.npy", "(10, 10)", "truncated")(lambda: load_npy(truncated(path, 0.9)))
 
     def nan_reward_model() -> None:
         from trainers.reward_model.train import build_model
@@ -1218,7 +1220,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         path = root / "nan_rm.pth"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
-        raises(ValueError, "init_from", "nan_rm.pth", "finite weights", "net.7.weight")(
+        raises(BadInput, "init_from", "nan_rm.pth", "finite weights", "net.7.weight")(
             lambda: build_model(None, str(path))
         )
 
@@ -1229,7 +1231,7 @@ def malformed_files(probe: Probe) -> dict[str, Callable[[], None]]:
         with torch.no_grad():
             model.net[0][0].bias.fill_(float("inf"))
         path = root / "out" / "resnet_rm.pth"
-        raises(ValueError, "not written", "finite weights")(lambda: save_reward_model(model, path))
+        raises(BadInput, "not written", "finite weights")(lambda: save_reward_model(model, path))
         if path.exists():
             raise AssertionError(f"{path} written")
 
@@ -1278,10 +1280,10 @@ def settings(probe: Probe) -> dict[str, Callable[[], None]]:
             path.write_text(json.dumps(values))
             parse({"run": RunConfig, "ppo": PPOConfig}, ["--config", str(path)])
 
-        return lambda: raises(ValueError, *words)(call)
+        return lambda: raises(BadInput, *words)(call)
 
     def flags(argv: list[str], *words: str) -> Callable[[], None]:
-        return lambda: raises(ValueError, *words)(lambda: parse({"run": RunConfig, "ppo": PPOConfig}, argv))
+        return lambda: raises(BadInput, *words)(lambda: parse({"run": RunConfig, "ppo": PPOConfig}, argv))
 
     cases = {
         '"run": null': config_file({"run": None}, "run", "JSON object"),
@@ -1331,7 +1333,7 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
     def refused(flag: str, value: str, *words: str) -> Callable[[], None]:
         def case() -> None:
             before = digest(run())
-            raises(ValueError, flag, *words, "a resumed run keeps it")(
+            raises(BadInput, flag, *words, "a resumed run keeps it")(
                 lambda: quiet(["--resume", str(folder), "--total-steps", "192", flag, value])
             )
             if digest(folder) != before:
@@ -1350,7 +1352,7 @@ def resume_flags(probe: Probe) -> dict[str, Callable[[], None]]:
     def opt_in_it_lacks() -> None:
         # issue 32: a TypeError of the policy's constructor once the env was built
         before = digest(run())
-        raises(ValueError, "trust_pickle=True", "CategoricalPolicy) has no trust_pickle argument")(
+        raises(BadInput, "trust_pickle=True", "CategoricalPolicy) has no trust_pickle argument")(
             lambda: quiet(["--resume", str(folder), "--policy-kwargs", '{"trust_pickle": true}'])
         )
         if digest(folder) != before:
@@ -1405,7 +1407,7 @@ def special_files(probe: Probe) -> dict[str, Callable[[], None]]:
         return path
 
     def case(call: Callable[[], Any], *words: str) -> Callable[[], None]:
-        return lambda: raises(ValueError, *words)(call)
+        return lambda: raises(BadInput, *words)(call)
 
     return {
         "a FIFO named frame_00000.npy in a frame folder": case(
@@ -1431,7 +1433,7 @@ def settings_from_files(probe: Probe) -> dict[str, Callable[[], None]]:
     from trainers.config import untrusted_settings
 
     def resumed(run: dict[str, Any], *words: str) -> Callable[[], None]:
-        return lambda: raises(ValueError, *words)(lambda: untrusted_settings({"run": run}, {}, "config.json"))
+        return lambda: raises(BadInput, *words)(lambda: untrusted_settings({"run": run}, {}, "config.json"))
 
     shell = {"runtime_env": {"py_executable": f"touch {probe.marker}"}}
     libero = "envs:Libero-Spatial-v0"
@@ -1456,7 +1458,7 @@ def settings_from_files(probe: Probe) -> dict[str, Callable[[], None]]:
         "config.json: runtime_env deep in policy_kwargs": resumed(
             {"policy_kwargs": {"torso_kwargs": {"a": shell}}}, "torso_kwargs.a.runtime_env"
         ),
-        "checkpoint kwargs: an unknown key": lambda: raises(ValueError, "hiddensizes", "takes no setting")(
+        "checkpoint kwargs: an unknown key": lambda: raises(BadInput, "hiddensizes", "takes no setting")(
             lambda: checked_policy_spec({"name": "gaussian", "kwargs": {"hiddensizes": [8]}}, "c.pt")
         ),
         "checkpoint kwargs: a module in a nested spec": lambda: raises(
@@ -1486,7 +1488,7 @@ def data_semantics(probe: Probe) -> dict[str, Callable[[], None]]:
             episodes[1] = dataclasses.replace(episodes[1], **change)
             Demos({}, episodes)
 
-        return lambda: raises(ValueError, *words)(call)
+        return lambda: raises(BadInput, *words)(call)
 
     ep = demos.episodes[1]
     return {
@@ -1526,7 +1528,7 @@ def outputs(probe: Probe) -> dict[str, Callable[[], None]]:
 
     def kept(call: Callable[[], Any], *words: str) -> Callable[[], None]:
         def check() -> None:
-            raises(ValueError, *words)(call)
+            raises(BadInput, *words)(call)
             if (
                 mine / "chapter1.tex"
             ).read_text() != "years of work" or existing.read_text() != "a user's file":
@@ -1551,6 +1553,105 @@ def outputs(probe: Probe) -> dict[str, Callable[[], None]]:
     }
 
 
+def one_error_type(probe: Probe) -> dict[str, Callable[[], None]]:
+    """Bad input reaches the user as one error type (``nets.errors.BadInput``) naming the flag or file
+    and the entry, before anything is written, and a command line reports it in one line with exit
+    status 2 (issue 47 class 6)."""
+    import numpy as np
+    import torch
+
+    from envs.core.frames import InitialFrame, load_initial_frames, save_initial_frames
+    from nets.files import read_json
+    from trainers import checkpoint as ckpt
+    from trainers.__main__ import main as trainers_main
+
+    root = probe.root / "one-error-type"
+    root.mkdir(parents=True, exist_ok=True)
+    fast = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
+
+    def run_args(name: str, *extra: str, algo: str = "ppo", env: str = "CartPole-v1") -> list[str]:
+        return ["--algo", algo, "--env", env, "--num-envs", "2", "--total-steps", "64", "--eval-every", "-1",
+                "--run-dir", str(root / name), *fast, *extra]  # fmt: skip
+
+    def flag(
+        name: str, extra: list[str], *words: str, algo: str = "ppo", env: str = "CartPole-v1"
+    ) -> Callable:
+        def check() -> None:
+            raises(BadInput, *words)(lambda: trainers_main(run_args(name, *extra, algo=algo, env=env)))
+            if (root / name).exists():
+                raise AssertionError(f"{root / name} was written")
+
+        return check
+
+    run = root / "ppo-run"
+    if not run.exists():
+        trainers_main([*run_args("ppo-run"), "--checkpoint-every", "1"])
+
+    def resumed(name: str, change: Callable[[dict], None], *words: str) -> Callable[[], None]:
+        def check() -> None:
+            copy = root / name
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(run, copy)
+            path, data = ckpt.latest_checkpoint(copy)
+            change(data)
+            ckpt.save_checkpoint(path, data)  # signed: what an edit with this code's writer gives
+            raises(BadInput, str(path), *words)(lambda: trainers_main(["--resume", str(copy), *fast]))
+
+        return check
+
+    def deep_json() -> None:
+        path = root / "deep.json"
+        path.write_text("[" * 100_000 + "]" * 100_000)
+        raises(BadInput, "deep.json", "nested too deep")(lambda: read_json(path))
+
+    def mixed_frames() -> None:
+        frames = [InitialFrame(instruction="a", image=np.zeros((n, n, 3), np.uint8)) for n in (8, 16)]
+        save_initial_frames(frames, root / "mixed")
+        raises(BadInput, "frame_00001.npy", "image size")(lambda: load_initial_frames(root / "mixed"))
+
+    def command_line() -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "trainers", *run_args("cli", "--seed", str(2**64))],
+            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        if done.returncode != 2 or "Traceback" in done.stderr or "error: seed" not in last:
+            raise AssertionError(f"exit {done.returncode}: {done.stderr[-300:]}")
+
+    return {
+        "--seed 2**64": flag("seed", ["--seed", str(2**64)], "seed", "2**32 - 1"),
+        "--max-grad-norm nan": flag("nan", ["--max-grad-norm", "nan"], "max_grad_norm", "nan"),
+        "--init-alpha inf": flag(
+            "inf", ["--init-alpha", "inf"], "init_alpha", "finite", algo="sac", env="Pendulum-v1"
+        ),
+        "--batch-size 0": flag("batch", ["--batch-size", "0"], "batch_size", ">= 1"),
+        "num_envs in --env-kwargs": flag(
+            "kw1", ["--env-kwargs", '{"num_envs": 3}'], "num_envs", "--num-envs"
+        ),
+        "autoreset_mode in --env-kwargs": flag(
+            "kw2", ["--env-kwargs", '{"autoreset_mode": "x"}'], "--autoreset-mode"
+        ),
+        "--device meta": flag("meta", ["--device", "meta"], "meta"),
+        "an eval env of other spaces": lambda: raises(BadInput, "Acrobot-v1", "observation space")(
+            lambda: trainers_main(run_args("eval", "--eval-env", "Acrobot-v1", "--eval-every", "0"))
+        ),
+        "resume: counters of the wrong type": resumed(
+            "counters", lambda d: d["counters"].update(env_steps="64"), "counters['env_steps']"
+        ),
+        "resume: a garbage RNG state": resumed(
+            "rng", lambda d: d["rng"].update(torch=torch.zeros(3, dtype=torch.uint8)), "entry 'rng'"
+        ),
+        "resume: optimizer groups that do not match": resumed(
+            "optim",
+            lambda d: d["optimizer"]["param_groups"].append(dict(d["optimizer"]["param_groups"][0])),
+            "entry 'optimizer'",
+        ),  # fmt: skip
+        "JSON nested 10^5 deep": deep_json,
+        "frames of two image sizes": mixed_frames,
+        "the command line: one line, exit status 2": command_line,
+    }
+
+
 CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "untrusted files": untrusted_files,
     "constructor arguments": constructor_arguments,
@@ -1568,6 +1669,7 @@ CATEGORIES: dict[str, Callable[[Probe], dict[str, Callable[[], None]]]] = {
     "settings from files": settings_from_files,
     "data semantics": data_semantics,
     "outputs": outputs,
+    "one error type": one_error_type,
 }
 
 
@@ -1615,4 +1717,4 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, str]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

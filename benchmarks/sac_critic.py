@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import table
+from nets.errors import BadInput, run_cli
 from trainers.checkpoint import latest_checkpoint, load_policy
 from trainers.config import build
 from trainers.env_factory import make_vec_env
@@ -84,7 +85,7 @@ def diagnose(
     run_dir = Path(run_dir)
     configs = json.loads((run_dir / "config.json").read_text())
     if configs.get("algo", "sac") != "sac" or "sac" not in configs:
-        raise ValueError(f"{run_dir}: expected a SAC run folder (config.json with a 'sac' section)")
+        raise BadInput(f"{run_dir}: expected a SAC run folder (config.json with a 'sac' section)")
     run, config = configs["run"], build(SACConfig, configs["sac"])
     env = make_vec_env(run["env"], 1, run.get("env_kwargs") or {})
     obs_space, action_space = env.single_observation_space, env.single_action_space
@@ -92,9 +93,7 @@ def diagnose(
     path, data = latest_checkpoint(checkpoint or run_dir)
     policy = load_policy(path, obs_space, action_space)
     if getattr(policy, "sac_action_space", action_space) is not action_space:
-        raise ValueError(
-            f"{run_dir}: a DSRL run's critics score noise, not the env's chunks: not handled here"
-        )
+        raise BadInput(f"{run_dir}: a DSRL run's critics score noise, not the env's chunks: not handled here")
     obs_norm = getattr(policy, "obs_norm", "off")
     learner = Learner(
         obs_space, action_space, config, obs_norm if config.critic_obs_norm == "actor" else "fixed"
@@ -144,4 +143,4 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

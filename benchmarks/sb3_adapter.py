@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import write_json
+from nets.errors import run_cli
 
 HPARAMS = {
     "n_steps": 32,
@@ -104,4 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

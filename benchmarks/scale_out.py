@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.report import table, write_json
+from nets.errors import run_cli
 
 
 def step_for(env: Any, steps: int, rng: np.random.Generator) -> tuple[int, float]:
@@ -219,4 +220,4 @@ def env_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -26,6 +26,7 @@ from benchmarks.evaluate import frame_ids, rate_cell, run_frames, summarize
 from benchmarks.libero_expert import evaluate_suite
 from benchmarks.report import plot_lines, table, write_json
 from benchmarks.rl_recipe_study import sampled_success
+from nets.errors import run_cli
 from trainers.metrics import mcnemar_p
 
 
@@ -166,4 +167,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

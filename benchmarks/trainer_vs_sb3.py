@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import write_json
+from nets.errors import run_cli
 from trainers.checkpoint import load_policy
 from trainers.grpo import GRPOConfig
 from trainers.grpo import train as grpo_train
@@ -236,4 +237,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

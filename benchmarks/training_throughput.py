@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
+from nets.errors import run_cli
 
 
 def bare_rate(
@@ -140,4 +141,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -28,6 +28,7 @@ from benchmarks.report import table, write_json
 from envs.core.spaces import FieldBox
 from envs.libero.env import PROPRIO_FIELDS
 from nets.devices import default_device
+from nets.errors import run_cli
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 MODELS = ("openvla_oft", "pi05", "cosmos_policy")
@@ -220,4 +221,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import plot_lines, table, write_json
+from nets.errors import run_cli
 from policies.base import ActionChunk
 from trainers.rollout import Collector
 
@@ -218,4 +219,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

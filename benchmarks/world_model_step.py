@@ -31,6 +31,7 @@ from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
 from nets.devices import default_device
+from nets.errors import run_cli
 
 
 def _sync(device: torch.device) -> None:
@@ -209,4 +210,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nets.errors import BadInput
+
 
 def available_memory() -> int | None:
     """Bytes of memory available to new allocations without swapping (``MemAvailable`` of
@@ -28,4 +30,4 @@ def check_memory(nbytes: int, what: str) -> None:
     the memory available now; where the system does not say, nothing is checked."""
     available = available_memory()
     if available is not None and nbytes > available:
-        raise ValueError(f"{what} needs about {gib(nbytes)} of memory; {gib(available)} is available")
+        raise BadInput(f"{what} needs about {gib(nbytes)} of memory; {gib(available)} is available")

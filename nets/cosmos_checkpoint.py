@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+from nets.errors import BadInput
 from nets.safe_load import torch_load
 
 _DROPPED = ("pos_embedder.", "_extra_state", "accum_")  # buffers and counters, not weights
@@ -26,7 +27,7 @@ def _select_prefix(raw: dict, prefix: str, path: Path) -> dict[str, torch.Tensor
     state = {k[len(prefix) :]: v for k, v in raw.items() if isinstance(k, str) and k.startswith(prefix)}
     if not state:
         found = sorted({k.split(".", 1)[0] + "." for k in raw if isinstance(k, str) and "." in k})
-        raise ValueError(f"{path}: no keys with prefix {prefix!r}; prefixes found: {found or 'none'}")
+        raise BadInput(f"{path}: no keys with prefix {prefix!r}; prefixes found: {found or 'none'}")
     return {k: v for k, v in state.items() if not any(d in k for d in _DROPPED)}
 
 
@@ -35,7 +36,7 @@ def infer_config(state: dict[str, torch.Tensor], where: str = "state dict") -> C
 
     def shape(key: str) -> tuple[int, ...]:
         if key not in state:
-            raise ValueError(f"{where}: missing {key!r} (expected a Cosmos DiT checkpoint)")
+            raise BadInput(f"{where}: missing {key!r} (expected a Cosmos DiT checkpoint)")
         return tuple(state[key].shape)
 
     d, patch_in = shape("x_embedder.proj.1.weight")
@@ -62,7 +63,7 @@ def infer_config(state: dict[str, torch.Tensor], where: str = "state dict") -> C
     try:
         config.validate()
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise BadInput(f"{where}: {e}") from None
     return config
 
 
@@ -93,12 +94,12 @@ def load_cosmos_dit(
         if isinstance(raw, dict) and isinstance(raw.get(nest), dict):
             raw = raw[nest]
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a state dict, got {type(raw).__name__}")
+        raise BadInput(f"{path}: expected a state dict, got {type(raw).__name__}")
     state = _select_prefix(raw, prefix, path)
     config = infer_config(state, str(path))
     for key, value in config_overrides.items():
         if key not in {f.name for f in fields(CosmosDiTConfig)}:
-            raise ValueError(f"unknown CosmosDiTConfig field {key!r}")
+            raise BadInput(f"unknown CosmosDiTConfig field {key!r}")
         setattr(config, key, value)
     with torch.device("meta"):
         model = CosmosDiT(config)
@@ -111,5 +112,5 @@ def load_cosmos_dit(
             f"action_dim {config.action_dim}"
         )
         detail = " ".join(str(e).split())  # one line
-        raise ValueError(f"{path} (prefix {prefix!r}, inferred {summary}): {detail}") from None
+        raise BadInput(f"{path} (prefix {prefix!r}, inferred {summary}): {detail}") from None
     return model.eval().requires_grad_(False)

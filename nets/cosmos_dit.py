@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nets.errors import BadInput
+
 TEXT_TOKENS = 512  # length of the T5 context RLinf feeds (all zeros)
 
 
@@ -62,15 +64,15 @@ class CosmosDiTConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` for shapes the module cannot build."""
         if self.model_channels % self.num_heads:
-            raise ValueError(
+            raise BadInput(
                 f"model_channels ({self.model_channels}) must be a multiple of num_heads ({self.num_heads})"
             )
         if self.head_dim // 6 * 2 < 4:
-            raise ValueError(f"head dim {self.head_dim} too small for 3-D RoPE (need at least 12)")
+            raise BadInput(f"head dim {self.head_dim} too small for 3-D RoPE (need at least 12)")
         if self.patch_temporal != 1:
-            raise ValueError(f"expected patch_temporal 1 (per-frame timesteps), got {self.patch_temporal}")
+            raise BadInput(f"expected patch_temporal 1 (per-frame timesteps), got {self.patch_temporal}")
         if self.action_dim not in (84, 28, None):
-            raise ValueError(
+            raise BadInput(
                 f"expected action_dim 84 (12 x 7 actions, global), 28 (4 x 7 per latent) or None "
                 f"(no action input), got {self.action_dim}"
             )
@@ -330,7 +332,7 @@ class CosmosDiT(nn.Module):
     def project_context(self, text_embeddings: torch.Tensor) -> torch.Tensor:
         """Raw Predict2.5 text embeddings ``[B, L, 100352]`` -> context ``GELU(crossattn_proj(.))``."""
         if self.crossattn_proj is None:
-            raise ValueError("this checkpoint has no crossattn_proj (expected a Predict2.5 checkpoint)")
+            raise BadInput("this checkpoint has no crossattn_proj (expected a Predict2.5 checkpoint)")
         return self.crossattn_proj(text_embeddings.to(self.device, self.dtype))
 
     def text_context(self, kind: str, batch: int = 1, tokens: int = TEXT_TOKENS) -> torch.Tensor:
@@ -345,7 +347,7 @@ class CosmosDiT(nn.Module):
             in_channels = self.config.crossattn_proj_in_channels or 0
             token = self.project_context(torch.zeros(in_channels, device=self.device))
         else:
-            raise ValueError(f"expected text context 'zeros' or 'proj_of_zero', got {kind!r}")
+            raise BadInput(f"expected text context 'zeros' or 'proj_of_zero', got {kind!r}")
         return token.expand(batch, tokens, -1)
 
     @torch.no_grad()
@@ -354,7 +356,7 @@ class CosmosDiT(nn.Module):
         (exact: see ``Attention.constant_output``) and use it from now on instead of attention."""
         token = context.reshape(-1, context.shape[-1])
         if not torch.equal(token, token[:1].expand_as(token)):
-            raise ValueError("cross-attention can only be cached for a context whose tokens are all equal")
+            raise BadInput("cross-attention can only be cached for a context whose tokens are all equal")
         token = token[0].to(self.device, self.dtype)
         for block in self.blocks:
             block.cross_attn_const = block.cross_attn.constant_output(token)
@@ -374,15 +376,13 @@ class CosmosDiT(nn.Module):
         action = action.to(self.dtype)
         if not self.config.action_per_latent:  # one embedding of all actions, broadcast over T
             if k * a != self.config.action_dim:
-                raise ValueError(
-                    f"expected {self.config.action_dim} action values per sample, got [{k}, {a}]"
-                )
+                raise BadInput(f"expected {self.config.action_dim} action values per sample, got [{k}, {a}]")
             flat = action.reshape(b, 1, k * a)
             return self.action_embedder_B_D(flat), self.action_embedder_B_3D(flat)
         t = cond_mask.shape[1]
         per_latent = self.config.action_dim // a if self.config.action_dim % a == 0 else 0
         if per_latent == 0 or k != per_latent * (t - 1):
-            raise ValueError(
+            raise BadInput(
                 f"expected {(t - 1)} latent chunks of {self.config.action_dim} action values "
                 f"([B, {(t - 1) * max(per_latent, 1)}, {a}]), got [{b}, {k}, {a}]"
             )
@@ -416,28 +416,28 @@ class CosmosDiT(nn.Module):
         """
         cfg = self.config
         if x.ndim != 5 or x.shape[1] != cfg.in_channels:
-            raise ValueError(f"expected latents [B, {cfg.in_channels}, T, H, W], got {list(x.shape)}")
+            raise BadInput(f"expected latents [B, {cfg.in_channels}, T, H, W], got {list(x.shape)}")
         b, _, t, h, w = x.shape
         p = cfg.patch_spatial
         if h % p or w % p:
-            raise ValueError(f"latent height/width must be multiples of {p}, got {h}x{w}")
+            raise BadInput(f"latent height/width must be multiples of {p}, got {h}x{w}")
         if t > cfg.max_size[0] or h > cfg.max_size[1] or w > cfg.max_size[2]:
-            raise ValueError(f"latent size {t}x{h}x{w} exceeds max_size {cfg.max_size}")
+            raise BadInput(f"latent size {t}x{h}x{w} exceeds max_size {cfg.max_size}")
         if timesteps.ndim == 1:
             timesteps = timesteps[:, None].expand(b, t)
         if timesteps.shape != (b, t):
-            raise ValueError(f"expected timesteps [{b}, {t}] or [{b}], got {list(timesteps.shape)}")
+            raise BadInput(f"expected timesteps [{b}, {t}] or [{b}], got {list(timesteps.shape)}")
         if (action is None) != (cfg.action_dim is None):
-            raise ValueError(
+            raise BadInput(
                 f"action_dim is {cfg.action_dim}: pass {'no' if cfg.action_dim is None else 'an'} action"
             )
         if action is not None and (action.ndim != 3 or action.shape[0] != b):
-            raise ValueError(f"expected action [{b}, K, A], got {list(action.shape)}")
+            raise BadInput(f"expected action [{b}, K, A], got {list(action.shape)}")
         if cond_mask is None:
             cond_mask = torch.zeros(b, t, device=x.device)
             cond_mask[:, 0] = 1.0
         if cond_mask.shape != (b, t):
-            raise ValueError(f"expected cond_mask [{b}, {t}], got {list(cond_mask.shape)}")
+            raise BadInput(f"expected cond_mask [{b}, {t}], got {list(cond_mask.shape)}")
 
         dtype = self.dtype
         mask = cond_mask.to(x.device, dtype)[:, None, :, None, None].expand(b, 1, t, h, w)
@@ -455,7 +455,7 @@ class CosmosDiT(nn.Module):
 
         if self.use_cross_attention_cache:
             if context is not None:
-                raise ValueError("cross-attention is cached: pass context=None (or clear the cache)")
+                raise BadInput("cross-attention is cached: pass context=None (or clear the cache)")
         elif context is None:
             context = self.text_context("zeros", b, 1)  # one zero token: the output is exactly 0
         else:

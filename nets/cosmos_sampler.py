@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from nets.cosmos_dit import CosmosDiT
+from nets.errors import BadInput
 
 SIGMA_MIN = 0.002
 SIGMA_MAX = 80.0
@@ -31,7 +32,7 @@ def karras_sigmas(
 ) -> torch.Tensor:
     """``num_steps + 1`` sigmas (float64) from ``sigma_max`` to ``sigma_min``, Karras spacing."""
     if num_steps < 1:
-        raise ValueError(f"expected num_steps >= 1, got {num_steps}")
+        raise BadInput(f"expected num_steps >= 1, got {num_steps}")
     ramp = torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
     lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
     return (hi + ramp * (lo - hi)) ** rho

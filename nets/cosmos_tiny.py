@@ -18,6 +18,7 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+from nets.errors import BadInput
 from nets.wan_vae import build_wan_vae
 
 TINY_VAE_BASE_DIM = 8
@@ -101,7 +102,7 @@ def _resnet_to_wan(key: str) -> str:
     ):
         if key.startswith(new):
             return old + key[len(new) :]
-    raise ValueError(f"unexpected residual-block key {key!r}")
+    raise BadInput(f"unexpected residual-block key {key!r}")
 
 
 def wan_vae_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -141,7 +142,7 @@ def wan_vae_to_original(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
             stage, rest = m.groups()
             new = f"decoder.upsamples.{4 * int(stage) + 3}.{rest}"
         if new is None:
-            raise ValueError(f"no Wan name for diffusers key {key!r}")
+            raise BadInput(f"no Wan name for diffusers key {key!r}")
         out[new] = value
     return out
 

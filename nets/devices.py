@@ -8,6 +8,8 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from nets.errors import BadInput
+
 # Every accepted spelling of a dtype name (case-insensitive; a leading "torch." is ignored, so
 # ``str(torch.bfloat16)`` parses back). The union of what the world-model envs (torch's own names),
 # the VLA policies and ``--fsdp-param-dtype`` accepted, plus the usual short forms.
@@ -54,4 +56,4 @@ def parse_dtype(
         return dtype
     names = [name for name, d in DTYPES.items() if allowed is None or d in allowed]
     choices = [*also, *names] + (["None"] if optional else [])
-    raise ValueError(f"{what} must be one of {choices} (a torch dtype name or its short form), got {value!r}")
+    raise BadInput(f"{what} must be one of {choices} (a torch dtype name or its short form), got {value!r}")

@@ -17,6 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from nets.errors import BadInput
+
 
 def check_value(annotation: Any, value: Any) -> Any:
     """``value`` if it fits ``annotation`` (an int where a float is wanted becomes a float, a list
@@ -28,52 +30,52 @@ def check_value(annotation: Any, value: Any) -> Any:
                 return None if option is type(None) and value is None else check_value(option, value)
             except ValueError:
                 continue
-        raise ValueError(f"expected {describe(annotation)}")
+        raise BadInput(f"expected {describe(annotation)}")
     if origin is Literal:
         if value in args and not isinstance(value, bool):
             return value
-        raise ValueError(f"expected one of {list(args)}")
+        raise BadInput(f"expected one of {list(args)}")
     if annotation is type(None):
         if value is None:
             return None
-        raise ValueError("expected null")
+        raise BadInput("expected null")
     if annotation is bool or annotation is int or annotation is str:
         if isinstance(value, annotation) and (annotation is bool or not isinstance(value, bool)):
             return value
-        raise ValueError(f"expected {annotation.__name__}")
+        raise BadInput(f"expected {annotation.__name__}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):  # NaN or inf: never a setting (None says "no limit")
-                raise ValueError("expected a finite number")
+                raise BadInput("expected a finite number")
             return float(value)
-        raise ValueError("expected a number")
+        raise BadInput("expected a number")
     if annotation is Path:
         if isinstance(value, (str, os.PathLike)):
             return value
-        raise ValueError("expected a path (a string)")
+        raise BadInput("expected a path (a string)")
     kind = origin or annotation
     if kind in (dict, collections.abc.Mapping):
         if isinstance(value, collections.abc.Mapping):
             return value
-        raise ValueError("expected a JSON object")
+        raise BadInput("expected a JSON object")
     if kind in (list, tuple):
         if isinstance(value, (list, tuple)):
             return tuple(value) if kind is tuple else list(value)
-        raise ValueError("expected a JSON list")
+        raise BadInput("expected a JSON list")
     if kind is collections.abc.Sequence:
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"expected a JSON list{f' of {describe(args[0])}' if args else ''}")
+            raise BadInput(f"expected a JSON list{f' of {describe(args[0])}' if args else ''}")
         if args:
             for item in value:
                 try:
                     check_value(args[0], item)
                 except ValueError:
-                    raise ValueError(f"expected a JSON list of {describe(args[0])}") from None
+                    raise BadInput(f"expected a JSON list of {describe(args[0])}") from None
         return value
     if isinstance(annotation, type) and annotation.__module__ not in ("typing", "builtins"):
         if isinstance(value, annotation):
             return value
-        raise ValueError(f"expected a {annotation.__name__}")
+        raise BadInput(f"expected a {annotation.__name__}")
     return value  # an annotation without a check here (Any, a type variable...)
 
 

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from nets.errors import BadInput
 from nets.field_types import check_value, describe
 
 # keyword arguments that widen what a loader loads or fetches
@@ -145,8 +146,8 @@ def _nested(annotation: Any) -> Any:
     return annotation
 
 
-def _refuse(path: str, what: str) -> ValueError:
-    return ValueError(
+def _refuse(path: str, what: str) -> BadInput:
+    return BadInput(
         f"{path}: {what}; it comes only from your own command line or call, never from a file being "
         "loaded: give it again yourself if you trust it"
     )
@@ -158,13 +159,13 @@ def check_data(value: Any, path: str, depth: int = 0, allow: Collection[str] = (
     another package (unless in ``allow``: names the user gave), a URL, nesting deeper than
     ``MAX_SETTINGS_DEPTH``."""
     if depth > MAX_SETTINGS_DEPTH:
-        raise ValueError(f"{path}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
+        raise BadInput(f"{path}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
     if isinstance(value, Mapping):
         return check_file_settings(value, None, path, depth, allow)
     if isinstance(value, (list, tuple)):
         return type(value)(check_data(v, f"{path}[{i}]", depth + 1, allow) for i, v in enumerate(value))
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{path}: expected a finite number, got {value}")
+        raise BadInput(f"{path}: expected a finite number, got {value}")
     if isinstance(value, str):
         if _URL.match(value):
             raise _refuse(path, f"{value!r:.100} is a URL (a remote resource)")
@@ -173,7 +174,7 @@ def check_data(value: Any, path: str, depth: int = 0, allow: Collection[str] = (
         return value
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    raise ValueError(f"{path}: expected plain data (JSON values), got a {type(value).__name__}")
+    raise BadInput(f"{path}: expected plain data (JSON values), got a {type(value).__name__}")
 
 
 def check_file_settings(
@@ -188,12 +189,12 @@ def check_file_settings(
     the opt-ins (dropped with a warning) or a ``ValueError`` naming the first entry that is not
     allowed, by its path in the file."""
     if depth > MAX_SETTINGS_DEPTH:
-        raise ValueError(f"{where}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
+        raise BadInput(f"{where}: settings nested deeper than {MAX_SETTINGS_DEPTH} levels")
     out, dropped = {}, {}
     for key, value in values.items():
         path = f"{where}.{key}"
         if not isinstance(key, str):
-            raise ValueError(f"{where}: expected string keys, got {key!r:.100}")
+            raise BadInput(f"{where}: expected string keys, got {key!r:.100}")
         if is_opt_in(key):
             if value not in (False, None):
                 dropped[key] = value
@@ -204,7 +205,7 @@ def check_file_settings(
         if schema is not None:
             if key not in schema.keys and not schema.open:
                 takes = ", ".join(sorted(schema.keys))
-                raise ValueError(f"{path}: {schema.owner} takes no setting {key!r} (it takes {takes})")
+                raise BadInput(f"{path}: {schema.owner} takes no setting {key!r} (it takes {takes})")
             spec = schema.keys.get(key, Any)
         if isinstance(spec, Schema):
             if isinstance(value, Mapping):
@@ -215,7 +216,7 @@ def check_file_settings(
             try:
                 check_value(spec, value)
             except ValueError as e:
-                raise ValueError(f"{path}: {e} ({describe(spec)}), got {value!r:.100}") from None
+                raise BadInput(f"{path}: {e} ({describe(spec)}), got {value!r:.100}") from None
         out[key] = check_data(value, path, depth + 1, allow)
     if dropped:
         warnings.warn(

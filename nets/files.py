@@ -16,18 +16,19 @@ No torch here: ``import envs`` stays cheap.
   aside and removed only once the new one is in place.
 * ``open_append(path)``: append to a log, refusing a symbolic link at its path (``O_NOFOLLOW``).
 * ``regular_file(path)``: what every reader checks before it opens a file: a FIFO, socket, device or
-  folder where a file is expected is a ``ValueError`` at once (opening a FIFO waits for a writer
-  forever).
+  folder where a file is expected is a ``BadInput`` at once (opening a FIFO waits for a writer
+  forever). ``read_json(path)``: a JSON file through it, malformed content a ``BadInput``.
 
 Symbolic links: a link at the target of ``write_atomic``, ``atomic_path`` or ``atomic_folder`` is
 *replaced* (by the file or folder; the link's own target is never touched), as ``os.replace`` does;
-``open_append`` *refuses* one (``ValueError``), since appending must go through the path itself.
+``open_append`` *refuses* one (``BadInput``), since appending must go through the path itself.
 On any error the temporary file or staging folder is removed and the target is left as it was.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -36,7 +37,9 @@ import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
+
+from nets.errors import BadInput
 
 TEMP_SUFFIX = ".tmp"
 
@@ -58,8 +61,21 @@ def regular_file(path: str | os.PathLike) -> Path:
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise ValueError(f"{path} is {kind}, not a regular file: only regular files are read")
+        raise BadInput(f"{path} is {kind}, not a regular file: only regular files are read")
     return path
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", expected: str = "JSON") -> Any:
+    """The content of the JSON file ``path`` (a regular file, ``regular_file``); text that is not
+    UTF-8, malformed or nested too deep to parse is a ``BadInput`` naming ``what`` and the file."""
+    try:
+        return json.loads(regular_file(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = "nested too deep" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+        raise BadInput(
+            f"{what} {path}: expected {expected}, got a file that does not parse as JSON ({why}); "
+            "is it truncated?"
+        ) from None
 
 
 def check_output(
@@ -79,16 +95,16 @@ def check_output(
     path = Path(path)
     for source in sources:
         if path.exists() and Path(source).exists() and os.path.samefile(path, source):
-            raise ValueError(f"{flag} {path} is also the source being read: write it elsewhere")
+            raise BadInput(f"{flag} {path} is also the source being read: write it elsewhere")
     empty = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
     if empty or not (path.exists() or path.is_symlink()):
         return path  # nothing there to replace (an empty folder is no output)
     if not overwrite:
-        raise ValueError(
+        raise BadInput(
             f"{flag} {path} already exists: pass --overwrite to replace it, or choose another {flag}"
         )
     if path.is_symlink() or not ours(path):
-        raise ValueError(
+        raise BadInput(
             f"{flag} {path} exists and is not {what} that vla-gym wrote: --overwrite replaces only this "
             f"project's own outputs; move it, or choose another {flag}"
         )
@@ -121,8 +137,8 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
-def link_error(path: Path) -> ValueError:
-    return ValueError(
+def link_error(path: Path) -> BadInput:
+    return BadInput(
         f"{path} is a symbolic link: run files are written only inside their folder, never through "
         "a link (replace the link by the file itself, or remove it)"
     )
@@ -161,11 +177,23 @@ def write_atomic(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError | RuntimeError) and _failed_write(e):
+            code = getattr(e, "errno", None) or errno.EIO
+            raise OSError(code, f"writing {path} failed ({e}); {path} is as it was") from e
         raise
     fsync_dir(path.parent)
     return path
+
+
+def _failed_write(error: BaseException) -> bool:
+    """Whether ``error`` says a write did not reach the disk (a full disk, a quota, an I/O error):
+    an ``OSError``, or torch.save's ``RuntimeError`` ("unexpected pos", "file write failed")."""
+    if isinstance(error, OSError):
+        return True
+    text = str(error)
+    return "unexpected pos" in text or "write failed" in text
 
 
 @contextmanager
@@ -192,7 +220,7 @@ def atomic_path(
     else:
         tmp = Path(temp)
         if tmp.parent.resolve() != path.parent.resolve():
-            raise ValueError(f"atomic_path: the temporary file {tmp} must be in {path}'s folder")
+            raise BadInput(f"atomic_path: the temporary file {tmp} must be in {path}'s folder")
         tmp.unlink(missing_ok=True)
     try:
         yield tmp

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nets.errors import BadInput
 from nets.safe_load import torch_load
 
 NUM_KEYS = 127  # entries of a resnet_rm.pth state dict (weights, biases, BatchNorm buffers)
@@ -46,7 +47,7 @@ class Residual(nn.Module):
 def check_width(width: object) -> int:
     """``width`` as an int >= 1, else a ``ValueError`` saying what is expected."""
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(
+        raise BadInput(
             f"reward model width: expected a positive int (base channels; {DEFAULT_WIDTH} is RLinf's "
             f"ResNet-18), got {width!r}"
         )
@@ -79,7 +80,7 @@ class ResnetRewardModel(nn.Module):
     def logits(self, frames: torch.Tensor) -> torch.Tensor:
         """The logit ``[B]`` of frames ``[B, 3, H, W]`` in [-1, 1] (clamped), with gradients."""
         if frames.ndim != 4 or frames.shape[1] != 3:
-            raise ValueError(f"reward model: expected frames [B, 3, H, W], got {list(frames.shape)}")
+            raise BadInput(f"reward model: expected frames [B, 3, H, W], got {list(frames.shape)}")
         x = frames.float().clamp(-1.0, 1.0).to(self.net[-1].weight.device)
         return self.net(x)[:, 0]
 
@@ -111,20 +112,20 @@ class ResnetRewardModel(nn.Module):
         data = torch_load(path, numpy=True, trust_pickle=trust_pickle)
         state = data.get("model_state_dict", data) if isinstance(data, dict) else None
         if not isinstance(state, dict):
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected a state dict or {{'model_state_dict': ...}}, got {type(data).__name__}"
             )
         found = checkpoint_width(state)
         if found is None:
-            raise ValueError(
+            raise BadInput(
                 f"{path} is not a ResnetRM checkpoint: expected '{STEM_KEY}' of shape [width, 3, 7, 7] "
                 f"among {NUM_KEYS} 'net.*' keys, got keys {sorted(state)[:4]}..."
             )
         if width is not None and width != found:
-            raise ValueError(f"{path}: reward model of width {found}, expected width {width}")
+            raise BadInput(f"{path}: reward model of width {found}, expected width {width}")
         bad = nonfinite_entries(state)
         if bad:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected a reward model with finite weights, got NaN or inf in {bad[:4]}"
                 f"{' and more' if len(bad) > 4 else ''}; it would score every frame NaN (refused)"
             )
@@ -132,7 +133,7 @@ class ResnetRewardModel(nn.Module):
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
-            raise ValueError(
+            raise BadInput(
                 f"{path} is not a ResnetRM checkpoint ({NUM_KEYS} 'net.*' keys expected): {e}"
             ) from e
         return model.to(device)

@@ -37,12 +37,13 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from nets.errors import BadInput
 from nets.files import regular_file
 
 PathOrFile = str | os.PathLike | IO[bytes]
 
 
-class UnsafeFileError(ValueError):
+class UnsafeFileError(BadInput):
     """A file asked for something outside the safe-loading allow list (it was not loaded)."""
 
 
@@ -240,7 +241,7 @@ def torch_load(
         except FileNotFoundError:
             raise
         except Exception as e:
-            raise ValueError(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
+            raise BadInput(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
     allowed = {**_torch_globals(), **(_numpy_globals() if numpy else {}), **_named(allow)}
     if _is_torchscript(file):
         raise _refusal(source, "TorchScript code (a torch.jit archive)", opt_in)
@@ -257,7 +258,7 @@ def torch_load(
     except _NotPlainDataError as e:
         raise _refusal(source, str(e), opt_in) from None
     except Exception as e:
-        raise ValueError(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
+        raise BadInput(f"{source}: cannot read as a torch file ({type(e).__name__}: {e})") from e
 
 
 def _tensor_from_bytes(data: bytes) -> Any:
@@ -300,8 +301,8 @@ def restricted_unpickle(
         raise _unreadable_pickle(source, e) from None
 
 
-def _unreadable_pickle(source: Any, error: Exception) -> ValueError:
-    return ValueError(
+def _unreadable_pickle(source: Any, error: Exception) -> BadInput:
+    return BadInput(
         f"{source}: expected a whole pickle of plain data, got one that stops or breaks before its end "
         f"({type(error).__name__}: {str(error)[:200]}); is the file truncated or damaged?"
     )
@@ -321,12 +322,12 @@ def load_npy(
             )
             shape, _, dtype = read_header(f)
         except (ValueError, SyntaxError, tokenize.TokenError) as e:  # a damaged header's dict literal
-            raise ValueError(f"{path}: not a .npy file ({type(e).__name__}: {e})") from None
+            raise BadInput(f"{path}: not a .npy file ({type(e).__name__}: {e})") from None
         if not dtype.hasobject:
             declared = math.prod(shape) * dtype.itemsize
             held = os.fstat(f.fileno()).st_size - f.tell()
             if declared > held:  # checked before numpy allocates what the header declares
-                raise ValueError(
+                raise BadInput(
                     f"{path}: its header declares a {shape} {dtype} array ({declared:,} bytes) but the file "
                     f"holds {held:,} bytes after it; is the file truncated or crafted?"
                 )
@@ -334,11 +335,11 @@ def load_npy(
             try:
                 return np.load(f, allow_pickle=False)
             except (ValueError, EOFError) as e:  # numpy: "Failed to read all data for array"
-                raise ValueError(
+                raise BadInput(
                     f"{path}: expected the {shape} {dtype} array its header declares, got fewer bytes "
                     f"({e}); is the file truncated?"
                 ) from None
         array = restricted_unpickle(f, trust_pickle=trust_pickle, opt_in=opt_in)
     if not isinstance(array, np.ndarray) or array.shape != shape:
-        raise ValueError(f"{path}: the pickled array does not match its header (shape {shape})")
+        raise BadInput(f"{path}: the pickled array does not match its header (shape {shape})")
     return array

@@ -21,6 +21,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 from torch import nn
 
+from nets.errors import BadInput
 from nets.safe_load import torch_load
 
 LATENT_CHANNELS = 16
@@ -49,7 +50,7 @@ class WanVAE(nn.Module):
     def __init__(self, vae: AutoencoderKLWan) -> None:
         super().__init__()
         if vae.config.z_dim != LATENT_CHANNELS:
-            raise ValueError(f"expected a Wan VAE with z_dim {LATENT_CHANNELS}, got {vae.config.z_dim}")
+            raise BadInput(f"expected a Wan VAE with z_dim {LATENT_CHANNELS}, got {vae.config.z_dim}")
         self.vae = vae.eval().requires_grad_(False)
         # fp32 normalization constants, kept out of .to(dtype) (moved to the data's device on use)
         shape = (1, LATENT_CHANNELS, 1, 1, 1)
@@ -68,10 +69,10 @@ class WanVAE(nn.Module):
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
         """Normalized latents (fp32) of ``pixels [B, 3, T, H, W]`` in [-1, 1]; T = 1 + 4k."""
         if pixels.ndim != 5 or pixels.shape[1] != 3 or (pixels.shape[2] - 1) % TEMPORAL_FACTOR:
-            raise ValueError(f"expected pixels [B, 3, 1 + 4k, H, W], got {list(pixels.shape)}")
+            raise BadInput(f"expected pixels [B, 3, 1 + 4k, H, W], got {list(pixels.shape)}")
         h, w = pixels.shape[-2:]
         if h % SPATIAL_FACTOR or w % SPATIAL_FACTOR:
-            raise ValueError(f"expected height/width multiples of {SPATIAL_FACTOR}, got {h}x{w}")
+            raise BadInput(f"expected height/width multiples of {SPATIAL_FACTOR}, got {h}x{w}")
         mu = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode().float()
         return (mu - self.mean.to(mu.device)) / self.std.to(mu.device)
 
@@ -83,7 +84,7 @@ class WanVAE(nn.Module):
         here (uint8 observations, the reward model) clamps to that range anyway.
         """
         if latents.ndim != 5 or latents.shape[1] != LATENT_CHANNELS:
-            raise ValueError(f"expected latents [B, {LATENT_CHANNELS}, T, h, w], got {list(latents.shape)}")
+            raise BadInput(f"expected latents [B, {LATENT_CHANNELS}, T, h, w], got {list(latents.shape)}")
         z = latents.float().to(self.device) * self.std.to(self.device) + self.mean.to(self.device)
         return self.vae.decode(z.to(self.dtype)).sample.float()
 
@@ -106,7 +107,7 @@ class WanVAE(nn.Module):
             if isinstance(raw, dict) and isinstance(raw.get(nest), dict):
                 raw = raw[nest]
         if not isinstance(raw, dict) or "encoder.conv1.weight" not in raw:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected a Wan VAE state dict with 'encoder.conv1.weight' (original keys)"
             )
         base_dim = raw["encoder.conv1.weight"].shape[0]
@@ -115,7 +116,7 @@ class WanVAE(nn.Module):
             vae.load_state_dict(convert_wan_vae_to_diffusers(raw), strict=True)
         except RuntimeError as e:
             detail = " ".join(str(e).split())
-            raise ValueError(
+            raise BadInput(
                 f"{path} does not match a Wan 2.1 VAE with base_dim {base_dim}: {detail}"
             ) from None
         return cls(vae).to(device=device, dtype=dtype)

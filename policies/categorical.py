@@ -17,6 +17,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
+
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .torso_policy import TorsoPolicy
 
@@ -95,5 +97,5 @@ class CategoricalPolicy(TorsoPolicy):
         logp = self._log_softmax(self.torso(self._prepare(obs)))
         tokens = (actions.to(logp).reshape(-1, self.chunk_size, self.action_dim) - self.start).round().long()
         if bool(((tokens < 0) | (tokens >= self.valid.sum(-1))).any()):
-            raise ValueError(f"{type(self).__name__}: demonstrated actions outside the action space")
+            raise BadInput(f"{type(self).__name__}: demonstrated actions outside the action space")
         return masked_chunk_mean(-logp.gather(-1, tokens[..., None])[..., 0].sum(-1), mask)

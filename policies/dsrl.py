@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 from .base import ActionChunk, ActionChunkPolicy, PolicyEval
 from .gaussian import SAC_ACTOR, GaussianPolicy
 from .registry import make_policy
@@ -61,9 +63,9 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
     ) -> None:
         super().__init__()
         if use_critic:
-            raise ValueError("DSRL's noise actor has no value head (SAC's critics score the noise)")
+            raise BadInput("DSRL's noise actor has no value head (SAC's critics score the noise)")
         if not isinstance(base, Mapping) or "name" not in base:
-            raise ValueError(
+            raise BadInput(
                 f"base must be a policy spec {{'name': ..., 'kwargs': {{...}}}}, got {base!r:.200}"
             )
         base_policy = make_policy(
@@ -74,7 +76,7 @@ class NoiseSteeredPolicy(ActionChunkPolicy):
                 f"DSRL steers a flow policy (one with denoise(obs, noise)); got {type(base_policy).__name__}"
             )
         if not max_noise > 0:
-            raise ValueError(f"max_noise must be > 0, got {max_noise}")
+            raise BadInput(f"max_noise must be > 0, got {max_noise}")
         self.base = base_policy.requires_grad_(False).eval()
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         shape = tuple(base_policy.noise_shape)  # flow: the chunk; pi0.5: horizon x model action dims

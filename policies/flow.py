@@ -34,6 +34,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
+
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 from .torsos import mlp
@@ -68,9 +70,9 @@ class FlowSampling:
 
     def __post_init__(self):
         if self.noise_method not in NOISE_METHODS:
-            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {self.noise_method!r}")
+            raise BadInput(f"noise_method must be one of {NOISE_METHODS}, got {self.noise_method!r}")
         if self.ignore_last and self.num_steps < 2 and not self.joint_logprob:
-            raise ValueError("ignore_last needs num_steps >= 2")
+            raise BadInput("ignore_last needs num_steps >= 2")
 
     @classmethod
     def from_options(
@@ -83,15 +85,15 @@ class FlowSampling:
         flat = {name: options.pop(name) for name in names if name in options}
         if isinstance(sampling, FlowSampling):
             if flat:
-                raise ValueError(f"{sorted(flat)} given as keywords beside a FlowSampling: put them in it")
+                raise BadInput(f"{sorted(flat)} given as keywords beside a FlowSampling: put them in it")
             return sampling
         sampling = dict(sampling or {})
         unknown = sorted(set(sampling) - set(names))
         if unknown:
-            raise ValueError(f"sampling: unknown keys {unknown}; FlowSampling's fields are {names}")
+            raise BadInput(f"sampling: unknown keys {unknown}; FlowSampling's fields are {names}")
         both = sorted(set(sampling) & set(flat))
         if both:
-            raise ValueError(f"{both} given both in sampling= and as keywords: give each once")
+            raise BadInput(f"{both} given both in sampling= and as keywords: give each once")
         return cls(**{**defaults, **sampling, **flat})
 
     def attach(self, module: nn.Module) -> None:
@@ -153,7 +155,7 @@ def flow_mean_std(
     elif method == "flow_noise":
         std = learned_std
     else:
-        raise ValueError(f"unknown noise method {method!r}; expected one of {NOISE_METHODS}")
+        raise BadInput(f"unknown noise method {method!r}; expected one of {NOISE_METHODS}")
     return x0_hat * w0 + x1_hat * w1, torch.broadcast_to(std, x.shape)
 
 
@@ -247,7 +249,7 @@ def score_chain(
     """Recompute the element log-probs of a stored chain ``[B, N+1, ...]`` (and the matching Gaussian
     entropies) at its stochastic steps ``inds`` ``[B, N]``; ``transition(x, idx [B], method)``."""
     if bool((inds < 0).any()):
-        raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
+        raise BadInput("replay comes from a deterministic act() call: no stochastic step to score")
     rows = torch.arange(chains.shape[0], device=chains.device)
     terms, entropies = [], []
     if joint_logprob:
@@ -303,7 +305,7 @@ class FlowPolicy(TorsoPolicy):
         sampling = FlowSampling.from_options(sampling, options)  # the rest are TorsoPolicy's options
         super().__init__(observation_space, **options)
         if deterministic_init not in ("sample", "zeros"):
-            raise ValueError(f"deterministic_init must be 'sample' or 'zeros', got {deterministic_init!r}")
+            raise BadInput(f"deterministic_init must be 'sample' or 'zeros', got {deterministic_init!r}")
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         self.log_prob_dim = self.action_dim
         self.clip_actions, self.deterministic_init, self.time_dim = clip_actions, deterministic_init, time_dim

@@ -23,6 +23,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
+
 from .base import ActionChunk, PolicyEval, masked_chunk_mean
 from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 
@@ -127,7 +129,7 @@ class GaussianPolicy(TorsoPolicy):
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         dims = list(range(self.action_dim)) if noise_dims is None else [int(d) for d in noise_dims]
         if not dims or len(set(dims)) != len(dims) or not all(0 <= d < self.action_dim for d in dims):
-            raise ValueError(
+            raise BadInput(
                 f"noise_dims must be distinct action dimensions in [0, {self.action_dim}), got {noise_dims}"
             )
         self.noise_dims = sorted(dims)
@@ -147,19 +149,19 @@ class GaussianPolicy(TorsoPolicy):
         if log_std_bounds is not None:
             lo, hi = (float(b) for b in log_std_bounds)
             if not lo <= hi:
-                raise ValueError(f"log_std_bounds must be (low, high) with low <= high, got {log_std_bounds}")
+                raise BadInput(f"log_std_bounds must be (low, high) with low <= high, got {log_std_bounds}")
             log_std_bounds = (lo, hi)
         self.log_std_bounds = log_std_bounds
         if not 0.0 <= float(noise_correlation) < 1.0:
-            raise ValueError(f"noise_correlation must be in [0, 1), got {noise_correlation}")
+            raise BadInput(f"noise_correlation must be in [0, 1), got {noise_correlation}")
         self.noise_correlation = float(noise_correlation)
         if not 0.0 <= float(saturated_slope) < 1.0:
-            raise ValueError(f"saturated_slope must be in [0, 1), got {saturated_slope}")
+            raise BadInput(f"saturated_slope must be in [0, 1), got {saturated_slope}")
         self.saturated_slope = float(saturated_slope)
         self.squash = squash
         low, high = box_bounds(action_space)
         if squash and not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-            raise ValueError("squash=True needs finite action bounds")
+            raise BadInput("squash=True needs finite action bounds")
         self.register_buffer("action_center", (high + low) / 2 if squash else torch.zeros_like(low))
         self.register_buffer("action_scale", (high - low) / 2 if squash else torch.ones_like(low))
 

@@ -7,10 +7,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nets.errors import BadInput
+
 
 def _check(images: torch.Tensor) -> None:
     if images.dtype != torch.uint8 or images.ndim != 5 or images.shape[-1] != 3:
-        raise ValueError(f"expected uint8 images [B, n, H, W, 3], got {images.dtype} {tuple(images.shape)}")
+        raise BadInput(f"expected uint8 images [B, n, H, W, 3], got {images.dtype} {tuple(images.shape)}")
 
 
 def resize_images(images: torch.Tensor, size: int, center_crop: float | None = None) -> torch.Tensor:

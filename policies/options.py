@@ -23,12 +23,13 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from nets.errors import BadInput
 from nets.field_types import check_value
 
 T = TypeVar("T")
 
 
-class OptionsError(ValueError, TypeError):
+class OptionsError(BadInput, TypeError):
     """A keyword a policy does not take, or a required one left out: a ``ValueError`` as every bad
     setting, and a ``TypeError`` as Python's own error for a wrong keyword argument."""
 

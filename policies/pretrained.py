@@ -15,13 +15,16 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets import files
 from nets.devices import default_device, parse_dtype
+from nets.errors import BadInput
 from nets.files import atomic_path, write_atomic
 
 from .base import ActionChunkPolicy
@@ -63,7 +66,7 @@ def find_checkpoint(
             "'owner/name[@revision]'"
         )
     if download and not revision:
-        raise ValueError(
+        raise BadInput(
             f"{what} {repo!r}: download=True needs a pinned revision, '{repo}@<commit hash>' (vla-gym "
             f"does not download an unpinned repository), or download it yourself and pass the folder"
         )
@@ -99,9 +102,9 @@ def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
     index = folder / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = read_json(index, "shard index")["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
+            raise BadInput(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
         files = [folder / name for name in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
@@ -122,23 +125,60 @@ def read_state_dict(folder: Path, dtype: torch.dtype | None = None) -> dict[str,
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 if key in state:
-                    raise ValueError(f"{file}: key {key!r} appears in two shards")
+                    raise BadInput(f"{file}: key {key!r} appears in two shards")
                 if weight_map is not None and weight_map.get(key) != file.name:
-                    raise ValueError(f"{file}: key {key!r} is not listed for this shard in {INDEX_FILE}")
+                    raise BadInput(f"{file}: key {key!r} is not listed for this shard in {INDEX_FILE}")
                 tensor = f.get_tensor(key)
                 state[key] = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
     if weight_map is not None and set(weight_map) - set(state):
-        raise ValueError(
+        raise BadInput(
             f"{folder}: {INDEX_FILE} lists keys no shard has: {_short(set(weight_map) - set(state))}"
         )
     return state
 
 
-def empty_model(build: Callable[[], nn.Module]) -> nn.Module:
+# the largest value a config file may give a size (every public checkpoint's is far below): a file
+# asking for more is refused before anything is built (a million layers would take an hour on meta)
+SIZE_LIMITS = {
+    "hidden_size": 1 << 16, "intermediate_size": 1 << 18, "num_hidden_layers": 512,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 4096, "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 20,
+    "width": 1 << 16, "depth": 512, "mlp_dim": 1 << 18, "num_heads": 1024, "num_kv_heads": 1024,
+    "image_size": 8192, "patch_size": 1024, "embed_dim": 1 << 16, "num_layers": 512,
+}  # fmt: skip
+
+
+def check_sizes(values: Any, where: str) -> None:
+    """Every entry of ``values`` (a config's JSON, nested) named in ``SIZE_LIMITS`` is an int in
+    [1, its limit]; else a ``BadInput`` naming the file and the entry."""
+    stack = [("", values)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        name = path.rsplit(".", 1)[-1]
+        if name in SIZE_LIMITS and not isinstance(value, dict | list):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= SIZE_LIMITS[name]:
+                raise BadInput(
+                    f"{where}: {path} must be an int in [1, {SIZE_LIMITS[name]}], got {value!r:.60}"
+                )
+
+
+def empty_model(build: Callable[[], nn.Module], what: str = "model") -> nn.Module:
     """``build()`` with its parameters on the meta device (no memory, no random init) and its buffers
-    real (computed ones such as rotary frequencies are not in checkpoints); ``load_strict`` fills them."""
+    real (computed ones such as rotary frequencies are not in checkpoints); ``load_strict`` fills them.
+    It is built on the meta device first, so buffers a config sizes beyond the memory available are
+    refused (``nets.budget.check_memory``) before any is allocated."""
     from accelerate import init_empty_weights
 
+    from nets.budget import check_memory
+
+    with torch.device("meta"):
+        probe = build()
+    check_memory(sum(b.numel() * b.element_size() for b in probe.buffers()), f"{what}'s buffers")
+    del probe
     with init_empty_weights(include_buffers=False):
         return build()
 
@@ -159,7 +199,7 @@ def load_strict(module: nn.Module, state: Mapping[str, torch.Tensor], what: str)
         if keys
     ]
     if problems:
-        raise ValueError(f"{what} does not match the model: " + "; ".join(problems))
+        raise BadInput(f"{what} does not match the model: " + "; ".join(problems))
     module.load_state_dict(state, strict=True, assign=any(p.is_meta for p in own.values()))
 
 
@@ -201,12 +241,9 @@ def read_json(path: Path, what: str) -> dict:
     """A JSON object from ``path``; a clear error when it is missing or malformed."""
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON: {e}") from e
+    data = files.read_json(path, what)
     if not isinstance(data, dict):
-        raise ValueError(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
+        raise BadInput(f"{what} {path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -236,7 +273,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> None:
     """VLAs read a Dict observation with ``instruction`` and uint8 ``[H, W, 3]`` images at ``image_keys``."""
     if not isinstance(space, spaces.Dict) or "instruction" not in space.spaces:
-        raise ValueError(f"a VLA needs a Dict observation space with 'instruction', got {space}")
+        raise BadInput(f"a VLA needs a Dict observation space with 'instruction', got {space}")
     for key in image_keys:
         sub = space.spaces.get(key)
         if not (
@@ -246,7 +283,7 @@ def check_observation_space(space: spaces.Space, image_keys: Sequence[str]) -> N
             and sub.shape[-1] == 3
         ):
             have = sorted(space.spaces)
-            raise ValueError(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
+            raise BadInput(f"image key {key!r}: expected a uint8 [H, W, 3] Box in the observations {have}")
 
 
 def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "the model") -> None:
@@ -257,7 +294,7 @@ def add_lora(model: nn.Module, rank: int, targets: Sequence[str], what: str = "t
     unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if unknown:
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(
+        raise BadInput(
             f"LoRA target modules {unknown} are not in {what}; its linear layers are named {linears}"
         )
     try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from gymnasium import spaces
 
+from nets.errors import BadInput
 from nets.file_settings import Schema, schema_of
 
 from .base import ActionChunkPolicy
@@ -46,7 +47,7 @@ def resolve_policy(name: str, action_space: spaces.Space) -> str:
     if name in POLICIES:
         return POLICIES[name]
     if ":" not in name:
-        raise ValueError(f"unknown policy {name!r}: expected one of {['auto', *POLICIES]} or 'module:Class'")
+        raise BadInput(f"unknown policy {name!r}: expected one of {['auto', *POLICIES]} or 'module:Class'")
     return name
 
 
@@ -55,10 +56,10 @@ def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) 
     it must be a registered policy (or its ``module:Class`` path), or one of ``allow``, the
     ``module:Class`` names the user named in their own call or command line."""
     if not isinstance(name, str):
-        raise ValueError(f"{source}: expected a policy name (a string), got {type(name).__name__}")
+        raise BadInput(f"{source}: expected a policy name (a string), got {type(name).__name__}")
     if name == "auto" or name in POLICIES or name in POLICIES.values() or name in allow:
         return
-    raise ValueError(
+    raise BadInput(
         f"{source}: names the policy {name!r}, which is not one of vla-gym's policies "
         f"({', '.join(POLICIES)}); a module to import comes only from your own call, never from a "
         f"file: name it yourself if you trust it (load_policy(..., allow_policies=[{name!r}]), or "
@@ -69,11 +70,11 @@ def check_policy_from_file(name: Any, source: Any, allow: Collection[str] = ()) 
 def policy_class(name: str, action_space: spaces.Space | None = None) -> type[ActionChunkPolicy]:
     """The class ``name`` builds (imported, nothing built); ``action_space`` resolves ``auto``."""
     if name == "auto" and action_space is None:
-        raise ValueError("policy 'auto' is chosen by the action space: give it")
+        raise BadInput("policy 'auto' is chosen by the action space: give it")
     module_name, _, class_name = resolve_policy(name, action_space).partition(":")
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, ActionChunkPolicy)):
-        raise ValueError(f"{module_name}:{class_name} is not an ActionChunkPolicy subclass")
+        raise BadInput(f"{module_name}:{class_name} is not an ActionChunkPolicy subclass")
     return cls
 
 

@@ -19,6 +19,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
+
 from .base import ActionChunk
 from .gaussian import GaussianPolicy, clamp_inward
 from .registry import make_policy
@@ -58,7 +60,7 @@ class ResidualPolicy(GaussianPolicy):
         **torso_options: Any,
     ):
         if not isinstance(base, Mapping) or "name" not in base:
-            raise ValueError(
+            raise BadInput(
                 f"base must be a policy spec {{'name': ..., 'kwargs': {{...}}}}, got {base!r:.200}"
             )
         base_policy = make_policy(
@@ -81,7 +83,7 @@ class ResidualPolicy(GaussianPolicy):
             **torso_options,
         )
         if (base_policy.chunk_size, base_policy.action_dim) != (self.chunk_size, self.action_dim):
-            raise ValueError("the base policy's chunk does not match the action space")
+            raise BadInput("the base policy's chunk does not match the action space")
         self.base = base_policy.requires_grad_(False).eval()
         self.log_std_from_base = log_std_init is None  # self.log_std is then an offset to the base's
         nn.init.zeros_(self.mean_head.weight)

@@ -24,6 +24,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh,
     "relu": nn.ReLU,
@@ -91,7 +93,7 @@ class VectorEncoder(nn.Module):
             return
         x = x.reshape(x.shape[0], -1).to(self.norm_mean)
         if not torch.isfinite(x).all():
-            raise ValueError("observation statistics: the batch holds NaN or infinite values")
+            raise BadInput("observation statistics: the batch holds NaN or infinite values")
         n, mean, var = float(x.shape[0]), x.mean(0), x.var(0, unbiased=False)
         total = self.norm_count + n
         delta = mean - self.norm_mean
@@ -279,10 +281,10 @@ class Torso(nn.Module):
         fine-tuned as if it had been trained standardised). Each feature's std is floored at
         ``min_std`` so that nearly constant features are not clipped at +-10 when they do move."""
         if self.obs_norm != "off":
-            raise ValueError(f"fold_standardisation needs a torso with obs_norm 'off', got {self.obs_norm!r}")
+            raise BadInput(f"fold_standardisation needs a torso with obs_norm 'off', got {self.obs_norm!r}")
         first = self.trunk[0] if isinstance(self.trunk, nn.Sequential) and len(self.trunk) else None
         if not isinstance(first, nn.Linear):
-            raise ValueError("fold_standardisation needs a trunk with hidden layers (its first Linear)")
+            raise BadInput("fold_standardisation needs a trunk with hidden layers (its first Linear)")
         if not self.is_dict and not isinstance(obs, Mapping):
             obs = {"obs": obs}
         offset = 0
@@ -290,7 +292,7 @@ class Torso(nn.Module):
             width = int(self.encoders[key].out_dim)
             if kind == "vector":
                 if key not in obs:
-                    raise ValueError(f"fold_standardisation: no {key!r} in the observations given")
+                    raise BadInput(f"fold_standardisation: no {key!r} in the observations given")
                 new = VectorEncoder((width,), obs_norm=True).to(self.device)
                 new.update_stats(torch.as_tensor(obs[key], dtype=torch.float32, device=self.device))
                 new.norm_var.clamp_(min=min_std**2)
@@ -355,7 +357,7 @@ def make_torso(
     once (``trainers.bc`` and SAC's prior data compute them from the demonstrations), ``"running"``
     also updated by the RL trainers after each update; ``"off"`` (default) feeds them raw."""
     if obs_norm not in OBS_NORM_MODES:
-        raise ValueError(f"obs_norm must be one of {OBS_NORM_MODES}, got {obs_norm!r}")
+        raise BadInput(f"obs_norm must be one of {OBS_NORM_MODES}, got {obs_norm!r}")
     args = (image_channels, image_features, instruction_dim, num_buckets, max_tokens, obs_norm != "off")
     if isinstance(observation_space, spaces.Dict):
         encoders, kinds = {}, {}

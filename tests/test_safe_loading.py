@@ -17,6 +17,7 @@ import trainers.checkpoint as ckpt
 from benchmarks.robustness import Payload, crafted_checkpoint, plant_payload
 from envs.core.frames import InitialFrame, load_initial_frames, save_initial_frames
 from envs.world_models.tiny import write_tiny_bundle
+from nets.errors import BadInput
 from nets.safe_load import UnsafeFileError, load_npy, restricted_unpickle, torch_load
 
 
@@ -212,7 +213,9 @@ def test_a_corrupt_config_json_on_resume_names_the_file(tmp_path):
     run = tmp_path / "run"
     ckpt.save_checkpoint(run / "checkpoints" / "iter_000001.pt", {"counters": {}})
     (run / "config.json").write_text('{"run": {"env_id": ')
-    with pytest.raises(ValueError, match=r"run/config.json: cannot read the config as JSON"):
+    with pytest.raises(
+        BadInput, match=r"config .*run/config.json: expected JSON, got a file that does not parse"
+    ):
         main(["--resume", str(run)])
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput, run_cli
 from trainers.config import describe_fields, parse_cli, read_json
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.grpo.train import train as train_grpo
@@ -53,7 +54,7 @@ def config_algo(argv: list[str]) -> str | None:
         return None
     sections = [k for k in read_json(path) if k in ALGOS]
     if len(sections) > 1:
-        raise ValueError(f"{path} has sections for {sections}: choose one with --algo")
+        raise BadInput(f"{path} has sections for {sections}: choose one with --algo")
     return sections[0] if sections else None
 
 
@@ -102,4 +103,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

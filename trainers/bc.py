@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nets.errors import BadInput, run_cli
 from policies.base import ActionChunkPolicy
 from policies.registry import policy_class
 from trainers import parallel
@@ -113,9 +114,9 @@ class BCConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.value_gamma <= 1.0:
-            raise ValueError(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
+            raise BadInput(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
         if self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
-            raise ValueError(
+            raise BadInput(
                 f"bc lr_warmup_steps and lr_decay_steps must be >= 0, got {self.lr_warmup_steps}, "
                 f"{self.lr_decay_steps}"
             )
@@ -165,7 +166,7 @@ def check_observation_keys(
     required = list(reads()) if reads is not None else obs_keys
     missing = [k for k in required if k not in demo_keys]
     if missing:
-        raise ValueError(
+        raise BadInput(
             f"{path}: the policy ({type(policy).__name__}) reads the observations {list(required)}; the "
             f"demos have no {missing} (they have {demo_keys}): record the demos with those cameras / "
             "keys, or build the policy on the ones they have"
@@ -188,7 +189,7 @@ def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space:
     """Clear errors when the demonstrations do not fit the policy's env."""
     k, d = data["actions"].shape[1:]
     if (k, d) != (policy.chunk_size, policy.action_dim):
-        raise ValueError(
+        raise BadInput(
             f"{path}: demonstrated chunks are {k} x {d}, the policy's env wants "
             f"{policy.chunk_size} x {policy.action_dim} (chunk_size x action_dim): record the demos "
             "with the same chunk_size, or with chunk_size 1"
@@ -198,7 +199,7 @@ def check_compatible(data: dict[str, Any], policy: ActionChunkPolicy, obs_space:
             continue
         expected = obs_space[key].shape
         if value.shape[1:] != expected:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: observation {key!r} has shape {value.shape[1:]} in the demos, the env gives "
                 f"{expected}: use the same env_kwargs (image_size, cameras) as when recording"
             )
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     cfg: BCConfig = configs["bc"]
     world = parallel.from_env().world_size
     if cfg.batch_size % world:  # before any work (Run starts the process group)
-        raise ValueError(
+        raise BadInput(
             f"batch_size={cfg.batch_size} (the minibatch over all ranks) does not split over {world} "
             f"ranks (world size): use a multiple of {world}"
         )
@@ -238,20 +239,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     cls = policy_class(run_cfg.policy, env.single_action_space)
     stats_files: dict[str, Any] = {}
     if cfg.norm_stats == "demos" and (run_cfg.init_policy or run_cfg.resume):
-        raise ValueError(
+        raise BadInput(
             "--norm-stats demos with --init-policy / --resume: that policy was trained with its own "
             "statistics, which its checkpoint carries (--norm-stats checkpoint or auto keeps them)"
         )
     if hasattr(cls, "norm_stats_from_demos") and stats_mode == "demos":
         if "norm_stats" in run_cfg.policy_kwargs:
-            raise ValueError(
+            raise BadInput(
                 "--norm-stats demos computes the statistics from the demos; policy_kwargs gives norm_stats "
                 "as well: drop one (or --norm-stats checkpoint to use the ones given)"
             )
         d = int(np.shape(train["actions"])[-1])
         space = env.single_action_space
         if isinstance(space, gym.spaces.Box) and space.shape and space.shape[-1] != d:
-            raise ValueError(
+            raise BadInput(
                 f"{cfg.demos}: the demonstrated actions are {d}-D, the env's actions {space.shape[-1]}-D "
                 f"({run_cfg.env}): demos and env must have the same action space"
             )
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             policy = run.make_policy(env, use_critic=False)
         except ValueError as e:
             if hasattr(cls, "norm_stats_from_demos") and stats_mode == "checkpoint":
-                raise ValueError(
+                raise BadInput(
                     f"{e} (--norm-stats checkpoint: the policy normalizes with its model's own statistics; "
                     f"--norm-stats demos computes them from {cfg.demos})"
                 ) from None
@@ -407,4 +408,4 @@ def held_out_loss(policy: ActionChunkPolicy, data: dict[str, Any], batch_size: i
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -32,13 +32,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium as gym
 import torch
 from torch import nn
 
+from nets.errors import BadInput
 from trainers import parallel, report
 from trainers.env_contract import initial_frames
 from trainers.evaluation import evaluate_episodes
@@ -103,9 +105,9 @@ class Evaluation(Callback):
         deterministic: bool = True,
     ) -> None:
         if not name or "/" in name:
-            raise ValueError(f"an evaluation's name must be non-empty without '/', got {name!r}")
+            raise BadInput(f"an evaluation's name must be non-empty without '/', got {name!r}")
         if episodes is not None and episodes != "all" and (not isinstance(episodes, int) or episodes < 1):
-            raise ValueError(f"episodes must be >= 1 or 'all', got {episodes!r}")
+            raise BadInput(f"episodes must be >= 1 or 'all', got {episodes!r}")
         self.name, self.deterministic, self.train_env_kwargs = name, deterministic, train_env_kwargs
         self._every, self._at_start, self._episodes = every, at_start, episodes
         self._num_envs, self._video = num_envs, video
@@ -133,6 +135,7 @@ class Evaluation(Callback):
             resumed = run.config.resume is not None
             _keep_until(run.dir / self.file, run.counters["env_steps"] if resumed else None)
         s = self.settings(run)
+        self._check_spaces(run, s)
         if s["at_start"] and run.counters["iteration"] == 0 and s["every"] >= 0:
             run.log({"iteration": 0, **self.evaluate(run)})
             if s["every"] == 0:  # not needed again until the end
@@ -172,7 +175,7 @@ class Evaluation(Callback):
         if count == "all":
             frames = initial_frames(self._env(run, s))
             if frames is None:
-                raise ValueError(f"evaluation {self.name!r}: episodes='all' needs an env with initial_frames")
+                raise BadInput(f"evaluation {self.name!r}: episodes='all' needs an env with initial_frames")
             count = len(frames)
         if len(parallel.shard(count, run.rank, run.world_size)):  # this rank's share
             self._env(run, s)
@@ -193,6 +196,37 @@ class Evaluation(Callback):
                     shard=(run.rank, run.world_size),
                 )
         return episodes
+
+    def _check_spaces(self, run: RunContext, s: dict[str, Any]) -> None:
+        """Before training: an eval env whose spaces are not the policy's (it may observe more keys,
+        e.g. a camera for videos) is bad input (named), not a shape error at the first evaluation.
+        Made at once when it evaluates at the start; else an env like it with one sub-env is made and
+        closed, where its settings differ from training's."""
+        cfg = run.config
+        if run.env_spaces is None or s["every"] < 0:
+            return
+        if not s["at_start"] and cfg.eval_env is None and self.train_env_kwargs is None:
+            if cfg.eval_env_kwargs is None or cfg.eval_env_kwargs == cfg.env_kwargs:
+                return  # the training env's settings: its spaces
+        if s["at_start"] and run.counters["iteration"] == 0:
+            env = self._env(run, s)
+            spaces = (env.single_observation_space, env.single_action_space)
+        else:
+            with closing(
+                cfg.make_env(
+                    1, autoreset="disabled_native", evaluation=True, train_env_kwargs=self.train_env_kwargs
+                )
+            ) as env:
+                spaces = (env.single_observation_space, env.single_action_space)
+        for what, theirs, ours in zip(("observation", "action"), spaces, run.env_spaces, strict=True):
+            if isinstance(theirs, gym.spaces.Dict) and isinstance(ours, gym.spaces.Dict):  # more keys: fine
+                theirs = gym.spaces.Dict({k: theirs[k] for k in ours.spaces if k in theirs.spaces})
+            if theirs != ours:
+                source = f"eval env {cfg.eval_env or cfg.env} with eval_env_kwargs {cfg.eval_env_kwargs}"
+                raise BadInput(
+                    f"evaluation {self.name!r}: the {source} has the {what} space {theirs}, but the policy "
+                    f"was built for {ours} (the training env's): give an eval env with the same spaces"
+                )
 
     def _env(self, run: RunContext, s: dict[str, Any]) -> Any:
         """This rank's eval envs, made at the first evaluation and kept until ``close``."""

@@ -20,6 +20,7 @@ arguments (``trust_pickle``, ``download``, ...) are dropped: they come from the 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import warnings
 from collections.abc import Collection, Mapping
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nets.errors import BadInput, reading, run_cli
 from nets.file_settings import OPT_IN_KEYS, check_file_settings
 from nets.files import check_output
 from nets.safe_load import UnsafeFileError, torch_load
@@ -63,14 +65,21 @@ def rng_state(generators: dict[str, torch.Generator | None]) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator | None]) -> None:
-    """Inverse of ``rng_state``: the named generators must exist exactly where they did."""
+    """Inverse of ``rng_state``: the named generators must exist exactly where they did. Every state is
+    tried on a scratch generator first, so a garbled one changes nothing."""
+    torch.Generator().set_state(state["torch"])
+    np.random.RandomState().set_state(state["numpy"])
+    random.Random().setstate(state["python"])
+    for name, saved in state["generators"].items():
+        if saved is not None and generators.get(name) is not None:
+            torch.Generator(device=generators[name].device).set_state(saved)
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     for name, saved in state["generators"].items():
         g = generators.get(name)
         if (saved is None) != (g is None):
-            raise ValueError(
+            raise BadInput(
                 f"checkpoint generator {name!r}: saved {'none' if saved is None else 'a state'}, "
                 f"but the run has {'none' if g is None else 'one'}"
             )
@@ -102,7 +111,7 @@ def payload_digest(payload: Any, budget: int | None = None) -> str:
         nonlocal left
         left -= work
         if left < 0:
-            raise ValueError(
+            raise BadInput(
                 f"the payload walks to more than {budget} bytes and values, far more than its file "
                 "holds (shared references or views)"
             )
@@ -114,7 +123,7 @@ def payload_digest(payload: Any, budget: int | None = None) -> str:
             continue
         spend(1)
         if depth > MAX_DEPTH:
-            raise ValueError(f"the payload is nested deeper than {MAX_DEPTH} levels")
+            raise BadInput(f"the payload is nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, torch.Tensor):
             spend(value.numel() * value.element_size())  # before .contiguous() copies a view
             flat = value.detach().cpu().contiguous().reshape(-1)
@@ -157,22 +166,23 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
 def load_checkpoint(path: str | Path, *, allow_unverified: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by ``save_checkpoint``: safely (no code from the file runs; a
     file that asks for more raises ``UnsafeFileError``), checking its SHA-256. Anything else that
-    is wrong with it is a ``ValueError`` naming the file: unreadable, not a checkpoint, a content
+    is wrong with it is a ``BadInput`` naming the file: unreadable, not a checkpoint, a content
     that does not match its SHA-256 or cannot be verified within bounded work (crafted nesting or
     shared references). A version-1 file (written before checkpoints carried a SHA-256) is loaded
     only with ``allow_unverified=True``: a file's ``version`` is no proof that it was never altered."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
-    data = torch_load(path, numpy=True, opt_in=None)  # ValueError if unreadable; UnsafeFileError
+    with reading(path):  # BadInput if unreadable; UnsafeFileError if it asks for code
+        data = torch_load(path, numpy=True, opt_in=None)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
+        raise BadInput(f"{path} is not a vla-gym checkpoint (expected format {FORMAT!r})")
     version = data.get("version")
     if type(version) is not int or version not in READABLE_VERSIONS:
-        raise ValueError(f"{path}: checkpoint version {version!r}, this code reads {READABLE_VERSIONS}")
+        raise BadInput(f"{path}: checkpoint version {version!r}, this code reads {READABLE_VERSIONS}")
     if version < 2:
         if not allow_unverified:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: a version-1 checkpoint, which carries no SHA-256 to verify its content; "
                 "load it only if you trust it: allow_unverified=True, or re-save it verified with "
                 "`python -m trainers.checkpoint --allow-unverified SOURCE OUT`"
@@ -183,9 +193,9 @@ def load_checkpoint(path: str | Path, *, allow_unverified: bool = False) -> dict
     try:
         actual = payload_digest(data, budget)
     except Exception as e:  # whatever a crafted payload makes the walk raise: not verified
-        raise ValueError(f"{path}: cannot verify the checkpoint's SHA-256: {type(e).__name__}: {e}") from None
+        raise BadInput(f"{path}: cannot verify the checkpoint's SHA-256: {type(e).__name__}: {e}") from None
     if saved != actual:
-        raise ValueError(f"{path}: corrupt checkpoint (its content does not match the SHA-256 saved with it)")
+        raise BadInput(f"{path}: corrupt checkpoint (its content does not match the SHA-256 saved with it)")
     return data
 
 
@@ -204,17 +214,24 @@ def latest_checkpoint(source: str | Path, *, allow_unverified: bool = False) -> 
     source = Path(source)
     if source.is_file():
         return source, load_checkpoint(source, allow_unverified=allow_unverified)
-    paths = checkpoint_paths(source)
-    if not paths:
-        raise FileNotFoundError(f"no checkpoints under {source / 'checkpoints'} (expected iter_*.pt files)")
-    for path in reversed(paths):
-        try:
-            return path, load_checkpoint(path, allow_unverified=allow_unverified)
-        except UnsafeFileError:
-            raise  # never fall back silently past a file that tried to run code
-        except ValueError as e:
-            warnings.warn(f"skipping unreadable checkpoint: {e}", RuntimeWarning, stacklevel=2)
-    raise ValueError(f"none of the checkpoints under {source / 'checkpoints'} can be read")
+    for _ in range(3):  # a run still training prunes old files: a vanished one means a newer exists
+        paths = checkpoint_paths(source)
+        if not paths:
+            raise FileNotFoundError(
+                f"no checkpoints under {source / 'checkpoints'} (expected iter_*.pt files)"
+            )
+        for path in reversed(paths):
+            try:
+                return path, load_checkpoint(path, allow_unverified=allow_unverified)
+            except UnsafeFileError:
+                raise  # never fall back silently past a file that tried to run code
+            except FileNotFoundError:
+                break  # pruned between listing and reading: list again
+            except ValueError as e:
+                warnings.warn(f"skipping unreadable checkpoint: {e}", RuntimeWarning, stacklevel=2)
+        else:
+            raise BadInput(f"none of the checkpoints under {source / 'checkpoints'} can be read")
+    raise FileNotFoundError(f"the checkpoints under {source / 'checkpoints'} kept vanishing while being read")
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
@@ -234,7 +251,7 @@ def policy_observation_space(spec: dict[str, Any], observation_space: Any, sourc
         return observation_space
     missing = [k for k in keys if k not in observation_space.spaces]
     if missing:
-        raise ValueError(
+        raise BadInput(
             f"{source}: the policy reads observations {keys}; the env has no {missing} "
             f"(it has {list(observation_space.spaces)})"
         )
@@ -263,7 +280,7 @@ def load_policy_state(
     result = policy.load_state_dict(spec["state_dict"], strict=False)
     missing = [k for k in result.missing_keys if k not in omitted and not k.startswith(optional)]
     if missing or result.unexpected_keys:
-        raise ValueError(
+        raise BadInput(
             f"{where}: the policy weights do not fit the policy built for this env "
             f"(missing {missing}, unexpected {list(result.unexpected_keys)})"
         )
@@ -290,7 +307,7 @@ def make_sized_policy(
             for key, tensor in probe.state_dict().items():
                 theirs = state.get(key)
                 if isinstance(theirs, torch.Tensor) and tuple(theirs.shape) != tuple(tensor.shape):
-                    raise ValueError(
+                    raise BadInput(
                         f"{where}: the saved arguments build {key} of shape {tuple(tensor.shape)} "
                         f"({tensor.numel():,} values), but the checkpoint's weights have "
                         f"{tuple(theirs.shape)}; refused before building it"
@@ -309,7 +326,7 @@ def checked_policy_spec(spec: Any, source: Any, allow_policies: Collection[str] 
 
     where = f"{source}: policy"
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
-        raise ValueError(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
+        raise BadInput(f"{where}: expected a dict with 'name' and a 'kwargs' dict, got {spec!r:.200}")
     check_policy_from_file(spec.get("name"), where, allow_policies)
     schema = policy_settings_schema(spec["name"])
     kwargs = check_file_settings(spec["kwargs"], schema, f"{where} kwargs", allow=allow_policies)
@@ -351,7 +368,7 @@ def given_opt_ins(
         takes = accepted_arguments(cls) & OPT_IN_KEYS
         for key, value in given.items():
             if key not in takes and value not in (False, None):
-                raise ValueError(
+                raise BadInput(
                     f"policy_kwargs {key}={value!r}: the policy of {source} ({cls.__module__}:"
                     f"{cls.__qualname__}) has no {key} argument (of the opt-ins {sorted(OPT_IN_KEYS)} it "
                     f"takes {sorted(takes) or 'none'}); leave {key} out"
@@ -360,7 +377,7 @@ def given_opt_ins(
     base, saved_base = kwargs.get("base"), (saved or {}).get("base")
     if isinstance(base, Mapping) and isinstance(base.get("kwargs"), Mapping):
         if not (isinstance(saved_base, Mapping) and isinstance(saved_base.get("kwargs"), Mapping)):
-            raise ValueError(
+            raise BadInput(
                 f"policy_kwargs base: the policy of {source} ({name}) has no frozen base to give opt-ins to"
             )
         inner = given_opt_ins(base["kwargs"], saved_base["name"], source, action_space, saved_base["kwargs"])
@@ -411,7 +428,7 @@ def load_policy(
     if isinstance(base, Mapping) and "name" not in base:  # opt-ins for the saved frozen base
         extra = sorted(set(base) - {"kwargs"}) + sorted(set(base.get("kwargs") or {}) - OPT_IN_KEYS)
         if extra:
-            raise ValueError(
+            raise BadInput(
                 f"policy_kwargs base: without a 'name' it gives the saved base of {path} opt-ins only "
                 f"(base.kwargs of {sorted(OPT_IN_KEYS)}), got {extra}; give a whole spec to replace it"
             )
@@ -598,14 +615,41 @@ class RunCheckpoints:
 
     def restore(self, path: Path, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Load checkpoint ``data`` (read from ``path``) into the attached policy, optimizer and
-        generators; returns its counters and ``extra``."""
+        generators; returns its counters and ``extra``. An entry that does not fit (counters of the
+        wrong type, optimizer groups of another shape, a garbled RNG state) is a ``BadInput`` naming
+        the file and the entry; the run then stops before writing anything."""
+        counters, extra = check_counters(data.get("counters"), path), data.get("extra", {})
+        if not isinstance(extra, dict):
+            raise BadInput(f"{path}: entry 'extra' must be a dict, got {type(extra).__name__}")
+        broken = (KeyError, TypeError, RuntimeError, IndexError, AttributeError)
         if self.sharded is not None:  # the weights were loaded before sharding (Run.shard)
-            parallel.load_optimizer_state(self.sharded, self.policy, self.optimizer, data["optimizer"])
+            with reading(f"{path}: entry 'optimizer'", *broken):
+                parallel.load_optimizer_state(self.sharded, self.policy, self.optimizer, data["optimizer"])
         else:
             load_policy_state(self.policy, data["policy"], path)
-            self.optimizer.load_state_dict(data["optimizer"])
-        restore_rng_state(data["rng"], {"policy": self.policy.generator, **self.generators})
-        return data["counters"], data["extra"]
+            with reading(f"{path}: entry 'optimizer'", *broken):
+                self.optimizer.load_state_dict(data["optimizer"])
+        with reading(f"{path}: entry 'rng'", *broken):
+            restore_rng_state(data["rng"], {"policy": self.policy.generator, **self.generators})
+        return counters, extra
+
+
+COUNTERS = {"iteration": int, "env_steps": int, "episodes": int, "elapsed": float}
+
+
+def check_counters(counters: Any, path: Any) -> dict[str, Any]:
+    """A checkpoint's ``counters``: a dict with each of ``COUNTERS`` a number >= 0 of its type
+    (an int is a float too); anything else is a ``BadInput`` naming the file and the entry."""
+    if not isinstance(counters, dict):
+        raise BadInput(f"{path}: entry 'counters' must be a dict, got {type(counters).__name__}")
+    for name, kind in COUNTERS.items():
+        value = counters.get(name)
+        ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
+        if not ok or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise BadInput(
+                f"{path}: entry counters[{name!r}] must be a finite {kind.__name__} >= 0, got {value!r}"
+            )
+    return counters
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -630,4 +674,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -25,8 +25,9 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from nets import files
+from nets.errors import BadInput, naming, program_name
 from nets.field_types import check_value, describe
-from nets.files import regular_file
 from trainers.files import write_atomic
 
 T = TypeVar("T")
@@ -151,8 +152,17 @@ def build(cls: type[T], values: dict[str, Any]) -> T:
             try:
                 checked[f.name] = check_value(hints[f.name], values[f.name])
             except ValueError as e:
-                raise ValueError(f"{cls.__name__}.{f.name}: {e}, got {values[f.name]!r:.100}") from None
-    return cls(**checked)
+                flag = "--" + f.name.replace("_", "-")
+                raise BadInput(
+                    f"{cls.__name__}.{f.name}: {e}, got {values[f.name]!r:.100} (the flag {flag}, or "
+                    f"{f.name} in a config file)"
+                ) from None
+    try:
+        return cls(**checked)
+    except BadInput:
+        raise
+    except (ValueError, TypeError) as e:  # a __post_init__ range check: it names the field
+        raise naming(f"{cls.__name__} settings", e) from None
 
 
 def parse(
@@ -211,11 +221,8 @@ def save_config(path: str | Path, configs: dict[str, Any]) -> None:
 
 
 def read_json(path: str | Path) -> Any:
-    """A JSON file's content; an unreadable or malformed file is a ``ValueError`` naming it."""
-    try:
-        return json.loads(regular_file(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the config as JSON ({type(e).__name__}: {e})") from None
+    """A config file's content; an unreadable or malformed file is a ``BadInput`` naming it."""
+    return files.read_json(path, "config")
 
 
 def load_config(
@@ -227,16 +234,14 @@ def load_config(
     if isinstance(data, dict):
         data = {k: v for k, v in data.items() if k not in ignore}
     if not isinstance(data, dict) or set(data) - set(classes):
-        raise ValueError(
-            f"{path}: expected a JSON object with keys among {sorted(classes)}, got {data!r:.200}"
-        )
+        raise BadInput(f"{path}: expected a JSON object with keys among {sorted(classes)}, got {data!r:.200}")
     for key, values in data.items():
         if not isinstance(values, dict):
-            raise ValueError(f"{path}: the {key!r} settings must be a JSON object, got {values!r:.100}")
+            raise BadInput(f"{path}: the {key!r} settings must be a JSON object, got {values!r:.100}")
         names = {f.name for f in dataclasses.fields(classes[key])}
         unknown = set(values) - names
         if unknown:
-            raise ValueError(f"{path}: unknown {key} settings {sorted(unknown)}; known: {sorted(names)}")
+            raise BadInput(f"{path}: unknown {key} settings {sorted(unknown)}; known: {sorted(names)}")
     return data
 
 
@@ -265,7 +270,7 @@ def untrusted_settings(
             if name in MODULE_FIELDS and isinstance(value, str) and ":" in value:
                 if not is_project_module(value):
                     flag = "--" + name.replace("_", "-")
-                    raise ValueError(
+                    raise BadInput(
                         f"{where} is {value!r}, which imports a module that is not vla-gym's; a module "
                         f"to import comes only from your own command line: pass {flag} {value} "
                         "again if you trust it"
@@ -395,21 +400,13 @@ def keep_resumed(
                 continue
             flag = "--" + name.replace("_", "-")
             where = f"{flag} {value!r}" if name in flags else f"{key}.{name} = {value!r} in {config_file}"
-            raise ValueError(
+            raise BadInput(
                 f"{where}: the run in {folder} has {name} {theirs!r} ({source}), and a resumed run keeps "
                 f"it ({why}), so the value given would be written without taking effect. Give the run's "
                 f"value or leave {flag} out; for another {name}, start a new run from this one's policy "
                 f"(--init-policy {folder})"
             )
     return out
-
-
-def program_name() -> str | None:
-    """``python -m trainers`` (the module ``python -m`` ran) for usage lines, where argparse would say
-    ``__main__.py``; None (argparse's own choice) when no module was run."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = getattr(spec, "name", None)
-    return f"python -m {name.removesuffix('.__main__')}" if name else None
 
 
 def parse_cli(

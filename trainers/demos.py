@@ -25,6 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from nets.errors import BadInput, run_cli
 from nets.files import check_output
 from policies.base import ActionChunkPolicy
 from trainers.datasets.demos import (
@@ -80,7 +81,7 @@ def collect_episodes(
     order = None
     if frame_ids is not None:
         if not frames:
-            raise ValueError("frame_ids needs an env with initial_frames (this project's envs)")
+            raise BadInput("frame_ids needs an env with initial_frames (this project's envs)")
         order = np.asarray(frame_ids, np.int64)
     elif frames:
         order = np.random.default_rng(seed).permutation(len(frames))
@@ -234,4 +235,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

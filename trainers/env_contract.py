@@ -30,6 +30,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from nets.errors import BadInput
+
 
 def chunk_size(env: gym.vector.VectorEnv) -> int | None:
     """K when one step of ``env`` runs a chunk of K sub-step actions, else None."""
@@ -37,7 +39,7 @@ def chunk_size(env: gym.vector.VectorEnv) -> int | None:
     if "chunk_size" in env.metadata:
         k = env.metadata["chunk_size"]
         if k is not None and not (isinstance(space, gym.spaces.Box) and space.shape[:1] == (k,)):
-            raise ValueError(f"env metadata says chunk_size {k}, but its action space is {space}")
+            raise BadInput(f"env metadata says chunk_size {k}, but its action space is {space}")
         return None if k is None else int(k)
     if isinstance(space, gym.spaces.Box) and len(space.shape) == 2:
         return int(space.shape[0])
@@ -79,7 +81,7 @@ def chunk_detail(info: dict[str, Any], reward: Any, n: int, k: int) -> tuple[np.
     rewards = np.asarray(info.get("chunk_rewards", np.zeros((n, k))), np.float32)
     valid = np.asarray(info["chunk_valid"], bool) if "chunk_valid" in info else np.ones((n, k), bool)
     if rewards.shape != (n, k) or valid.shape != (n, k):
-        raise ValueError(
+        raise BadInput(
             f"info chunk_rewards / chunk_valid have shapes {rewards.shape} / {valid.shape}, expected {(n, k)}"
         )
     return np.where(valid, rewards, 0.0).astype(np.float32), valid.copy()

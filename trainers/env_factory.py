@@ -11,6 +11,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
+from nets.errors import BadInput, reading
 from nets.file_settings import Schema, is_project_module, schema_of
 
 AUTORESET = {
@@ -52,6 +53,25 @@ def env_settings_schema(env: str) -> Schema:
     return Schema(env_id, keys, merged.open)
 
 
+OWN_SETTINGS = {  # make_vec's and the trainer's own keywords: a user who puts them in env_kwargs means these
+    "num_envs": "--num-envs (num_envs)",
+    "autoreset_mode": "--autoreset-mode (autoreset_mode)",
+    "vectorization_mode": "--vectorization (vectorization)",
+    "vector_kwargs": "--vectorization (vectorization); vector_kwargs are not settable",
+    "wrappers": "no wrappers (not settable from env_kwargs)",
+}
+
+
+def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any] | None, name: str = "env_kwargs") -> None:
+    """A ``BadInput`` if ``env_kwargs`` holds one of the trainer's own settings (``OWN_SETTINGS``)."""
+    own = sorted(set(env_kwargs or {}) & OWN_SETTINGS.keys())
+    if own:
+        raise BadInput(
+            f"{name} of {env_id}: {own} are the trainer's own settings, not the env's: give "
+            + ", ".join(OWN_SETTINGS[k] for k in own)
+        )
+
+
 def make_vec_env(
     env_id: str,
     num_envs: int,
@@ -70,6 +90,7 @@ def make_vec_env(
     SAME_STEP for gymnasium's Sync/Async wrappers (which refuse to step a finished env). A vector
     env with a fixed mode keeps it, or raises if ``autoreset_required``.
     """
+    check_env_kwargs(env_id, env_kwargs)
     if ":" in env_id:
         module, _, env_id = env_id.partition(":")
         importlib.import_module(module)
@@ -77,12 +98,12 @@ def make_vec_env(
     creator = load_env_creator(spec.vector_entry_point) if spec.vector_entry_point else None
     full_native = creator is not None and _accepts(creator, "autoreset_mode")
     if vectorization == "native" and creator is None:
-        raise ValueError(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
+        raise BadInput(f"env {env_id} has no vector entry point; use vectorization 'sync' or 'async'")
     native = vectorization == "native" or (vectorization == "auto" and full_native)
     if autoreset == "disabled_native":
         autoreset = "disabled" if native else "same_step"
     if autoreset not in AUTORESET:
-        raise ValueError(f"autoreset must be one of {[*AUTORESET, 'disabled_native']}, got {autoreset!r}")
+        raise BadInput(f"autoreset must be one of {[*AUTORESET, 'disabled_native']}, got {autoreset!r}")
     mode = AUTORESET[autoreset]
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
@@ -91,12 +112,15 @@ def make_vec_env(
         if full_native:
             kwargs["autoreset_mode"] = mode
         elif autoreset_required:
-            raise ValueError(
+            raise BadInput(
                 f"env {env_id}: its vector env {spec.vector_entry_point} has a fixed autoreset mode; "
                 f"autoreset {autoreset!r} needs vectorization 'sync' or 'async'"
             )
-        return gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
+        with reading(f"env {env_id} with env_kwargs {env_kwargs}", TypeError):
+            return gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
     vectorization = "async" if vectorization == "async" else "sync"
-    return gym.make_vec(
-        env_id, num_envs, vectorization_mode=vectorization, vector_kwargs={"autoreset_mode": mode}, **kwargs
-    )
+    vector_kwargs = {"autoreset_mode": mode}
+    with reading(f"env {env_id} with env_kwargs {env_kwargs}", TypeError):
+        return gym.make_vec(
+            env_id, num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **kwargs
+        )

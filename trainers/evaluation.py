@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from trainers import parallel
 from trainers.env_contract import initial_frames, start_options
@@ -64,14 +65,14 @@ def evaluate_episodes(
     seed env i of a reset with ``seed + i``, as gymnasium's Sync/Async vector envs do).
     """
     if num_episodes < 1:
-        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+        raise BadInput(f"num_episodes must be >= 1, got {num_episodes}")
     frames = initial_frames(env)
     if frame_ids is None and frames is not None:
         order = np.random.default_rng(seed).permutation(len(frames))
         frame_ids = [int(order[i % len(order)]) for i in range(num_episodes)]
     elif frame_ids is not None:
         if frames is None:
-            raise ValueError("frame_ids needs an env with initial_frames (this project's envs)")
+            raise BadInput("frame_ids needs an env with initial_frames (this project's envs)")
         frame_ids = [int(i) for i in frame_ids][:num_episodes]
         num_episodes = len(frame_ids)
     share = parallel.shard(num_episodes, *shard)

@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from nets.errors import BadInput
+
 LogProbLevel = Literal["element", "step", "chunk"]
 LOG_PROB_LEVELS = ("element", "step", "chunk")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps a wild ratio finite; never reached in a healthy run
@@ -46,7 +48,7 @@ def to_level(
         return elem.sum(-1, keepdim=True), v
     if level == "chunk":
         return (elem * v).sum((-1, -2), keepdim=True), valid.any(-1)[:, None, None]
-    raise ValueError(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {level!r}")
+    raise BadInput(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {level!r}")
 
 
 def loss_grid_mask(valid: torch.Tensor, level: LogProbLevel, adv_width: int) -> torch.Tensor:

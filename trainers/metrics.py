@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput
 from trainers.files import open_append, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
@@ -119,7 +120,7 @@ def parse_jsonl(path: str | Path) -> tuple[list[dict[str, Any]], str | None]:
         elif k == len(lines) - 1:
             return rows, f"{path}, line {n}: {problem} ({line[:60]!r})"
         else:
-            raise ValueError(
+            raise BadInput(
                 f"{path}, line {n} of {lines[-1][0]}: {problem}; the file is damaged before its last "
                 "line (not a write cut short): repair or remove that line"
             )
@@ -138,7 +139,7 @@ def read_jsonl(
     rows, torn = parse_jsonl(path)
     if torn is not None:
         if not drop_torn_tail:
-            raise ValueError(torn)
+            raise BadInput(torn)
         warnings.warn(f"dropped a torn last line (a write cut short): {torn}", RuntimeWarning, stacklevel=2)
     return rows
 

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from nets.devices import parse_dtype
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy, PolicyEval
 
 
@@ -66,7 +67,7 @@ def from_env() -> Ranks:
         int(os.environ.get("LOCAL_RANK", 0)),
     )
     if ranks.world_size < 1 or not 0 <= ranks.rank < ranks.world_size:
-        raise ValueError(f"RANK={ranks.rank} and WORLD_SIZE={ranks.world_size} do not fit together")
+        raise BadInput(f"RANK={ranks.rank} and WORLD_SIZE={ranks.world_size} do not fit together")
     return ranks
 
 
@@ -74,13 +75,13 @@ def check_split(num_envs: int, world_size: int, group_size: int | None = None) -
     """The envs per rank; a ``ValueError`` naming the numbers unless ``num_envs`` splits evenly
     over the ranks and (GRPO) each rank's envs into whole groups of ``group_size``."""
     if num_envs % world_size:
-        raise ValueError(
+        raise BadInput(
             f"num_envs={num_envs} does not split over {world_size} ranks (world size): "
             f"use a multiple of {world_size}"
         )
     local = num_envs // world_size
     if group_size is not None and local % group_size:
-        raise ValueError(
+        raise BadInput(
             f"num_envs={num_envs} over {world_size} ranks gives {local} envs per rank, not a multiple "
             f"of group_size={group_size} (groups stay within a rank): use num_envs a multiple of "
             f"{world_size * group_size}"

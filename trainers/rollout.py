@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from nets.errors import BadInput
 from policies.base import ActionChunk, ActionChunkPolicy
 from policies.torsos import OBS_PREFIX
 from trainers import parallel
@@ -155,7 +156,7 @@ class Collector:
         storage_device: str | torch.device = "cpu",
     ) -> None:
         if bootstrap not in ("truncated", "done", "none"):
-            raise ValueError(f"bootstrap must be 'truncated', 'done' or 'none', got {bootstrap!r}")
+            raise BadInput(f"bootstrap must be 'truncated', 'done' or 'none', got {bootstrap!r}")
         self.env, self.policy = env, policy
         self.num_envs = int(env.num_envs)
         mode = env.metadata.get("autoreset_mode", getattr(env, "autoreset_mode", AutoresetMode.NEXT_STEP))
@@ -213,7 +214,7 @@ class Collector:
         acted on (``Rollout.observations``, e.g. for demonstrations) and the last observation of
         every episode that ended (``Rollout.final_observations``)."""
         if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+            raise BadInput(f"num_steps must be >= 1, got {num_steps}")
         if self.obs is None:
             self.reset()
         n, policy = self.num_envs, self.policy
@@ -245,7 +246,7 @@ class Collector:
             try:
                 rewards, valid = chunk_detail(info, reward, n, actions.shape[1])
             except ValueError as e:
-                raise ValueError(f"env {env_name(self.env)}: {e}") from None
+                raise BadInput(f"env {env_name(self.env)}: {e}") from None
             term, trunc = np.asarray(term, bool).copy(), np.asarray(trunc, bool).copy()
             if skipped.any():
                 rewards[skipped], valid[skipped], term[skipped], trunc[skipped] = 0.0, False, False, False
@@ -320,16 +321,16 @@ class Collector:
         if a.shape[1:] == self._chunk_shape and a.shape[0] == self.num_envs:
             return a
         if a.ndim != 3 or a.shape[0] != self.num_envs:
-            raise ValueError(
+            raise BadInput(
                 f"policy.act returned actions of shape {a.shape}, expected [N={self.num_envs}, K, D]"
             )
         space = self.env.single_action_space
         if self.chunked:
-            raise ValueError(
+            raise BadInput(
                 f"policy chunk {a.shape[1:]} does not match the chunked action space {space.shape} "
                 f"of env {env_name(self.env)}"
             )
-        raise ValueError(
+        raise BadInput(
             f"env {env_name(self.env)} takes one action of shape {space.shape} per step, so the policy must "
             f"return [N, 1, {self._chunk_shape[1]}]; got {list(a.shape)}"
         )
@@ -340,13 +341,11 @@ class Collector:
         for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
             shape = np.shape(value)
             if shape != (n,):
-                raise ValueError(
+                raise BadInput(
                     f"env {env_name(self.env)}: step returned {name} of shape {shape}, expected ({n},)"
                 )
         if not np.isfinite(reward).all():
-            raise ValueError(
-                f"env {env_name(self.env)}: step returned non-finite rewards {np.asarray(reward)}"
-            )
+            raise BadInput(f"env {env_name(self.env)}: step returned non-finite rewards {np.asarray(reward)}")
 
     def _to_env(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions ``[N, K, D]`` -> the env's batched action (chunk, vector or integer)."""

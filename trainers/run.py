@@ -37,6 +37,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from trainers import checkpoint as ckpt
 from trainers import parallel, run_folder
@@ -81,7 +82,7 @@ class Run:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
         cfg = run_config
         if cfg.loop != "sync" and algo != "sac":
-            raise ValueError(
+            raise BadInput(
                 f"loop {cfg.loop!r} (an actor process stepping the envs while the learner updates) is "
                 f"built for --algo sac; --algo {algo} runs with loop 'sync'"
             )
@@ -162,6 +163,7 @@ class Run:
             resume=cfg.resume,
             resumed=self._resumed,
         )
+        self.context.env_spaces = (env.single_observation_space, env.single_action_space)
         policy = policy.to(self.device)
         policy.seed(cfg.seed)  # several ranks: reseeded per rank in restore
         return policy

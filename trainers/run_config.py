@@ -11,8 +11,9 @@ from typing import Any, Literal
 import gymnasium as gym
 import torch
 
+from nets.errors import BadInput
 from trainers import parallel
-from trainers.env_factory import AUTORESET, make_vec_env
+from trainers.env_factory import AUTORESET, check_env_kwargs, make_vec_env
 
 
 @dataclass
@@ -110,37 +111,39 @@ class RunConfig:
     """fsdp: recompute activations in backward"""
 
     def __post_init__(self) -> None:
+        check_env_kwargs(self.env, self.env_kwargs)
+        check_env_kwargs(self.eval_env or self.env, self.eval_env_kwargs, "eval_env_kwargs")
         for name in ("num_envs", "total_steps", "eval_episodes"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInput(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_iterations", "seed", "torch_threads", "eval_num_envs", "checkpoint_every"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise BadInput(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.max_minutes < float("inf"):
-            raise ValueError(f"max_minutes must be a finite number >= 0 (0: none), got {self.max_minutes}")
+            raise BadInput(f"max_minutes must be a finite number >= 0 (0: none), got {self.max_minutes}")
         if self.keep_checkpoints < 0 or self.video_fps < 1 or self.eval_every < -1:
-            raise ValueError(
+            raise BadInput(
                 "need keep_checkpoints >= 0, video_fps >= 1 and eval_every >= -1, got "
                 f"{self.keep_checkpoints}, {self.video_fps} and {self.eval_every}"
             )
         if not 0 <= self.seed < 2**32:  # numpy's and gymnasium's seeds, and seed + offsets in torch's int64
-            raise ValueError(f"seed must be in [0, 2**32 - 1], got {self.seed}")
+            raise BadInput(f"seed must be in [0, 2**32 - 1], got {self.seed}")
         check_device(self.device)
         if self.loop not in ("sync", "async"):
-            raise ValueError(f"loop must be 'sync' or 'async', got {self.loop!r}")
+            raise BadInput(f"loop must be 'sync' or 'async', got {self.loop!r}")
         if self.autoreset_mode not in ("auto", *AUTORESET):
-            raise ValueError(
+            raise BadInput(
                 f"autoreset_mode must be 'auto' or one of {list(AUTORESET)}, got {self.autoreset_mode!r}"
             )
         if self.data_parallel not in parallel.DATA_PARALLEL:
-            raise ValueError(
+            raise BadInput(
                 f"data_parallel must be one of {list(parallel.DATA_PARALLEL)}, got {self.data_parallel!r}"
             )
         parallel.param_dtype(self.fsdp_param_dtype)  # a ValueError naming the choices
         if self.data_parallel != "fsdp" and (self.fsdp_param_dtype or self.activation_checkpointing):
-            raise ValueError("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
+            raise BadInput("fsdp_param_dtype and activation_checkpointing need data_parallel='fsdp'")
         if self.resume and self.overwrite:
-            raise ValueError("resume continues the run in its folder, overwrite clears the folder: give one")
+            raise BadInput("resume continues the run in its folder, overwrite clears the folder: give one")
 
     def make_env(
         self,
@@ -177,14 +180,14 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ValueError(f"device {device!r} is not a device name: expected cpu, cuda or cuda:N") from None
+        raise BadInput(f"device {device!r} is not a device name: expected cpu, cuda or cuda:N") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: training runs on cpu, cuda or cuda:N")
+        raise BadInput(f"device {device!r}: training runs on cpu, cuda or cuda:N")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available on this machine (use cpu)")
+            raise BadInput(f"device {device!r}: CUDA is not available on this machine (use cpu)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise BadInput(
                 f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                 f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
             )

@@ -38,6 +38,7 @@ class RunContext:
     stop: bool = False  # a callback returned False: the loop ends after this iteration
     final_checkpoint: Path | None = None  # written by Checkpointing at the end
     clock: float = field(default_factory=time.perf_counter)  # elapsed time counts from here
+    env_spaces: tuple[Any, Any] | None = None  # the policy's single-env spaces (Run.make_policy)
 
     @property
     def rank(self) -> int:

@@ -29,6 +29,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput
 from trainers import checkpoint as ckpt
 from trainers import parallel
 from trainers.files import TEMP_SUFFIX, fsync_dir, link_error
@@ -80,9 +81,9 @@ def resumable(source: str | Path, algo: str, env: str) -> tuple[Path, Path, dict
         raise FileNotFoundError(f"--resume {source}: no such run folder or checkpoint (nothing is created)")
     path, data = ckpt.latest_checkpoint(source)  # the file is read safely before anything else
     if "optimizer" not in data:
-        raise ValueError(f"{path} holds a policy only (exported): start from it with --init-policy")
+        raise BadInput(f"{path} holds a policy only (exported): start from it with --init-policy")
     if data.get("algo") != algo:
-        raise ValueError(
+        raise BadInput(
             f"{path} is a {data.get('algo')} checkpoint, not {algo}: resume it with --algo "
             f"{data.get('algo')}, or start a new {algo} run from its policy with --init-policy {path}"
         )
@@ -90,7 +91,7 @@ def resumable(source: str | Path, algo: str, env: str) -> tuple[Path, Path, dict
     run = config.get("run") if isinstance(config, dict) else None
     saved = run.get("env") if isinstance(run, dict) else None
     if isinstance(saved, str) and env_id(saved) != env_id(env):
-        raise ValueError(
+        raise BadInput(
             f"--resume {source}: the run trains on {saved!r}, not {env!r}; a resumed run keeps its env "
             f"(start a new run from its policy with --init-policy {path})"
         )
@@ -98,20 +99,20 @@ def resumable(source: str | Path, algo: str, env: str) -> tuple[Path, Path, dict
     if source.is_file():
         folder = source.parent.parent
         if source.parent.name != "checkpoints" or not os.path.lexists(folder / CONFIG_FILE):
-            raise ValueError(
+            raise BadInput(
                 f"--resume {source}: a checkpoint file resumes the run folder it belongs to "
                 f"(RUN/checkpoints/iter_*.pt beside RUN/{CONFIG_FILE}) and this one is in none; start a "
                 f"new run from its policy with --init-policy {source}"
             )
         newer = [p.name for p in ckpt.checkpoint_paths(folder) if p.name > source.name]
         if newer:
-            raise ValueError(
+            raise BadInput(
                 f"--resume {source}: {folder} has newer checkpoints ({', '.join(newer)}); resuming an "
                 f"older one would mix two histories in one folder: resume the folder ({folder}), or "
                 "copy it and remove the newer checkpoints from the copy"
             )
     elif not os.path.lexists(folder / CONFIG_FILE):
-        raise ValueError(f"--resume {source}: not a run folder (it has no {CONFIG_FILE})")
+        raise BadInput(f"--resume {source}: not a run folder (it has no {CONFIG_FILE})")
     check_links(folder)
     for name in LOG_FILES:
         if (folder / name).exists():
@@ -174,13 +175,13 @@ def _old_entries(folder: Path, overwrite: bool) -> list[Path]:
     foreign = [p.name for p in entries if not is_run_entry(p.name)]
     if not overwrite:
         if foreign:
-            raise ValueError(f"--run-dir {folder} is not empty ({names}): choose a new or empty folder")
-        raise ValueError(
+            raise BadInput(f"--run-dir {folder} is not empty ({names}): choose a new or empty folder")
+        raise BadInput(
             f"--run-dir {folder} already holds a run ({names}): continue it with --resume {folder}, "
             "start over with --overwrite (its files are removed first), or choose another --run-dir"
         )
     if foreign:
-        raise ValueError(
+        raise BadInput(
             f"--overwrite removes a run's own files only, and {folder} also holds {foreign[:6]}: "
             "move them, or choose another --run-dir"
         )
@@ -188,7 +189,7 @@ def _old_entries(folder: Path, overwrite: bool) -> list[Path]:
         if entry.is_dir() and not entry.is_symlink():
             for parent, _, files in os.walk(entry):  # links are not followed
                 if LOCK_FILE in files:
-                    raise ValueError(
+                    raise BadInput(
                         f"--overwrite removes a run's own files only, and {parent} holds another run: "
                         "move it, or choose another --run-dir"
                     )
@@ -202,7 +203,7 @@ def claim(folder: str | Path, *, resume: bool, overwrite: bool) -> FolderLock:
     folder = Path(folder)
     if not resume:
         if folder.exists() and not folder.is_dir():
-            raise ValueError(f"--run-dir {folder} is not a folder")
+            raise BadInput(f"--run-dir {folder} is not a folder")
         if folder.is_dir():
             _old_entries(folder, overwrite)  # refused before anything is created in it
         folder.mkdir(parents=True, exist_ok=True)

@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.files import regular_file
 
 MAX_EXPANSION = 1100  # deflate's ceiling is 1032:1
 UNCOMPRESSING_FILTERS = (2, 3)  # H5Z_FILTER_SHUFFLE, H5Z_FILTER_FLETCHER32: same size out as in
 
 
-class UnsafeHDF5Error(ValueError):
+class UnsafeHDF5Error(BadInput):
     """An HDF5 file that reaches outside itself or declares more data than it holds (not read)."""
 
 
@@ -199,7 +200,7 @@ class SafeHDF5:
         more bytes than the file has (see the module docstring)."""
         h5py = _h5py()
         if not isinstance(ds, h5py.Dataset):
-            raise ValueError(f"{self.path}: {ds.name} is a {type(ds).__name__}, not a dataset")
+            raise BadInput(f"{self.path}: {ds.name} is a {type(ds).__name__}, not a dataset")
         need = self._needed(ds, ds.name)
         if self._read + need > self.size:
             raise self._refuse(

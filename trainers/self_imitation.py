@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from nets.errors import BadInput
 from trainers import parallel
 from trainers.losses import masked_mean
 from trainers.rollout import Rollout
@@ -50,7 +51,7 @@ class SuccessBuffer:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"self-imitation buffer capacity must be >= 1, got {capacity}")
+            raise BadInput(f"self-imitation buffer capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.replay: dict[str, torch.Tensor] = {}
         self.valid = torch.zeros(0, 0, dtype=torch.bool)
@@ -122,7 +123,7 @@ class SuccessBuffer:
                     stacklevel=2,
                 )
         if self.weights.shape[0] != self.valid.shape[0]:
-            raise ValueError(
+            raise BadInput(
                 f"self-imitation buffer state has {self.weights.shape[0]} weights for "
                 f"{self.valid.shape[0]} rows"
             )

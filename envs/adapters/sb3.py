@@ -31,6 +31,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from envs.adapters.text import TEXT_MODES, TextObservations, text_keys
+from nets.errors import BadInput
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv
@@ -54,12 +55,12 @@ class SB3VecEnv(VecEnv):
     ):
         mode = getattr(venv, "autoreset_mode", None) or venv.metadata.get("autoreset_mode")
         if mode not in (AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
-            raise ValueError(
+            raise BadInput(
                 f"SB3VecEnv: expected a vector env with autoreset_mode SAME_STEP or DISABLED, got {mode}; "
                 "make it with autoreset_mode='SameStep' (ours) or vector_kwargs={'autoreset_mode': ...}"
             )
         if instruction not in TEXT_MODES:
-            raise ValueError(f"SB3VecEnv: instruction must be one of {TEXT_MODES}, got {instruction!r}")
+            raise BadInput(f"SB3VecEnv: instruction must be one of {TEXT_MODES}, got {instruction!r}")
         self.venv, self.mode = venv, AutoresetMode(mode)
         # steps and resets go through the text conversion; attributes are read from ``venv``
         self._env = (
@@ -91,13 +92,13 @@ class SB3VecEnv(VecEnv):
         frames = [opts.get("initial_frame") for opts in self._options]
         rest = [{k: v for k, v in opts.items() if k != "initial_frame"} for opts in self._options]
         if any(r != rest[0] for r in rest):
-            raise ValueError(
+            raise BadInput(
                 "SB3VecEnv: reset options other than 'initial_frame' must be the same for every env"
             )
         merged = dict(rest[0])
         if any(f is not None for f in frames):
             if any(f is None for f in frames):
-                raise ValueError("SB3VecEnv: give 'initial_frame' for every env or for none")
+                raise BadInput("SB3VecEnv: give 'initial_frame' for every env or for none")
             merged["initial_frames"] = frames
         return merged
 
@@ -105,7 +106,7 @@ class SB3VecEnv(VecEnv):
         actions = np.asarray(actions)
         expected = (self.num_envs, *self.action_space.shape)
         if self.action_space.shape is not None and actions.shape != expected:
-            raise ValueError(
+            raise BadInput(
                 f"SB3VecEnv: bad actions: expected shape {expected} (num_envs, *action_space.shape), "
                 f"received shape {actions.shape}"
             )

@@ -20,6 +20,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import batch_space
 
+from nets.errors import BadInput
+
 TEXT_MODES = ("drop", "encode")
 
 
@@ -41,9 +43,9 @@ def encode_text(text: str, length: int) -> np.ndarray:
 def without_text(space: spaces.Dict, mode: str, length: int) -> spaces.Dict:
     """``space`` with its ``Text`` keys dropped or turned into ``Box(0, 255, (length,), uint8)``."""
     if mode not in TEXT_MODES:
-        raise ValueError(f"text mode must be one of {TEXT_MODES}, got {mode!r}")
+        raise BadInput(f"text mode must be one of {TEXT_MODES}, got {mode!r}")
     if not isinstance(length, int) or length < 1:
-        raise ValueError(f"text length must be a positive int, got {length!r}")
+        raise BadInput(f"text length must be a positive int, got {length!r}")
     keys = text_keys(space)
     parts = {k: s for k, s in space.spaces.items() if k not in keys}
     if mode == "encode":
@@ -63,7 +65,7 @@ class TextObservation(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env, mode: str = "drop", length: int = 128):
         if not isinstance(env.observation_space, spaces.Dict):
-            raise ValueError(f"TextObservation needs a Dict observation space, got {env.observation_space}")
+            raise BadInput(f"TextObservation needs a Dict observation space, got {env.observation_space}")
         super().__init__(env)
         self.mode, self.length = mode, length
         self.keys = text_keys(env.observation_space)

@@ -25,6 +25,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.adapters.text import TEXT_MODES, TextObservations, text_keys
+from nets.errors import BadInput
 
 try:
     from torchrl.envs import GymWrapper
@@ -48,14 +49,14 @@ def make_torchrl_env(
     """
     mode = getattr(venv, "autoreset_mode", None) or venv.metadata.get("autoreset_mode")
     if mode != AutoresetMode.DISABLED:
-        raise ValueError(
+        raise BadInput(
             f"make_torchrl_env: expected a vector env with autoreset_mode DISABLED, got {mode}; "
             "TorchRL 0.14 returns the reset observation in place of the last one in SAME_STEP mode. "
             "Make it with autoreset_mode='Disabled' (ours) or vector_kwargs={'autoreset_mode': "
             "gym.vector.AutoresetMode.DISABLED}"
         )
     if instruction not in TEXT_MODES:
-        raise ValueError(f"make_torchrl_env: instruction must be one of {TEXT_MODES}, got {instruction!r}")
+        raise BadInput(f"make_torchrl_env: instruction must be one of {TEXT_MODES}, got {instruction!r}")
     if text_keys(venv.single_observation_space):
         venv = TextObservations(venv, instruction, instruction_length)
     elif getattr(venv, "autoreset_mode", None) is None:

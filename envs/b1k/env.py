@@ -29,6 +29,7 @@ from envs.b1k.qscore import q_score
 from envs.b1k.tasks import CHALLENGE_TASKS
 from envs.core import ChunkedVectorEnv, ChunkResult, InitialFrame
 from envs.core.spaces import observation_space
+from nets.errors import BadInput
 
 
 def b1k_observation_space(
@@ -38,9 +39,9 @@ def b1k_observation_space(
     is ``chunk_action_space(ACTION_LOW, ACTION_HIGH, chunk_size)``."""
     cameras = tuple(cameras)
     if not cameras or not set(cameras) <= set(CAMERAS) or cameras[0] != "image":
-        raise ValueError(f"cameras must start with 'image' and be among {tuple(CAMERAS)}, got {cameras}")
+        raise BadInput(f"cameras must start with 'image' and be among {tuple(CAMERAS)}, got {cameras}")
     if not isinstance(image_size, int | np.integer) or image_size < 1:
-        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
+        raise BadInput(f"image_size must be a positive int, got {image_size!r}")
     obs_space = observation_space(
         image_size=(int(image_size), int(image_size)),
         wrist=False,
@@ -108,16 +109,16 @@ class B1KVectorEnv(ChunkedVectorEnv):
     ) -> None:
         env_id = env_id or "B1K-v0"
         if task not in CHALLENGE_TASKS:
-            raise ValueError(
+            raise BadInput(
                 f"{env_id}: task must be one of the 50 challenge tasks {CHALLENGE_TASKS}, got {task!r}"
             )
         cameras = tuple(cameras)
         if not cameras or not set(cameras) <= set(CAMERAS) or cameras[0] != "image":
-            raise ValueError(
+            raise BadInput(
                 f"{env_id}: cameras must start with 'image' and be among {tuple(CAMERAS)}, got {cameras}"
             )
         if not isinstance(image_size, int | np.integer) or image_size < 1:
-            raise ValueError(f"{env_id}: image_size must be a positive int, got {image_size!r}")
+            raise BadInput(f"{env_id}: image_size must be a positive int, got {image_size!r}")
         if backend is None:
             from envs.b1k.omnigibson_backend import OmniGibsonBackend
 
@@ -126,7 +127,7 @@ class B1KVectorEnv(ChunkedVectorEnv):
         chosen = list(available) if instances is None else [int(i) for i in instances]
         unknown = sorted(set(chosen) - set(available))
         if not chosen or unknown:
-            raise ValueError(
+            raise BadInput(
                 f"{env_id}: instances must be a non-empty subset of {task}'s {available}, got {chosen}"
             )
         obs_space = b1k_observation_space(image_size, cameras, include_instruction)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
+
 ACTION_DIM = 23
 ACTION_PARTS = {  # name -> slice of the 23-D action
     "base": slice(0, 3),
@@ -56,7 +58,7 @@ def robot_state(proprio: np.ndarray) -> np.ndarray:
     opening as the sum of its two finger positions. ``proprio`` ``[..., 256]``."""
     p = np.asarray(proprio, np.float32)
     if p.shape[-1] != PROPRIO_SIZE:
-        raise ValueError(f"expected R1Pro proprio of size {PROPRIO_SIZE}, got shape {p.shape}")
+        raise BadInput(f"expected R1Pro proprio of size {PROPRIO_SIZE}, got shape {p.shape}")
     s = PROPRIO_SLICES
     joints = [p[..., s[name]] for name in ("base_qvel", "trunk_qpos", "arm_left_qpos", "arm_right_qpos")]
     grippers = [
@@ -69,9 +71,9 @@ def rgb(image) -> np.ndarray:
     """An OmniGibson camera image (torch or numpy, RGBA or RGB, ``(H, W, C)``) as uint8 RGB numpy."""
     arr = image.detach().cpu().numpy() if hasattr(image, "detach") else np.asarray(image)
     if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-        raise ValueError(f"expected a camera image (H, W, 3 or 4), got shape {arr.shape}")
+        raise BadInput(f"expected a camera image (H, W, 3 or 4), got shape {arr.shape}")
     if arr.dtype != np.uint8:
-        raise ValueError(f"expected a uint8 camera image, got {arr.dtype}")
+        raise BadInput(f"expected a uint8 camera image, got {arr.dtype}")
     return np.ascontiguousarray(arr[..., :3])
 
 

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nets.errors import BadInput
+
 
 def q_score(initial: Sequence[Sequence[bool]], final: Sequence[Sequence[bool]], success: bool) -> float:
     """Partial success in [0, 1] (see the module docstring)."""
     if len(initial) != len(final):
-        raise ValueError(f"q_score: {len(initial)} initial groundings but {len(final)} final ones")
+        raise BadInput(f"q_score: {len(initial)} initial groundings but {len(final)} final ones")
     if success:
         return 1.0
     best = 0.0
     for g, (start, end) in enumerate(zip(initial, final)):
         if len(start) != len(end):
-            raise ValueError(
-                f"q_score: grounding {g} has {len(start)} initial and {len(end)} final predicates"
-            )
+            raise BadInput(f"q_score: grounding {g} has {len(start)} initial and {len(end)} final predicates")
         if start:
             gained = sum(1 for was, now in zip(start, end) if not was and now)
             best = max(best, gained / len(start))

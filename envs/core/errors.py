@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 
-def bad_input(env_id: str, what: str, expected: Any, received: Any) -> ValueError:
+
+def bad_input(env_id: str, what: str, expected: Any, received: Any) -> BadInput:
     """A ``ValueError`` that names the env id, the expected value and the received one."""
-    return ValueError(f"{env_id}: bad {what}: expected {expected}, received {received}")
+    return BadInput(f"{env_id}: bad {what}: expected {expected}, received {received}")
 
 
 class ClosedEnvError(RuntimeError):
@@ -37,13 +39,22 @@ def _is_int(value: Any) -> bool:
 
 
 def check_int(
-    env_id: str, name: str, value: Any, *, low: int | None = None, none_ok: bool = False
+    env_id: str,
+    name: str,
+    value: Any,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    none_ok: bool = False,
 ) -> int | None:
-    """``value`` as an int (at least ``low``; None passes when ``none_ok``), else a named ValueError."""
+    """``value`` as an int (in [``low``, ``high``]; None passes when ``none_ok``), else a named BadInput."""
     if value is None and none_ok:
         return None
-    if not _is_int(value) or (low is not None and value < low):
-        expected = "an int" + (f" >= {low}" if low is not None else "") + (" or None" if none_ok else "")
+    if not _is_int(value) or (low is not None and value < low) or (high is not None and value > high):
+        expected = (
+            "an int" + (f" >= {low}" if low is not None else "") + (f" <= {high}" if high is not None else "")
+        )
+        expected += " or None" if none_ok else ""
         raise bad_input(env_id, name, expected, describe(value))
     return int(value)
 

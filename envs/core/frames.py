@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from envs.core.errors import describe
+from nets.errors import BadInput, reading
 from nets.files import atomic_folder
 
 ACTION_DIM = 7  # LIBERO's action size; only stored so RLinf's loader can read ``action_dim``
@@ -51,7 +52,7 @@ class InitialFrame:
 
     def __post_init__(self) -> None:
         if not isinstance(self.instruction, str) or not self.instruction:
-            raise ValueError(f"InitialFrame: instruction must be a non-empty str, got {self.instruction!r}")
+            raise BadInput(f"InitialFrame: instruction must be a non-empty str, got {self.instruction!r}")
         for name in ("image", "wrist_image"):
             img = getattr(self, name)
             if img is None:
@@ -59,7 +60,7 @@ class InitialFrame:
             img = np.asarray(img)
             why = _image_problem(name, img)
             if why:
-                raise ValueError(f"InitialFrame: {why}")
+                raise BadInput(f"InitialFrame: {why}")
             setattr(self, name, img)
         if self.sim_state is not None:
             self.sim_state = np.asarray(self.sim_state, dtype=np.float64)
@@ -123,7 +124,7 @@ def save_initial_frames(frames: Sequence[InitialFrame], directory: str | os.Path
     with atomic_folder(target) as staging:  # nets.files: fsynced, swapped in whole
         for i, frame in enumerate(frames):
             if frame.image is None:
-                raise ValueError(f"save_initial_frames: frame {i} has no image (RLinf's loader needs one)")
+                raise BadInput(f"save_initial_frames: frame {i} has no image (RLinf's loader needs one)")
             item: dict[str, Any] = {
                 "image": frame.image,
                 "instruction": frame.instruction,
@@ -156,7 +157,34 @@ def load_initial_frames(directory: str | os.PathLike, *, trust_pickle: bool = Fa
     files = sorted(folder.glob("*.npy"))
     if not files:
         raise FileNotFoundError(f"load_initial_frames: no *.npy files in {folder}")
-    return [_frame_from_record(load_npy(f, trust_pickle=trust_pickle), f) for f in files]
+    frames = []
+    for f in files:
+        with reading(f):  # what numpy raises on a malformed file, named as this file's
+            frames.append(_frame_from_record(load_npy(f, trust_pickle=trust_pickle), f))
+    for key in ("image", "wrist_image"):  # one set, one camera size: not a shape error mid-episode
+        shapes = {
+            f: getattr(frame, key).shape
+            for f, frame in zip(files, frames, strict=True)
+            if getattr(frame, key) is not None
+        }
+        if len(set(shapes.values())) > 1:
+            first = next(iter(shapes.values()))
+            odd = next(f for f, shape in shapes.items() if shape != first)
+            raise BadInput(
+                f"{odd}: {key} of shape {shapes[odd]}, but {files[0].name} and others have {first}: "
+                "the frames of one set must share their image size"
+            )
+    return frames
+
+
+def _text(value: Any, where: str) -> Any:
+    """Bytes decoded as UTF-8 (else a ``BadInput`` naming ``where``); anything else unchanged."""
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{where}: bytes that are not UTF-8 text ({e})") from None
 
 
 def _uint8_image(image: Any, where: str) -> np.ndarray | None:
@@ -165,12 +193,14 @@ def _uint8_image(image: Any, where: str) -> np.ndarray | None:
     if image is None:
         return None
     array = np.asarray(image)
+    if array.ndim != 3 or array.shape[-1] != 3:
+        raise BadInput(f"{where}: expected an H x W x 3 image, got shape {array.shape}")
     if array.dtype == np.uint8:
         return np.ascontiguousarray(array)
     if np.issubdtype(array.dtype, np.integer) and array.size and 0 <= array.min() and array.max() <= 255:
         return np.ascontiguousarray(array, dtype=np.uint8)
     low, high = (array.min(), array.max()) if array.size and array.dtype.kind in "iuf" else (None, None)
-    raise ValueError(
+    raise BadInput(
         f"{where}: the image must be uint8 (or integers in [0, 255]); got {array.dtype} "
         f"with values in [{low}, {high}]"
     )
@@ -178,20 +208,18 @@ def _uint8_image(image: Any, where: str) -> np.ndarray | None:
 
 def _frame_from_record(record: Any, path: Path) -> InitialFrame:
     if len(record) == 0 or not isinstance(record[0], dict):
-        raise ValueError(f"{path}: expected a sequence of per-frame dicts, got {type(record)}")
+        raise BadInput(f"{path}: expected a sequence of per-frame dicts, got {type(record)}")
     item = record[0]
-    text = item.get("instruction", item.get("task"))
-    if isinstance(text, bytes):
-        text = text.decode()
+    text = _text(item.get("instruction", item.get("task")), f"{path}: instruction")
     if not isinstance(text, str):
-        raise ValueError(f"{path}: frame 0 has neither an 'instruction' nor a 'task' string")
+        raise BadInput(f"{path}: frame 0 has neither an 'instruction' nor a 'task' string")
     image = item.get("image")
     if image is None:  # RLinf's rule: the first 3-D array stands in for a missing "image"
         image = next((v for v in item.values() if isinstance(v, np.ndarray) and v.ndim == 3), None)
     task = item.get("task", "")
     return InitialFrame(
         instruction=text,
-        task=task.decode() if isinstance(task, bytes) else str(task),
+        task=str(_text(task, f"{path}: task")),
         image=_uint8_image(image, f"{path}: image"),
         wrist_image=_uint8_image(item.get("wrist_image"), f"{path}: wrist_image"),
         sim_state=item.get("sim_state"),

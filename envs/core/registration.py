@@ -18,6 +18,7 @@ from gymnasium.vector import AutoresetMode
 from envs.core.errors import bad_input, describe
 from envs.core.single import SingleEnvView
 from envs.core.vector_env import ChunkedVectorEnv
+from nets.errors import BadInput
 
 RAY_KWARGS = (
     "ray_options",
@@ -65,7 +66,7 @@ def make_vector(
     if ray_actors is None:
         if ray_kwargs:
             given = ["ray_options" if k == "actor_options" else f"ray_{k}" for k in ray_kwargs]
-            raise ValueError(
+            raise BadInput(
                 f"{kwargs.get('env_id', vector_class)}: {given} need ray_actors=<number of actors>"
             )
         check_keywords(kwargs.get("env_id", vector_class), creator, kwargs)
@@ -95,7 +96,7 @@ def check_keywords(env_id: str, creator: Any, kwargs: dict[str, Any]) -> None:
         raise unknown_keywords(env_id, {name: kwargs[name] for name in unknown}, accepted)
 
 
-def unknown_keywords(env_id: str, unknown: dict[str, Any], accepted: set[str]) -> ValueError:
+def unknown_keywords(env_id: str, unknown: dict[str, Any], accepted: set[str]) -> BadInput:
     """The ``ValueError`` for keywords an env does not take: each with its value, every accepted
     keyword, and the closest accepted ones."""
     what = ("argument " if len(unknown) == 1 else "arguments ") + ", ".join(map(repr, unknown))
@@ -108,7 +109,7 @@ def unknown_keywords(env_id: str, unknown: dict[str, Any], accepted: set[str]) -
 def make_single(vector_class: str, **kwargs: Any) -> SingleEnvView:
     """Build the one-env view of a registered chunked vector env."""
     if kwargs.pop("autoreset_mode", AutoresetMode.DISABLED) != AutoresetMode.DISABLED:
-        raise ValueError("the one-env view (gym.make) has no autoreset; use gym.make_vec for autoreset modes")
+        raise BadInput("the one-env view (gym.make) has no autoreset; use gym.make_vec for autoreset modes")
     return SingleEnvView(
         make_vector(vector_class, num_envs=1, autoreset_mode=AutoresetMode.DISABLED, **kwargs)
     )

@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode
 
 from envs.core.errors import bad_input
 from envs.core.vector_env import ChunkedVectorEnv
+from nets.errors import BadInput
 
 
 class SingleEnvView(gym.Env):
@@ -22,7 +23,7 @@ class SingleEnvView(gym.Env):
 
     def __init__(self, vector_env: ChunkedVectorEnv) -> None:
         if vector_env.num_envs != 1 or vector_env.autoreset_mode != AutoresetMode.DISABLED:
-            raise ValueError("SingleEnvView needs a vector env with num_envs=1 and autoreset_mode DISABLED")
+            raise BadInput("SingleEnvView needs a vector env with num_envs=1 and autoreset_mode DISABLED")
         self.vector_env = vector_env
         self.observation_space = vector_env.single_observation_space
         self.action_space = vector_env.single_action_space

@@ -7,6 +7,8 @@ import string
 import numpy as np
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 # Printable ASCII: what LIBERO and BEHAVIOR instructions use, and what Text spaces can sample.
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + string.punctuation + " "
 MAX_INSTRUCTION_LENGTH = 512
@@ -22,7 +24,7 @@ class FieldBox(spaces.Box):
     def __init__(self, low: float, high: float, fields: tuple[tuple[str, int], ...], dtype=np.float32):
         self.fields = tuple((str(name), int(size)) for name, size in fields)
         if not self.fields or any(size < 1 for _, size in self.fields):
-            raise ValueError(f"FieldBox: fields must be (name, size >= 1) pairs, got {fields!r}")
+            raise BadInput(f"FieldBox: fields must be (name, size >= 1) pairs, got {fields!r}")
         super().__init__(low, high, (sum(size for _, size in self.fields),), dtype)
 
     def __repr__(self) -> str:
@@ -61,7 +63,7 @@ def observation_space(
     if proprio_dim and proprio_fields:
         parts["proprio"] = FieldBox(-proprio_bound, proprio_bound, proprio_fields)
         if parts["proprio"].shape != (proprio_dim,):
-            raise ValueError(f"proprio_fields {proprio_fields} do not add up to proprio_dim {proprio_dim}")
+            raise BadInput(f"proprio_fields {proprio_fields} do not add up to proprio_dim {proprio_dim}")
     elif proprio_dim:
         parts["proprio"] = spaces.Box(-proprio_bound, proprio_bound, (proprio_dim,), np.float32)
     if instruction:
@@ -75,7 +77,7 @@ def chunk_action_space(low: np.ndarray, high: np.ndarray, chunk_size: int | None
     if chunk_size is None:
         return spaces.Box(low, high, low.shape, np.float32)
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size}")
+        raise BadInput(f"chunk_size must be a positive int or None, got {chunk_size}")
     return spaces.Box(
         np.broadcast_to(low, (chunk_size, *low.shape)).copy(),
         np.broadcast_to(high, (chunk_size, *high.shape)).copy(),

@@ -29,6 +29,7 @@ from gymnasium.vector import AutoresetMode
 from envs.core.errors import bad_input, check_int, closed_env, describe
 from envs.core.frames import InitialFrame, frame_problem
 from envs.core.spaces import chunk_action_space
+from nets.errors import BadInput
 
 RESET_OPTIONS = ("initial_frames", "reset_mask")
 
@@ -421,9 +422,9 @@ class ChunkedVectorEnv(gym.vector.VectorEnv):
             raise bad_input(self.env_id, "state", "an episode state (a dict)", type(state).__name__)
         missing = [name for name in (*self._EPISODE_FIELDS, "np_random") if name not in state]
         if missing:
-            raise ValueError(f"{self.env_id}: bad state: missing entries {missing}")
+            raise BadInput(f"{self.env_id}: bad state: missing entries {missing}")
 
-        def bad(name: str, expected: str, received: Any) -> ValueError:
+        def bad(name: str, expected: str, received: Any) -> BadInput:
             return bad_input(self.env_id, f"state['episode']['{name}']", expected, received)
 
         want = {k: (v.shape, v.dtype) for k, v in self._obs.items()}

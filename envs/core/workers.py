@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.processes import without_main_module
 
 
@@ -92,7 +93,7 @@ class WorkerPool:
         name: str = "sim",
     ) -> None:
         if envs_per_worker < 1:
-            raise ValueError(f"envs_per_worker must be >= 1, got {envs_per_worker}")
+            raise BadInput(f"envs_per_worker must be >= 1, got {envs_per_worker}")
         self.factory = factory
         self.num_envs = num_envs
         self.envs_per_worker = envs_per_worker

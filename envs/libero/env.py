@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from envs.libero.fresh import MAX_FRESH_ID, fresh_init_states
 from envs.libero.suites import _BASE_SUITES, SUITES, LiberoTask, load_init_states, suite_tasks
 from envs.libero.task_state import TASK_STATE_FIELDS
 from nets.budget import check_memory
+from nets.errors import BadInput
 
 ACTION_DIM = 7  # delta eef position (3), delta rotation (3), gripper (-1 open, +1 close)
 # the proprio observation, published as the named fields of its FieldBox
@@ -29,6 +31,33 @@ CAMERAS = ("agentview", "wrist")
 ENV_BYTES = 300 * 2**20
 # largest |value| of a MuJoCo state entry (time, qpos, qvel) a frame may hold; LIBERO's init states: < 3
 SIM_STATE_BOUND = 1e3
+
+
+def _perturbation_options(
+    env_id: str, camera_view: Sequence[int] | None, robot_pose: int | None, sensor_noise: int | None
+) -> dict[str, object]:
+    """The LIBERO-Plus options given, checked: a ``BadInput`` naming the option and its range."""
+    out: dict[str, object] = {}
+    if camera_view is not None:
+        view = list(camera_view) if isinstance(camera_view, list | tuple) else None
+        ok = (
+            view is not None
+            and len(view) == 5
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in view)
+        )
+        if not ok or not (0 <= view[0] < 360 and 0 <= view[1] < 360 and 1 <= view[2] <= 1000):
+            raise BadInput(
+                f"{env_id}: camera_view must be 5 ints (H, V, S, R, E): H and V degrees in [0, 360), S the "
+                f"distance in % in [1, 1000], R and E degrees; got {camera_view!r}"
+            )
+        out["camera"] = tuple(view)
+    if robot_pose is not None:
+        check_int(env_id, "robot_pose", robot_pose, low=1, high=500)
+        out["robot"] = int(robot_pose)
+    if sensor_noise is not None:
+        check_int(env_id, "sensor_noise", sensor_noise, low=1, high=50)
+        out["noise"] = int(sensor_noise)
+    return out
 
 
 def task_key(task: LiberoTask) -> str:
@@ -47,6 +76,13 @@ def find_task(key: str) -> LiberoTask | None:
     if task is not None or "/" not in key:
         return task
     folder = key.split("/", 1)[0]
+    if "_plus_" in folder:  # LIBERO-Plus: libero_spatial_plus_camera/<variant>
+        benchmark, _, category = folder.partition("_plus_")
+        suite = next((k for k, v in _BASE_SUITES.items() if v == benchmark), None)
+        try:
+            return None if suite is None else _plus_index(suite, category).get(key)
+        except ValueError:
+            return None
     from envs.libero.pro import PRO_SUITES
 
     for suite in PRO_SUITES:
@@ -57,6 +93,13 @@ def find_task(key: str) -> LiberoTask | None:
             except ValueError:
                 return None
     return None
+
+
+@functools.cache
+def _plus_index(suite: str, category: str) -> dict[str, LiberoTask]:
+    from envs.libero.plus import plus_tasks
+
+    return {task_key(t): t for t in plus_tasks(suite, category)}
 
 
 @functools.cache
@@ -79,16 +122,16 @@ class LiberoInitialFrames(Sequence[InitialFrame]):
         if init_states is not None and not all(
             isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in init_states
         ):
-            raise ValueError(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
+            raise BadInput(f"init_states must be a non-empty list of ints, got {list(init_states)!r:.200}")
         self.init_states = None if init_states is None else [int(i) for i in init_states]
         if self.init_states is not None:
             if not self.init_states or not all(0 <= i <= MAX_FRESH_ID for i in self.init_states):
                 expected = (
                     f"a non-empty list of ints in [0, {MAX_FRESH_ID}] (past a task's official ones: fresh)"
                 )
-                raise ValueError(f"init_states must be {expected}, got {init_states}")
+                raise BadInput(f"init_states must be {expected}, got {init_states}")
             if len(set(self.init_states)) != len(self.init_states):
-                raise ValueError(f"init_states must not repeat an index, got {init_states}")
+                raise BadInput(f"init_states must not repeat an index, got {init_states}")
         self._fresh: dict[int, dict[int, np.ndarray]] = {}
         per_task = None if self.init_states is None else len(self.init_states)
         counts = [per_task or t.num_init_states for t in self.tasks]
@@ -201,9 +244,19 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     Args:
         suite: "spatial", "object", "goal", "10", "90" or "130" (all of them).
-        category: a LIBERO-Pro perturbation category of the suite (``envs/libero/pro.py``: "lan",
-            "task", "with_milk", ...; ids ``LiberoPro-<Suite>-<Category>-v0``), its tasks, instructions
-            and init states instead of LIBERO's; ``info["category"]`` names it at every step.
+        category: a perturbation category of the suite, its tasks, instructions and init states
+            instead of LIBERO's; ``info["category"]`` names it at every step. LIBERO-Pro's
+            (``envs/libero/pro.py``: "lan", "task", "with_milk", ...; ids
+            ``LiberoPro-<Suite>-<Category>-v0``) or, with ``benchmark="plus"``, LIBERO-Plus's
+            (``envs/libero/plus.py``: "camera", "robot", "noise", "language", "light", "background",
+            "layout"; ids ``LiberoPlus-<Suite>-<Category>-v0``; init state 0 of each variant by default).
+        benchmark: "pro" (the default) or "plus": whose ``category``.
+        camera_view, robot_pose, sensor_noise: LIBERO-Plus's code-level perturbations as options, on
+            every task of the env (any suite or category; ``envs/libero/plus.py``): the agent-view camera
+            moved by the view parameters (H, V, S, R, E) (degrees about z, degrees of tilt, distance in %
+            of LIBERO's, degrees of aim about z and y), the arm started at LIBERO-Plus's pose 1-500, the
+            agent-view image corrupted at noise level 1-50 (``envs/libero/plus_noise.py``, seeded per
+            episode). They replace a variant's own. None: as the task says.
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
         image_size: camera size in pixels: an int (square) or (height, width). A non-square size
@@ -243,6 +296,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         num_envs: int = 1,
         *,
         category: str | None = None,
+        benchmark: str = "pro",
+        camera_view: Sequence[int] | None = None,
+        robot_pose: int | None = None,
+        sensor_noise: int | None = None,
         chunk_size: int | None = 8,
         image_size: int | tuple[int, int] = 128,
         proprio: bool = True,
@@ -272,7 +329,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         env_id = env_id or f"Libero-{suite.capitalize()}-v0"
         cameras = tuple(cameras)
         if not set(cameras) <= set(CAMERAS) or (cameras and cameras[0] != "agentview"):
-            raise ValueError(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
+            raise BadInput(f"{env_id}: cameras must be (), ('agentview',) or {CAMERAS}, got {cameras}")
         hw = check_image_size(env_id, image_size)
         check_int(env_id, "settle_steps", settle_steps, low=0)
         check_int(env_id, "scene_seed", scene_seed, low=0, none_ok=True)
@@ -283,15 +340,23 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
             if value is not None:
                 check_float(env_id, name, value, low=0.01)
+        self.perturbation = _perturbation_options(env_id, camera_view, robot_pose, sensor_noise)
+        if benchmark not in ("pro", "plus"):
+            raise BadInput(
+                f"{env_id}: benchmark must be 'pro' (LIBERO-Pro) or 'plus' (LIBERO-Plus), got {benchmark!r}"
+            )
         if category is None:
             tasks = suite_tasks(suite)
         else:
+            from envs.libero.plus import plus_tasks
             from envs.libero.pro import pro_tasks
 
             try:
-                tasks = list(pro_tasks(suite, category))
+                tasks = list((plus_tasks if benchmark == "plus" else pro_tasks)(suite, category))
             except ValueError as e:
-                raise ValueError(f"{env_id}: {e}") from None
+                raise BadInput(f"{env_id}: {e}") from None
+            if benchmark == "plus" and init_states is None:
+                init_states = [0]  # LIBERO-Plus runs each variant once, from init state 0
         all_tasks = tasks
         if task_ids is not None:
             bad = [
@@ -300,21 +365,23 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 if not isinstance(i, int | np.integer) or isinstance(i, bool) or not 0 <= i < len(tasks)
             ]
             if bad:
-                raise ValueError(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
+                raise BadInput(f"{env_id}: task_ids must be in [0, {len(tasks)}), got {bad}")
             tasks = [tasks[i] for i in task_ids]
         broken = [t for t in tasks if t.problem]
         if broken:
             usable = [i for i, t in enumerate(all_tasks) if not t.problem]
-            raise ValueError(
+            raise BadInput(
                 f"{env_id}: {len(broken)} of its tasks cannot be built: "
-                + "; ".join(f"task {t.index}: {t.problem}" for t in broken)
-                + f". Choose others with task_ids (these can be built: {usable})"
+                + "; ".join(f"task {t.index}: {t.problem}" for t in broken[:3])
+                + (f"; and {len(broken) - 3} more" if len(broken) > 3 else "")
+                + f". Choose others with task_ids (these can be built: {usable or 'none'})"
             )
         self.category = category or ""
+        self.benchmark = benchmark if category else ""
         try:
             frames = LiberoInitialFrames(tasks, init_states)
         except ValueError as e:
-            raise ValueError(f"{env_id}: {e}") from None
+            raise BadInput(f"{env_id}: {e}") from None
         obs_space = observation_space(
             image_size=hw if cameras else None,
             wrist="wrist" in cameras,
@@ -374,7 +441,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         task = find_task(frame.task)
         if task is None:
             return "a frame whose task is a LIBERO task key '<suite>/<task name>'"
-        suites = SUITES[self.suite] if not self.category else (f"{_BASE_SUITES[self.suite]}_{self.category}",)
+        suites = SUITES[self.suite]
+        if self.category:
+            infix = "_plus_" if self.benchmark == "plus" else "_"
+            suites = (f"{_BASE_SUITES[self.suite]}{infix}{self.category}",)
         if task.suite not in suites:
             return f"a frame of a {' or '.join(suites)} task (this env's suite), got a {task.suite} frame"
         expected = load_init_states(task).shape[1]
@@ -391,7 +461,13 @@ class LiberoVectorEnv(ChunkedVectorEnv):
 
     def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
         seeds = [self._scene_seed() for _ in frames]
-        args = [(find_task(f.task), f.sim_state, s, self.object_state_in_info) for f, s in zip(frames, seeds)]
+        tasks = [find_task(f.task) for f in frames]
+        if self.perturbation:  # the options replace what a variant says
+            tasks = [
+                replace(t, perturbation=tuple(sorted({**dict(t.perturbation), **self.perturbation}.items())))
+                for t in tasks
+            ]
+        args = [(t, f.sim_state, s, self.object_state_in_info) for t, f, s in zip(tasks, frames, seeds)]
         try:
             results, crashed = self.pool.call("reset", env_ids, args, self.reset_timeout_s)
             retry = np.flatnonzero(crashed)

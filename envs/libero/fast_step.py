@@ -44,6 +44,8 @@ import numba
 import numpy as np
 from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
 
+from nets.errors import BadInput
+
 # numba kernels (compiled once, then loaded from numba's cache in envs/libero/__pycache__)
 
 
@@ -209,7 +211,7 @@ class FastStep:
         self.period, self.dt = self.clocks[0]._sampling_timestep, env.model_timestep
         unknown = sorted(set(observables or ()) - set(env._observables))
         if unknown:
-            raise ValueError(f"unknown observables {unknown}; the env has {sorted(env._observables)}")
+            raise BadInput(f"unknown observables {unknown}; the env has {sorted(env._observables)}")
         self.sampled = None if observables is None else [env._observables[name] for name in observables]
         self.snapshot = snapshot
         if snapshot is not None:
@@ -221,10 +223,10 @@ class FastStep:
         observation is ``observations()``."""
         env, ctl = self.env, self.controller
         if env.done:
-            raise ValueError("executing action in terminated episode")
+            raise BadInput("executing action in terminated episode")
         action = np.asarray(action)
         if len(action) != env.action_dim:
-            raise ValueError(f"LIBERO expects a {env.action_dim}-d action, got shape {action.shape}")
+            raise BadInput(f"LIBERO expects a {env.action_dim}-d action, got shape {action.shape}")
         env.timestep += 1
         model, data, hook = self.model, self.data, self.substep_hook
         step1, step2, dot = mujoco.mj_step1, mujoco.mj_step2, np.dot

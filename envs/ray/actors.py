@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from envs.core.errors import bad_input, check_int, describe
+from nets.errors import BadInput
 
 PLACEMENTS = {
     "pack": "PACK",
@@ -318,7 +319,7 @@ def _check_resources(ray: Any, name: str, bundle: dict[str, float], count: int, 
         total = sum(1 for f in fits if f >= 1)
     if total < count:
         have = [{k: res.get(k, 0) for k in bundle} for res in nodes]
-        raise ValueError(
+        raise BadInput(
             f"{name}: the Ray cluster cannot meet {count} actors of {bundle} ({placement}): "
             f"its nodes have {have}; lower ray_options (num_cpus, num_gpus) or ray_actors, or add nodes"
         )

@@ -39,6 +39,7 @@ from envs.core.errors import bad_input, check_float, describe
 from envs.core.frames import InitialFrame
 from envs.core.vector_env import ChunkedVectorEnv, ChunkResult
 from envs.ray.actors import ActorHost, ActorSet, needs_state
+from nets.errors import BadInput
 
 STATE_KIND = "RayVectorEnv"  # marks get_state's bytes, told apart from a local env's
 
@@ -464,7 +465,7 @@ class RayVectorEnv(ChunkedVectorEnv):
                 raise error
             if refused:
                 j, why = next(iter(refused.items()))
-                raise ValueError(
+                raise BadInput(
                     f"{self.env_id}: bad state: actor {j}'s part does not load ({why}); nothing was loaded"
                 )
             raise RuntimeError(

@@ -41,6 +41,7 @@ from gymnasium.vector.utils import iterate
 
 from envs.core.errors import bad_input, check_float, closed_env, describe
 from envs.ray.actors import ActorHost, ActorSet, needs_state
+from nets.errors import BadInput
 
 
 class GymHost(ActorHost):
@@ -230,7 +231,7 @@ class RayGymVectorEnv(gym.vector.VectorEnv):
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         actions = self._check_actions(actions)
         if self._finished.any():
-            raise ValueError(
+            raise BadInput(
                 f"{self.env_id}: envs {np.flatnonzero(self._finished).tolist()} have ended (autoreset mode "
                 "Disabled): reset them (reset_mask) before the next step"
             )

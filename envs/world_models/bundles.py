@@ -19,6 +19,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from nets.errors import BadInput
+
 
 @dataclass(frozen=True)
 class Bundle:
@@ -88,7 +90,7 @@ def find_bundle(
     repository (its owner could change what it holds). Files in ``skip`` are not needed (e.g.
     ``resnet_rm.pth`` when the env is given its own reward model)."""
     if download and not revision:
-        raise ValueError(
+        raise BadInput(
             f"{bundle.name}: download=True needs revision='<commit hash>' of {bundle.repo} (downloads "
             f"are pinned); or get the files yourself with `{bundle.command('<dir>')}` and pass model_dir"
         )

@@ -46,6 +46,7 @@ from envs.world_models.bundles import Bundle, find_bundle
 from envs.world_models.model import WorldModel
 from envs.world_models.reward import ResnetRewardModel, relative_rewards
 from nets.devices import default_device, parse_dtype  # noqa: F401  (the backends import them from here)
+from nets.errors import BadInput
 from nets.safe_load import UnsafeFileError, torch_load
 
 REWARD_MODEL_FILE = "resnet_rm.pth"
@@ -63,7 +64,7 @@ def locate_bundle(
     """The suite's bundle folder and the ``reward_model=`` file (None: the bundle's
     ``resnet_rm.pth``, which the bundle then must hold). Both are checked before any weights load."""
     if suite not in bundles:
-        raise ValueError(f"{env_id}: suite must be one of {sorted(bundles)}, got {suite!r}")
+        raise BadInput(f"{env_id}: suite must be one of {sorted(bundles)}, got {suite!r}")
     reward_path = None
     if reward_model is not None:
         if not isinstance(reward_model, str | os.PathLike):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nets.errors import BadInput
+
 INSTRUCTIONS = (
     "pick up the black bowl between the plate and the ramekin and place it on the plate",
     "pick up the black bowl next to the ramekin and place it on the plate",
@@ -118,7 +120,7 @@ def write_tiny_bundle(backend: str, directory: str | os.PathLike, *, seed: int =
         write_tiny_vae(root / "vae", seed=seed)
         write_dataset(root / "dataset", name="traj{k}.npy", seed=seed)
     else:
-        raise ValueError(f"write_tiny_bundle: backend must be 'cosmos' or 'opensora', got {backend!r}")
+        raise BadInput(f"write_tiny_bundle: backend must be 'cosmos' or 'opensora', got {backend!r}")
     write_reward_model(root / "resnet_rm.pth", seed=seed)
     write_stats(root / "dataset_statistics.json")
     return root

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nets.errors import BadInput
 from nets.safe_load import restricted_unpickle
 
 from ..pretrained import read_json
@@ -93,15 +94,15 @@ def read_stats(data: Mapping[str, Any], source: str) -> dict[str, MinMax]:
     for key in ("actions", "proprio"):
         missing = [f"{key}_{s}" for s in ("min", "max") if f"{key}_{s}" not in data]
         if missing:
-            raise ValueError(f"{source}: missing {missing} (expected actions_min/max and proprio_min/max)")
+            raise BadInput(f"{source}: missing {missing} (expected actions_min/max and proprio_min/max)")
         low = torch.tensor(data[f"{key}_min"], dtype=torch.float32)
         high = torch.tensor(data[f"{key}_max"], dtype=torch.float32)
         if low.shape != high.shape or low.ndim != 1:
             shapes = f"{key}_min {tuple(low.shape)} and {key}_max {tuple(high.shape)}"
-            raise ValueError(f"{source}: {shapes} differ (expected two lists of one length)")
+            raise BadInput(f"{source}: {shapes} differ (expected two lists of one length)")
         flat = (high <= low).nonzero()[:, 0].tolist()
         if flat:
-            raise ValueError(f"{source}: {key}_max is not above {key}_min in dims {flat}")
+            raise BadInput(f"{source}: {key}_max is not above {key}_min in dims {flat}")
         out[key] = MinMax(low, high)
     return out
 
@@ -126,15 +127,13 @@ def load_text_embeddings(path: Path, trust_pickle: bool = False) -> dict[str, to
     otherwise); ``trust_pickle=True`` unpickles anything, for files you trust."""
     data = restricted_unpickle(path, trust_pickle=trust_pickle)
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"{path}: expected a non-empty dict of instruction -> embedding tensor")
+        raise BadInput(f"{path}: expected a non-empty dict of instruction -> embedding tensor")
     out = {}
     for text, emb in data.items():
         emb = torch.as_tensor(emb).float()
         if emb.ndim == 3 and emb.shape[0] == 1:
             emb = emb[0]
         if emb.ndim != 2:
-            raise ValueError(
-                f"{path}: embedding of {text!r} has shape {tuple(emb.shape)}, expected [1, L, D]"
-            )
+            raise BadInput(f"{path}: embedding of {text!r} has shape {tuple(emb.shape)}, expected [1, L, D]")
         out[str(text)] = emb
     return out

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput
+
 from . import sft
 
 
@@ -80,15 +82,15 @@ class CosmosPolicyOptions:
 
     def __post_init__(self) -> None:
         if self.planning not in ("parallel", "autoregressive"):
-            raise ValueError(f"planning must be 'parallel' or 'autoregressive', got {self.planning!r}")
+            raise BadInput(f"planning must be 'parallel' or 'autoregressive', got {self.planning!r}")
         if self.proprio_format not in ("libero_axis_angle", "raw"):
-            raise ValueError(
+            raise BadInput(
                 f"proprio_format must be 'libero_axis_angle' or 'raw', got {self.proprio_format!r}"
             )
         if self.sft_noise not in ("auto", *sft.NOISE_KINDS):
-            raise ValueError(f"sft_noise must be 'auto' or one of {sft.NOISE_KINDS}, got {self.sft_noise!r}")
+            raise BadInput(f"sft_noise must be 'auto' or one of {sft.NOISE_KINDS}, got {self.sft_noise!r}")
         if self.sft_loss_weighting not in sft.WEIGHTINGS:
-            raise ValueError(
+            raise BadInput(
                 f"sft_loss_weighting must be one of {sft.WEIGHTINGS}, got {self.sft_loss_weighting!r}"
             )
         sft.check_split(self.sft_split)

@@ -40,6 +40,7 @@ import torch
 from gymnasium import spaces
 
 from nets.cosmos_sampler import SIGMA_MAX, karras_sigmas, rf_x0, step_2ab
+from nets.errors import BadInput
 
 from ..base import ActionChunk, PolicyEval
 from ..images import resize_images
@@ -56,7 +57,7 @@ CHUNK, ACTION_DIM, PROPRIO_DIM = 16, 7, 9
 def policy_sigmas(num_steps: int) -> list[float]:
     """The sampler's noise levels: one network call per level (the last is the final x0 read)."""
     if num_steps < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        raise BadInput(f"num_steps must be >= 1, got {num_steps}")
     if num_steps == 1:
         return [SIGMA_MAX]
     return [float(s) for s in karras_sigmas(num_steps - 1, sigma_min=SIGMA_MIN, sigma_max=SIGMA_MAX)]
@@ -104,15 +105,13 @@ class CosmosPolicy(PretrainedVLAPolicy):
         self.options = o
         self.use_critic = bool(o.use_critic)
         if self.chunk_size > CHUNK or self.action_dim != ACTION_DIM:
-            raise ValueError(
-                f"action space {action_space.shape}: expected (K, {ACTION_DIM}) with K <= {CHUNK}"
-            )
+            raise BadInput(f"action space {action_space.shape}: expected (K, {ACTION_DIM}) with K <= {CHUNK}")
         self.image_keys, self.proprio_key = tuple(o.image_keys), o.proprio_key
         self._image_shapes = {k: tuple(observation_space.spaces[k].shape) for k in self.image_keys}
         self.sft_split, self.sft_loss_weighting = sft.check_split(o.sft_split), o.sft_loss_weighting
         self._warned_targets: set[str] = set()
         if o.proprio_key not in observation_space.spaces:
-            raise ValueError(f"observations lack the proprio key {o.proprio_key!r}")
+            raise BadInput(f"observations lack the proprio key {o.proprio_key!r}")
         self.image_size, self.flip_lr, self.center_crop = int(o.image_size), o.flip_lr, o.center_crop
         self.proprio_format = o.proprio_format
         self._proprio_fields = _proprio_field_slices(
@@ -129,7 +128,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
         source = files.stats if o.norm_stats is None else "norm_stats"
         stats = load_stats(files.stats) if o.norm_stats is None else read_stats(o.norm_stats, source)
         if len(stats["actions"].low) != ACTION_DIM or len(stats["proprio"].low) != PROPRIO_DIM:
-            raise ValueError(
+            raise BadInput(
                 f"{source}: expected {ACTION_DIM}-D actions and {PROPRIO_DIM}-D proprio statistics"
             )
         for key in ("actions", "proprio"):
@@ -146,11 +145,11 @@ class CosmosPolicy(PretrainedVLAPolicy):
         self.dit = load_cosmos_dit(files.dit, prefix="net.", dtype=weight_dtype, trust_pickle=o.trust_pickle)
         self.dit.requires_grad_(True)
         if self.dit.config.action_dim is not None:
-            raise ValueError(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
+            raise BadInput(f"{files.dit} is an action-conditioned world-model DiT, not a Cosmos Policy")
         proj = self.dit.config.crossattn_proj_in_channels  # Predict2.5: Reason1 embeddings, projected
         expected = proj if proj is not None else self.dit.config.crossattn_emb_channels
         if table.shape[-1] != expected:
-            raise ValueError(
+            raise BadInput(
                 f"{files.text.name}: the text embeddings are {table.shape[-1]}-D, the DiT takes {expected}-D "
                 + ("Reason1 embeddings through its crossattn_proj (Predict2.5)" if proj is not None
                    else "T5 embeddings as its context (Predict2)")
@@ -177,11 +176,11 @@ class CosmosPolicy(PretrainedVLAPolicy):
         ``dataset_statistics.json`` beside the checkpoint."""
         key = kwargs.get("proprio_key", CosmosPolicyOptions.proprio_key)  # the options' defaults
         if key not in obs:
-            raise ValueError(f"Cosmos Policy statistics: the demos have no {key!r} observation ({list(obs)})")
+            raise BadInput(f"Cosmos Policy statistics: the demos have no {key!r} observation ({list(obs)})")
         proprio_format = kwargs.get("proprio_format", CosmosPolicyOptions.proprio_format)
         space = getattr(observation_space, "spaces", {}).get(key)
         if proprio_format != "raw" and space is None:
-            raise ValueError(f"Cosmos Policy statistics: the env's observations have no {key!r} space")
+            raise BadInput(f"Cosmos Policy statistics: the env's observations have no {key!r} space")
         fields = _proprio_field_slices(space, proprio_format)
         proprio = model_proprio(torch.as_tensor(obs[key], dtype=torch.float32), fields).numpy()
         stats = stats_from_data(np.asarray(actions, np.float64), proprio)
@@ -312,9 +311,9 @@ class CosmosPolicy(PretrainedVLAPolicy):
         b = cond.shape[0]
         if not deterministic:
             if self.num_proposals > 1:
-                raise ValueError("best-of-N planning is for deterministic (evaluation) calls only")
+                raise BadInput("best-of-N planning is for deterministic (evaluation) calls only")
             if len(self.sigmas) < 2:
-                raise ValueError("RL needs num_steps >= 2 (a denoising step to make stochastic)")
+                raise BadInput("RL needs num_steps >= 2 (a denoising step to make stochastic)")
         if deterministic and self.num_proposals > 1:
             return self._plan(cond, text)
         shape = (b, cond.shape[1], layout.NUM_LATENT_FRAMES, *cond.shape[3:])
@@ -344,7 +343,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
         """Log-probs of the stored stochastic action-frame step under the current weights."""
         steps = replay["step"].long()
         if bool((steps < 0).any()):
-            raise ValueError("replay comes from a deterministic act() call: no stochastic step to score")
+            raise BadInput("replay comes from a deterministic act() call: no stochastic step to score")
         cond, text, x_k, x0_prev = replay["cond"], replay["text"], replay["x_k"], replay["x0_prev"]
         log_probs = torch.zeros(len(steps), self.chunk_size, self.action_dim, device=cond.device)
         values = torch.zeros(len(steps), device=cond.device)
@@ -468,7 +467,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
             or actions.shape[1] not in (self.chunk_size, CHUNK)
             or actions.shape[2] != self.action_dim
         ):
-            raise ValueError(
+            raise BadInput(
                 f"demonstrated actions have shape {tuple(actions.shape)}; the Cosmos Policy wants "
                 f"[B, {self.chunk_size}, {self.action_dim}] (its env chunk x action dim) or "
                 f"[B, {CHUNK}, {self.action_dim}] (the model's whole chunk)"
@@ -478,26 +477,24 @@ class CosmosPolicy(PretrainedVLAPolicy):
             if batch is None:
                 continue
             if name == "obs" and len(batch["instruction"]) != b:
-                raise ValueError(
+                raise BadInput(
                     f"obs has {len(batch['instruction'])} instructions for {b} demonstrated chunks"
                 )
             for key, expected in self._image_shapes.items():
                 got = tuple(np.shape(batch[key]))
                 if got != (b, *expected):
-                    raise ValueError(
+                    raise BadInput(
                         f"{name}[{key!r}] has shape {got}; the policy was built for images {expected} "
                         f"(batch of {b} chunks: [{b}, {', '.join(map(str, expected))}])"
                     )
         if mask is not None and tuple(np.shape(mask)) != tuple(actions.shape[:2]):
-            raise ValueError(
-                f"mask has shape {tuple(np.shape(mask))}, the actions {tuple(actions.shape[:2])}"
-            )
+            raise BadInput(f"mask has shape {tuple(np.shape(mask))}, the actions {tuple(actions.shape[:2])}")
         if returns is not None:
             values = torch.as_tensor(returns, dtype=torch.float32).reshape(-1)
             if values.numel() != b:
-                raise ValueError(f"returns has {values.numel()} entries for {b} demonstrated chunks")
+                raise BadInput(f"returns has {values.numel()} entries for {b} demonstrated chunks")
             if not bool(((values >= 0) & (values <= 1)).all()):
-                raise ValueError(
+                raise BadInput(
                     f"returns must be values V(s') in [0, 1] (the value frame holds 2 V - 1), got "
                     f"min {float(values.min()):.3g} / max {float(values.max()):.3g}"
                 )
@@ -565,7 +562,7 @@ def model_proprio(proprio: torch.Tensor, fields: dict[str, slice] | None) -> tor
         quat = axis_angle_to_quat_xyzw(field["eef_axis_angle"])
         proprio = torch.cat([field["gripper_qpos"], field["eef_pos"], quat], dim=-1)
     if proprio.shape[-1] != PROPRIO_DIM:
-        raise ValueError(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
+        raise BadInput(f"expected {PROPRIO_DIM}-D proprio, got {tuple(proprio.shape)}")
     return proprio
 
 
@@ -577,7 +574,7 @@ def _proprio_field_slices(space: spaces.Space, proprio_format: str) -> dict[str,
     fields = tuple(getattr(space, "fields", ()))
     sizes = dict(fields)
     if any(sizes.get(name) != size for name, size in LIBERO_PROPRIO_FIELDS.items()):
-        raise ValueError(
+        raise BadInput(
             f"proprio_format 'libero_axis_angle' reads the proprio fields {LIBERO_PROPRIO_FIELDS} by name; "
             f"the proprio space has fields {sizes or 'none'} (give a FieldBox naming them, as LIBERO's env "
             "does, or proprio_format='raw' with the model's 9-D proprio)"

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
+from nets.errors import BadInput
+
 MODES = ("policy", "world_model", "value")
 SPLIT = (0.5, 0.25, 0.25)  # the recipe's batch split between MODES
 LOGNORMAL_MEAN, LOGNORMAL_STD = math.log(4.0), 1.2  # Predict2 base model (LIBERO config): median sigma 4
@@ -73,7 +75,7 @@ def sample_sigma(
         return sample_sigma_predict2(n, generator, device)[0]
     if kind == "predict2.5":
         return sample_sigma_predict2p5(n, generator, device)
-    raise ValueError(f"noise distribution must be one of {NOISE_KINDS}, got {kind!r}")
+    raise BadInput(f"noise distribution must be one of {NOISE_KINDS}, got {kind!r}")
 
 
 def sample_modes(
@@ -87,7 +89,7 @@ def sample_modes(
     the ``available`` modes and renormalised."""
     probs = torch.tensor([p if ok else 0.0 for p, ok in zip(split, available)], dtype=torch.float64)
     if float(probs.sum()) <= 0:
-        raise ValueError(
+        raise BadInput(
             f"no training mode left: split {tuple(split)} over available {dict(zip(MODES, available))}"
         )
     u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
@@ -101,13 +103,13 @@ def loss_weight(sigma: torch.Tensor, weighting: str = "rf") -> torch.Tensor:
         return (1 + sigma) ** 2 / sigma**2
     if weighting == "edm":
         return (sigma**2 + 1) / sigma**2
-    raise ValueError(f"loss weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    raise BadInput(f"loss weighting must be one of {WEIGHTINGS}, got {weighting!r}")
 
 
 def check_split(split: Sequence[float]) -> tuple[float, float, float]:
     values = tuple(float(p) for p in split)
     if len(values) != 3 or any(p < 0 or not math.isfinite(p) for p in values) or values[0] <= 0:
-        raise ValueError(
+        raise BadInput(
             f"sft_split gives the (policy, world_model, value) fractions: three finite numbers >= 0 with a "
             f"positive policy share, got {tuple(split)}"
         )

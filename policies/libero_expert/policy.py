@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from policies.libero_expert.machine import PickPlaceMachine
 from policies.torso_policy import box_chunk_shape
@@ -57,14 +58,14 @@ class LiberoExpert(ActionChunkPolicy):
         fields = getattr(state, "fields", None)
         missing = [f for f in REQUIRED_FIELDS if f not in dict(fields or ())]
         if state is None or fields is None or missing:
-            raise ValueError(
+            raise BadInput(
                 "LiberoExpert needs the observation 'task_state' with named fields (a space with "
                 f"``fields``, missing {missing}): make the env with task_state=True (got {observation_space})"
             )
         self.fields = tuple(fields)
         self.chunk_size, self.action_dim = box_chunk_shape(action_space)
         if self.action_dim != 7:
-            raise ValueError(f"LiberoExpert drives LIBERO's 7-d actions, got an action space {action_space}")
+            raise BadInput(f"LiberoExpert drives LIBERO's 7-d actions, got an action space {action_space}")
         self.log_prob_dim = self.action_dim
         self.machine_options = machine_options
         self.machines: list[PickPlaceMachine] = []

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import tempered_log_softmax
 from ..openvla_oft.common import OpenVLABase
@@ -67,7 +69,7 @@ class OpenVLAPolicy(OpenVLABase):
         o = build_options(OpenVLAOptions, options, kwargs, type(self).__name__)  # checked first
         k, _ = box_chunk_shape(action_space)
         if k != 1:
-            raise ValueError(
+            raise BadInput(
                 f"OpenVLA predicts one action per step: expected an action space of shape (D,) or (1, D), "
                 f"got {action_space.shape} (for chunks of actions use the openvla_oft policy)"
             )

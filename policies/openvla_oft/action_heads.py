@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nets.errors import BadInput
 from nets.files import atomic_path
 
 HEAD_FILE_PATTERN = "action_head--*checkpoint.pt"
@@ -73,7 +74,7 @@ class L1RegressionActionHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         b, n, h = hidden.shape
         if n % self.action_dim:
-            raise ValueError(f"{n} action positions are not a whole number of {self.action_dim}-D steps")
+            raise BadInput(f"{n} action positions are not a whole number of {self.action_dim}-D steps")
         return self.model(hidden.reshape(b, n // self.action_dim, self.action_dim * h))
 
 
@@ -92,7 +93,7 @@ def find_component_file(folder: Path, pattern: str, what: str) -> Path | None:
     script saves beside the model), None if there is none; several are an error naming them."""
     found = sorted(Path(folder).glob(pattern))
     if len(found) > 1:
-        raise ValueError(f"{folder} holds several {what} ({', '.join(p.name for p in found)}): keep one")
+        raise BadInput(f"{folder} holds several {what} ({', '.join(p.name for p in found)}): keep one")
     return found[0] if found else None
 
 
@@ -105,7 +106,7 @@ def read_component_state(path: Path, what: str) -> dict[str, torch.Tensor]:
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()
     ):
-        raise ValueError(f"{path}: expected a {what} state dict (names -> tensors)")
+        raise BadInput(f"{path}: expected a {what} state dict (names -> tensors)")
     return {k.removeprefix("module."): v for k, v in data.items()}
 
 

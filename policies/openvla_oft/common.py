@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 from ..binned import normalize, normalized_to_tokens, tokens_to_normalized, unnormalize
 from ..heads import ValueHead
 from ..images import resize_images
@@ -57,7 +59,7 @@ class PromptLayout:
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.space = tokenizer.convert_tokens_to_ids(SPACE_TOKEN)
         if self.bos is None or self.space is None or self.space == tokenizer.unk_token_id:
-            raise ValueError(f"the tokenizer needs a BOS token and the {SPACE_TOKEN!r} token (Llama-2 style)")
+            raise BadInput(f"the tokenizer needs a BOS token and the {SPACE_TOKEN!r} token (Llama-2 style)")
         self._cache: dict[str, list[int]] = {}
 
     def prompt_ids(self, instruction: str) -> list[int]:
@@ -66,7 +68,7 @@ class PromptLayout:
             ids = self.tokenizer(PROMPT.format(instruction.lower()), add_special_tokens=False)["input_ids"]
             ids = ids if ids and ids[-1] == self.space else [*ids, self.space]
             if len(ids) > self.max_prompt_tokens:
-                raise ValueError(
+                raise BadInput(
                     f"instruction {instruction!r} needs {len(ids)} prompt tokens; the policy was built with "
                     f"max_prompt_tokens={self.max_prompt_tokens}: raise it"
                 )
@@ -114,9 +116,9 @@ class OpenVLABase(PretrainedVLAPolicy):
     ):
         super().__init__(observation_space, action_space, image_keys)
         if gripper not in ("libero", None):
-            raise ValueError(f"gripper must be 'libero' or None, got {gripper!r}")
+            raise BadInput(f"gripper must be 'libero' or None, got {gripper!r}")
         if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise BadInput(f"temperature must be > 0, got {temperature}")
         self.temperature, self.top_k = float(temperature), int(top_k)
         self.image_keys, self.center_crop, self.gripper = tuple(image_keys), center_crop, gripper
 
@@ -238,6 +240,6 @@ class OpenVLABase(PretrainedVLAPolicy):
 
 def load_model(folder: Path, config: OpenVLAConfig, dtype: torch.dtype) -> OpenVLAModel:
     """Build the model without allocating random weights and load the folder's weights strictly."""
-    model = empty_model(lambda: OpenVLAModel(config))
+    model = empty_model(lambda: OpenVLAModel(config), f"OpenVLA model of {folder}")
     load_strict(model, read_state_dict(folder, dtype), f"OpenVLA checkpoint {folder}")
     return model.eval()

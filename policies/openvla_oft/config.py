@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..pretrained import read_json
+from nets.errors import BadInput
+
+from ..pretrained import check_sizes, read_json
 from .vision import TIMM_VITS, ViTSpec
 
 CONFIG_FILE = "config.json"
@@ -50,15 +52,15 @@ class OpenVLAConfig:
         else:
             unknown = [m for m in self.timm_model_ids[:n] if m not in TIMM_VITS]
             if unknown:
-                raise ValueError(
+                raise BadInput(
                     f"unsupported vision tower(s) {unknown}; supported timm_model_ids: {sorted(TIMM_VITS)}"
                 )
             specs = [TIMM_VITS[m] for m in self.timm_model_ids[:n]]
         if len(specs) != n:
-            raise ValueError(f"use_fused_vision_backbone={self.use_fused_vision_backbone} needs {n} towers")
+            raise BadInput(f"use_fused_vision_backbone={self.use_fused_vision_backbone} needs {n} towers")
         for spec, size in zip(specs, self.image_sizes):
             if spec.image_size != size:
-                raise ValueError(
+                raise BadInput(
                     f"image_sizes {self.image_sizes} disagree with tower input size {spec.image_size}"
                 )
         return specs
@@ -74,8 +76,9 @@ class OpenVLAConfig:
     @classmethod
     def from_folder(cls, folder: Path) -> OpenVLAConfig:
         data = read_json(folder / CONFIG_FILE, "OpenVLA config")
+        check_sizes(data, str(folder / CONFIG_FILE))
         if data.get("model_type", "openvla") != "openvla":
-            raise ValueError(
+            raise BadInput(
                 f"{folder / CONFIG_FILE}: model_type {data.get('model_type')!r}, expected 'openvla'"
             )
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
@@ -124,24 +127,24 @@ def action_stats(
     absent falls back to ``<key>_no_noops`` (RLinf's rule) before failing with the keys there are."""
     keys = sorted(norm_stats)
     if not keys:
-        raise ValueError("the checkpoint has no norm_stats (config.json) and no dataset_statistics.json")
+        raise BadInput("the checkpoint has no norm_stats (config.json) and no dataset_statistics.json")
     if unnorm_key is None:
         if len(keys) != 1:
-            raise ValueError(f"the checkpoint has statistics for {keys}: pass unnorm_key= one of them")
+            raise BadInput(f"the checkpoint has statistics for {keys}: pass unnorm_key= one of them")
         unnorm_key = keys[0]
     if unnorm_key not in norm_stats and f"{unnorm_key}_no_noops" in norm_stats:
         unnorm_key = f"{unnorm_key}_no_noops"
     if unnorm_key not in norm_stats:
-        raise ValueError(f"unnorm_key {unnorm_key!r} not in the checkpoint's statistics; available: {keys}")
+        raise BadInput(f"unnorm_key {unnorm_key!r} not in the checkpoint's statistics; available: {keys}")
     stats = norm_stats[unnorm_key].get("action", {})
     missing = [k for k in ("q01", "q99") if k not in stats]
     if missing:
-        raise ValueError(f"statistics {unnorm_key!r}/action lack {missing}")
+        raise BadInput(f"statistics {unnorm_key!r}/action lack {missing}")
     q01 = torch.tensor(stats["q01"], dtype=torch.float32)
     q99 = torch.tensor(stats["q99"], dtype=torch.float32)
     mask = torch.tensor(stats.get("mask", [True] * len(q01)), dtype=torch.bool)
     if not len(q01) == len(q99) == len(mask) == action_dim:
-        raise ValueError(
+        raise BadInput(
             f"statistics {unnorm_key!r} are for {len(q01)}-D actions, the env's actions are {action_dim}-D"
         )
     return unnorm_key, ActionStats(q01, q99, mask)

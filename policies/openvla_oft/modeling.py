@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nets.errors import BadInput
+
 from .config import OpenVLAConfig
 from .vision import VisionBackbone
 
@@ -96,7 +98,7 @@ class OpenVLAModel(nn.Module):
             ``[B, hidden]`` at the last prompt token (the value-head feature).
         """
         if output not in ("logits", "hidden"):
-            raise ValueError(f"output must be 'logits' or 'hidden', got {output!r}")
+            raise BadInput(f"output must be 'logits' or 'hidden', got {output!r}")
         lm = self.language_model.model
         prefix, valid = self.embed_prefix(input_ids, attention_mask, pixel_values, extra_tokens)
         b, device = prefix.shape[0], prefix.device

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput
+
 
 @dataclass(frozen=True)
 class OpenVLACommonOptions:
@@ -59,9 +61,9 @@ class OpenVLACommonOptions:
 
     def __post_init__(self) -> None:
         if self.gripper not in ("libero", None):
-            raise ValueError(f"gripper must be 'libero' or None, got {self.gripper!r}")
+            raise BadInput(f"gripper must be 'libero' or None, got {self.gripper!r}")
         if self.temperature is not None and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+            raise BadInput(f"temperature must be > 0, got {self.temperature}")
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,8 @@ class OpenVLAOFTOptions(OpenVLACommonOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.action_head not in ("tokens", "l1"):
-            raise ValueError(f"action_head must be 'tokens' or 'l1', got {self.action_head!r}")
+            raise BadInput(f"action_head must be 'tokens' or 'l1', got {self.action_head!r}")
         if not self.l1_scale > 0:
-            raise ValueError(f"l1_scale must be > 0, got {self.l1_scale}")
+            raise BadInput(f"l1_scale must be > 0, got {self.l1_scale}")
         if self.value_type not in ("chunk", "step"):
-            raise ValueError(f"value_type must be 'chunk' or 'step', got {self.value_type!r}")
+            raise BadInput(f"value_type must be 'chunk' or 'step', got {self.value_type!r}")

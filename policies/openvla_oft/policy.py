@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..binned import normalize, tempered_log_softmax
 from ..options import build_options
@@ -102,7 +104,7 @@ class OpenVLAOFTPolicy(OpenVLABase):
         if o.use_proprio:
             space = getattr(observation_space, "spaces", {}).get("proprio")
             if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
-                raise ValueError(
+                raise BadInput(
                     "use_proprio reads a 1-D Box observation 'proprio'; the env's observations are "
                     f"{observation_space}"
                 )
@@ -239,7 +241,7 @@ def load_action_head(folder: Path, hidden: int, action_dim: int, new: bool) -> L
     try:
         load_strict(head, read_head_state(path), f"action head {path}")
     except ValueError as e:
-        raise ValueError(
+        raise BadInput(
             f"{e} (the policy's head reads {action_dim}-D actions from {hidden}-wide hidden states)"
         ) from None
     return head

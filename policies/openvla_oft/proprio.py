@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nets.errors import BadInput
+
 from ..pretrained import load_strict
 from .action_heads import find_component_file, read_component_state
 
@@ -44,14 +46,14 @@ def proprio_stats(
     env's ``proprio`` observation is a ``ValueError`` naming both."""
     stats = norm_stats[unnorm_key].get("proprio")
     if not isinstance(stats, dict) or not {"q01", "q99"} <= set(stats):
-        raise ValueError(
+        raise BadInput(
             f"use_proprio: the statistics {unnorm_key!r} have no proprio q01/q99 (OpenVLA-OFT normalises "
             "the state with them); fine-tune from demos with a 'proprio' observation, or pass norm_stats"
         )
     q01 = torch.tensor(stats["q01"], dtype=torch.float32)
     q99 = torch.tensor(stats["q99"], dtype=torch.float32)
     if not len(q01) == len(q99) == proprio_dim:
-        raise ValueError(
+        raise BadInput(
             f"use_proprio: the statistics {unnorm_key!r} are for a {len(q01)}-D proprio, "
             f"the env's 'proprio' observation is {proprio_dim}-D"
         )
@@ -73,7 +75,7 @@ def load_proprio_projector(folder: Path, hidden: int, proprio_dim: int, new: boo
     try:
         load_strict(projector, read_component_state(path, "proprio projector"), f"proprio projector {path}")
     except ValueError as e:
-        raise ValueError(
+        raise BadInput(
             f"{e} (the policy's projector maps a {proprio_dim}-D proprio to {hidden}-wide tokens)"
         ) from None
     return projector

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from nets.errors import BadInput
+
 from ..pretrained import save_state_dict
 from .action_heads import L1RegressionActionHead
 from .config import STATS_FILE, OpenVLAConfig
@@ -51,9 +53,7 @@ def tiny_tokenizer(vocab_size: int = 512):
         pieces.setdefault("▁" + word, -1.0)
     pieces.setdefault("Out", -1.0)  # after the newline: "\nOut:"
     if len(pieces) + 256 > vocab_size:
-        raise ValueError(
-            f"vocab_size {vocab_size} leaves no room for 256 action bins after {len(pieces)} ids"
-        )
+        raise BadInput(f"vocab_size {vocab_size} leaves no room for 256 action bins after {len(pieces)} ids")
     for i in range(len(pieces), vocab_size):
         pieces[f"<extra_{i}>"] = -100.0
     tok = Tokenizer(models.Unigram(list(pieces.items()), unk_id=0, byte_fallback=False))

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nets.errors import BadInput
+
 
 @dataclass(frozen=True)
 class ViTSpec:
@@ -50,7 +52,7 @@ class ViTSpec:
     def from_dict(cls, data: dict) -> ViTSpec:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(
+            raise BadInput(
                 f"unknown ViT spec keys {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}"
             )
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
@@ -188,9 +190,9 @@ class VisionBackbone(nn.Module):
     def __init__(self, specs: list[ViTSpec]):
         super().__init__()
         if len(specs) not in (1, 2):
-            raise ValueError(f"expected 1 or 2 vision towers, got {len(specs)}")
+            raise BadInput(f"expected 1 or 2 vision towers, got {len(specs)}")
         if len({(s.image_size, s.num_patches) for s in specs}) != 1:
-            raise ValueError(f"fused towers must share image size and patch grid, got {specs}")
+            raise BadInput(f"fused towers must share image size and patch grid, got {specs}")
         self.specs = specs
         self.featurizer = VisionTransformer(specs[0])
         self.fused_featurizer = VisionTransformer(specs[1]) if len(specs) == 2 else None

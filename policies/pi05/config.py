@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..pretrained import read_json
+from nets.errors import BadInput
+
+from ..pretrained import check_sizes, read_json
 
 CONFIG_FILE = "config.json"
 STATS_FILE = "norm_stats.json"
@@ -79,7 +81,7 @@ class Pi05Config:
         if self.sizes is not None:
             return GemmaSpec(**self.sizes[part])
         if variant not in VARIANTS:
-            raise ValueError(f"unsupported {part} variant {variant!r}; supported: {sorted(VARIANTS)}")
+            raise BadInput(f"unsupported {part} variant {variant!r}; supported: {sorted(VARIANTS)}")
         return VARIANTS[variant]
 
     def vision(self) -> SiglipSpec:
@@ -91,12 +93,13 @@ class Pi05Config:
     @classmethod
     def from_folder(cls, folder: Path) -> Pi05Config:
         data = read_json(folder / CONFIG_FILE, "pi0.5 config")
+        check_sizes(data, str(folder / CONFIG_FILE))
         if data.get("model_type", "pi05") not in ("pi05", "pi0"):
-            raise ValueError(f"{folder / CONFIG_FILE}: model_type {data['model_type']!r}, expected 'pi05'")
+            raise BadInput(f"{folder / CONFIG_FILE}: model_type {data['model_type']!r}, expected 'pi05'")
         if data.get("pi05") is False or data.get("model_type") == "pi0":
-            raise ValueError(f"{folder}: a pi0 checkpoint; this implementation is pi0.5 (adaRMS time input)")
+            raise BadInput(f"{folder}: a pi0 checkpoint; this implementation is pi0.5 (adaRMS time input)")
         if "action_horizon" not in data:  # the weights do not depend on it, so it cannot be inferred
-            raise ValueError(
+            raise BadInput(
                 f"{folder / CONFIG_FILE} lacks action_horizon (openpi pi05_libero: 10, pi05_behavior: 32)"
             )
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "extra"}
@@ -108,7 +111,7 @@ class Pi05Config:
             expert.num_kv_heads,
             expert.head_dim,
         ):
-            raise ValueError(
+            raise BadInput(
                 f"{folder}: the two experts must share depth and attention heads: {pali}, {expert}"
             )
         return config
@@ -206,13 +209,13 @@ def parse_norm_stats(data: dict[str, Any], path: Any, need_state: bool = True) -
         if entry is None and key == "state" and not need_state:
             continue
         if not isinstance(entry, dict) or "q01" not in entry or "q99" not in entry:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected norm_stats.{key} with q01 and q99 (pi0.5 uses quantile normalization)"
             )
         q01 = torch.tensor(entry["q01"], dtype=torch.float32)
         q99 = torch.tensor(entry["q99"], dtype=torch.float32)
         if q01.shape != q99.shape or q01.ndim != 1:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: norm_stats.{key} q01 {tuple(q01.shape)} and q99 {tuple(q99.shape)} differ"
             )
         out[key] = QuantileStats(q01, q99)
@@ -230,7 +233,7 @@ def _lerobot_stats(folder: Path) -> dict[str, QuantileStats]:
     out = {}
     for key, prefix in (("state", "observation.state"), ("actions", "action")):
         if f"{prefix}.q01" not in tensors or f"{prefix}.q99" not in tensors:
-            raise ValueError(f"{folder}: lerobot normalizer files lack {prefix}.q01 / {prefix}.q99")
+            raise BadInput(f"{folder}: lerobot normalizer files lack {prefix}.q01 / {prefix}.q99")
         out[key] = QuantileStats(tensors[f"{prefix}.q01"].float(), tensors[f"{prefix}.q99"].float())
     return out
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from nets.errors import BadInput
+
 from ..flow import FlowSampling
 
 # the Gemma layers' projections LoRA adapts
@@ -77,6 +79,6 @@ class Pi05Options:
             group, defaults = self.KEYWORD_GROUPS["sampling"]
             object.__setattr__(self, "sampling", group.from_options(self.sampling, {}, **defaults))
         if self.value_vlm_mode not in ("mean_token", "last_token"):
-            raise ValueError(
+            raise BadInput(
                 f"value_vlm_mode must be 'mean_token' or 'last_token', got {self.value_vlm_mode!r}"
             )

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 from ..base import ActionChunk, PolicyEval, masked_chunk_mean
 from ..flow import FlowSampling, denoise_indices, flow_mean_std, sample_chain, score_chain, squashed_std
 from ..heads import ValueHead
@@ -83,7 +85,7 @@ class Pi05Policy(PretrainedVLAPolicy):
         config = Pi05Config.from_folder(folder)
         self.horizon, self.model_action_dim = config.action_horizon, config.action_dim
         if self.chunk_size > self.horizon or self.action_dim > self.model_action_dim:
-            raise ValueError(
+            raise BadInput(
                 f"action space {action_space.shape} exceeds the model's horizon {self.horizon} x "
                 f"{self.model_action_dim} action dims"
             )
@@ -91,11 +93,11 @@ class Pi05Policy(PretrainedVLAPolicy):
         self.discrete_state_input = bool(discrete)
         stats = resolve_norm_stats(folder, o.asset_id, o.norm_stats, self.discrete_state_input)
         if len(stats["actions"].q01) < self.action_dim:
-            raise ValueError(
+            raise BadInput(
                 f"action statistics are {len(stats['actions'].q01)}-D, the env's actions {self.action_dim}-D"
             )
         if self.discrete_state_input and o.state_key not in observation_space.spaces:
-            raise ValueError(f"discrete_state_input needs the state {o.state_key!r} in the observations")
+            raise BadInput(f"discrete_state_input needs the state {o.state_key!r} in the observations")
         tokenizer = PromptTokenizer(
             tokenizer_file(folder, o.tokenizer_path), o.max_token_len, self.discrete_state_input
         )
@@ -287,7 +289,7 @@ class Pi05Policy(PretrainedVLAPolicy):
 
 def load_model(folder: Path, config: Pi05Config, dtype: torch.dtype) -> Pi05Model:
     """Build pi0.5 without allocating random weights and load the folder's weights strictly."""
-    model = empty_model(lambda: Pi05Model(config))
+    model = empty_model(lambda: Pi05Model(config), f"pi0.5 model of {folder}")
     state, _unused = from_checkpoint_keys(read_state_dict(folder, dtype))
     load_strict(model, state, f"pi0.5 checkpoint {folder}")
     return model.eval()

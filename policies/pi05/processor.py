@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nets.errors import BadInput
+
 from ..images import resize_with_pad
 from ..pretrained import read_json
 from .config import QuantileStats, find_norm_stats, load_norm_stats, parse_norm_stats
@@ -40,7 +42,7 @@ class PromptTokenizer:
         else:
             ids = [self.sp.bos_id(), *self.sp.encode(clean), *self.sp.encode("\n")]
         if len(ids) > self.max_len:
-            raise ValueError(f"prompt for {clean!r} has {len(ids)} tokens > max_token_len={self.max_len}")
+            raise BadInput(f"prompt for {clean!r} has {len(ids)} tokens > max_token_len={self.max_len}")
         return ids
 
     def __call__(
@@ -129,4 +131,4 @@ def resolve_norm_stats(
         return parse_norm_stats(norm_stats, source, need_state=need_state)
     except ValueError as e:
         reads = "the state and the actions" if need_state else "the actions"
-        raise ValueError(f"{e}; this policy normalizes {reads}") from None
+        raise BadInput(f"{e}; this policy normalizes {reads}") from None

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nets.errors import BadInput, reading
 from nets.files import regular_file
 from trainers.datasets.demos import FORMAT as DEMOS_FORMAT
 from trainers.datasets.demos import Demos, read_demos
@@ -73,10 +74,10 @@ def detect_format(path: str | Path) -> str:
         if files and all(_hdf5_format(inside(path, f.name, "file")) == "libero-hdf5" for f in files):
             return "libero-hdf5"
         found = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
-        raise ValueError(f"{path}: a folder with {found}; expected {EXPECTED}")
+        raise BadInput(f"{path}: a folder with {found}; expected {EXPECTED}")
     kind = _hdf5_format(path)
     if kind is None:
-        raise ValueError(f"{path} is not a demonstration dataset this project reads; expected {EXPECTED}")
+        raise BadInput(f"{path} is not a demonstration dataset this project reads; expected {EXPECTED}")
     return kind
 
 
@@ -84,13 +85,14 @@ def load_demos(path: str | Path, **options: Any) -> Demos:
     """Read demonstrations in any of ``FORMATS``. ``options`` go to the format's reader
     (``align`` for LIBERO files; ``keys``, ``episodes`` for LeRobot; ``progress`` for both)."""
     kind = detect_format(path)
-    if kind == "vla-gym-demos":
-        if options:
-            raise TypeError(f"options {sorted(options)} do not apply to a vla-gym demos file")
-        return read_demos(path)
-    if kind == "libero-hdf5":
-        return read_libero_hdf5(path, **options)
-    return read_lerobot(path, **options)
+    if kind == "vla-gym-demos" and options:
+        raise TypeError(f"options {sorted(options)} do not apply to a vla-gym demos file")
+    with reading(path):  # what h5py, numpy or pyarrow raise on malformed content: named as the file's
+        if kind == "vla-gym-demos":
+            return read_demos(path)
+        if kind == "libero-hdf5":
+            return read_libero_hdf5(path, **options)
+        return read_lerobot(path, **options)
 
 
 __all__ = [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nets.errors import run_cli
 from trainers.datasets import detect_format, load_demos, write_lerobot, write_world_model_dataset
 from trainers.datasets.demos import Demos
 from trainers.datasets.video import CODEC_OPTIONS, DEFAULT_CODEC
@@ -93,4 +94,4 @@ def cli(argv: list[str] | None = None) -> Path | None:
 
 
 if __name__ == "__main__":
-    cli()
+    run_cli(cli)

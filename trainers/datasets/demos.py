@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.files import atomic_path, regular_file
 
 FORMAT, VERSION = "vla-gym-demos", 1
@@ -81,10 +82,10 @@ def check_numbers(array: np.ndarray, where: str) -> None:
     """Refuse an array that is not real numbers (complex, object, strings) or holds NaN or inf,
     naming ``where`` and the first bad step."""
     if array.dtype.kind not in "biuf":
-        raise ValueError(f"{where} must be real numbers, got dtype {array.dtype}")
+        raise BadInput(f"{where} must be real numbers, got dtype {array.dtype}")
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         step = int(np.argwhere(~np.isfinite(array))[0][0])
-        raise ValueError(f"{where} hold NaN or infinite values (step {step})")
+        raise BadInput(f"{where} hold NaN or infinite values (step {step})")
 
 
 def text(value: Any, where: str) -> str:
@@ -99,9 +100,13 @@ def text(value: Any, where: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{where}: bytes that are not UTF-8 text ({e})") from None
+            raise BadInput(f"{where}: bytes that are not UTF-8 text ({e})") from None
     if not isinstance(value, str):
-        raise ValueError(f"{where}: expected a string, got {type(value).__name__} {value!r:.100}")
+        raise BadInput(f"{where}: expected a string, got {type(value).__name__} {value!r:.100}")
+    try:  # h5py hands back undecodable bytes as lone surrogates ("surrogateescape")
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadInput(f"{where}: bytes that are not UTF-8 text ({e})") from None
     return value
 
 
@@ -120,14 +125,14 @@ class Demos:
             actions = np.asarray(ep.actions)
             if actions.ndim != 3 or (shape is not None and actions.shape[1:] != shape):
                 expected = "[steps, K, D]" if shape is None else f"[steps, {shape[0]}, {shape[1]}] as before"
-                raise ValueError(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
+                raise BadInput(f"demo episode {i}: actions must be {expected}, got shape {actions.shape}")
             shape = actions.shape[1:]
             check_numbers(actions, f"demo episode {i}: actions")
             check_numbers(np.asarray(ep.rewards), f"demo episode {i}: rewards")
             for key, value in ep.obs.items():
                 value = np.asarray(value)
                 if value.ndim == 4 and value.dtype != np.uint8:  # [C, H, W, channels]: an image
-                    raise ValueError(
+                    raise BadInput(
                         f"demo episode {i}: obs {key!r} is a {value.dtype} image; images are read as uint8 "
                         "(a 16-bit depth image would wrap around): convert it, or store it as a float feature"
                     )
@@ -136,7 +141,7 @@ class Demos:
             for name in ("instruction", "task"):
                 value = getattr(ep, name)
                 if not isinstance(value, str):
-                    raise ValueError(f"demo episode {i}: {name} must be a string, got {value!r:.100}")
+                    raise BadInput(f"demo episode {i}: {name} must be a string, got {value!r:.100}")
 
     def chunks(self, obs_keys: Sequence[str], chunk_size: int | None = None) -> dict[str, Any]:
         """Every recorded step of every episode as one training set: ``obs`` (``{key: [M, ...]}``;
@@ -148,11 +153,11 @@ class Demos:
         t .. t + K - 1, masked after the episode's end (the action chunking of ACT / OpenVLA-OFT).
         """
         if not self.episodes:
-            raise ValueError("no episodes to train on")
+            raise BadInput("no episodes to train on")
         stored = self.episodes[0].actions.shape[1]
         k = stored if chunk_size is None else int(chunk_size)
         if k != stored and stored != 1:
-            raise ValueError(
+            raise BadInput(
                 f"the demonstrations have chunks of {stored} actions; they can only be used with "
                 f"chunk_size {stored} (recorded with chunk_size 1 they can be cut into any size), got {k}"
             )
@@ -193,7 +198,7 @@ class Demos:
         both are taken at its last step, so the last chunk of a success has its final reward's value.
         """
         if not 0.0 < gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+            raise BadInput(f"gamma must be in (0, 1], got {gamma}")
         stored = self.episodes[0].actions.shape[1] if self.episodes else 1
         k = stored if chunk_size is None else int(chunk_size)
         rows, returns = [], []
@@ -276,9 +281,9 @@ def _dataset(g: Any, name: str, data: np.ndarray) -> None:
 def check_format(f: Any, path: Path, fmt: str, version: int) -> None:
     """Refuse an open HDF5 file whose ``format`` attribute is not ``fmt`` or whose ``version`` is newer."""
     if f.attrs.get("format") != fmt:
-        raise ValueError(f"{path} is not a {fmt} file (format attribute {f.attrs.get('format')!r})")
+        raise BadInput(f"{path} is not a {fmt} file (format attribute {f.attrs.get('format')!r})")
     if int(f.attrs["version"]) > version:
-        raise ValueError(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
+        raise BadInput(f"{path} has format version {f.attrs['version']}; this code reads <= {version}")
 
 
 def is_demos_file(path: Path) -> bool:

@@ -28,6 +28,8 @@ new chunk folder every ``chunks_size`` files. An episode never spans two files.
 
 from __future__ import annotations
 
+from nets.errors import BadInput
+
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
 DATA_FILES_SIZE_MB = 100
@@ -98,7 +100,7 @@ def image_hw(feature: dict) -> tuple[int, int]:
         return int(info["video.height"]), int(info["video.width"])
     shape, names = list(feature["shape"]), feature.get("names") or []
     if len(shape) != 3:
-        raise ValueError(f"an image feature has a 3-D shape, got {shape}")
+        raise BadInput(f"an image feature has a 3-D shape, got {shape}")
     channels_first = str(names[0]).startswith("channel") if names else shape[0] in (1, 3, 4)
     if channels_first:
         return int(shape[1]), int(shape[2])  # (C, H, W)

@@ -21,7 +21,6 @@ found by timestamp: frame ``round((from_timestamp + timestamp) * fps)`` of the e
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from collections.abc import Sequence
@@ -31,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from nets.budget import check_memory
+from nets.errors import BadInput
 from nets.field_types import check_value
-from nets.files import regular_file
+from nets.files import read_json, regular_file
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets.demos import Demos, Episode, check_numbers, text
 from trainers.datasets.extras import pyarrow
@@ -47,41 +47,35 @@ def read_info(root: Path) -> dict[str, Any]:
     path = inside(root, fmt.INFO_PATH, "metadata file")
     if not path.is_file():
         raise FileNotFoundError(f"{root} is not a LeRobot dataset folder: {fmt.INFO_PATH} is missing")
-    try:
-        info = json.loads(regular_file(path).read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"{path}: expected a JSON object (a LeRobot dataset's metadata), got a file that does not "
-            f"parse as JSON ({e}); is it truncated?"
-        ) from None
+    info = read_json(path, "LeRobot dataset", "a JSON object (its metadata)")
     if not isinstance(info, dict):
-        raise ValueError(f"{path}: expected a JSON object, got a JSON {type(info).__name__}")
+        raise BadInput(f"{path}: expected a JSON object, got a JSON {type(info).__name__}")
     version = str(info.get("codebase_version", ""))
     if not version.startswith("v3."):
-        raise ValueError(
+        raise BadInput(
             f"{root}: LeRobot dataset codebase_version {version or '(none)'!r}; this reader reads "
             f"{fmt.CODEBASE_VERSION} (convert v2.1 datasets with LeRobot's "
             "`python -m lerobot.datasets.v30.convert_dataset_v21_to_v30`)"
         )
     missing = [k for k in ("fps", "features", "data_path") if k not in info]
     if missing:
-        raise ValueError(f"{path}: missing entries {missing}")
+        raise BadInput(f"{path}: missing entries {missing}")
     features = info["features"]
     if not isinstance(features, dict):
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected features as a JSON object {{name: {{dtype, shape, ...}}}}, got a "
             f"JSON {type(features).__name__} ({_short(features)})"
         )
     bad = {n: spec for n, spec in features.items() if not isinstance(spec, dict) or "dtype" not in spec}
     if bad:
         name, spec = next(iter(bad.items()))
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected each feature as a JSON object with a dtype, got features[{name!r}] = "
             f"{_short(spec)}"
         )
     fps = info["fps"]
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf"):
-        raise ValueError(f"{path}: expected fps as a positive number, got {_short(fps)}")
+        raise BadInput(f"{path}: expected fps as a positive number, got {_short(fps)}")
     checks = [(f"{k}", info[k], t) for k, t in INFO_ENTRIES.items() if k in info]
     own = info.get("vla_gym")
     if isinstance(own, dict):
@@ -92,7 +86,7 @@ def read_info(root: Path) -> dict[str, Any]:
         try:
             check_value(annotation, value)
         except ValueError as e:
-            raise ValueError(f"{path}: {where}: {e}, got {_short(value)}") from None
+            raise BadInput(f"{path}: {where}: {e}, got {_short(value)}") from None
     return info
 
 
@@ -133,7 +127,7 @@ def _parquet(path: Path, what: str, columns: list[str] | None = None, schema: bo
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected a parquet file (the dataset's {what}), got one pyarrow cannot read "
             f"({type(e).__name__}: {e}); is it truncated?"
         ) from None
@@ -178,9 +172,7 @@ def _task_strings(root: Path) -> dict[int, str]:
     ]
     text_col = next((c for c in [*index_cols, "task", "__index_level_0__"] if c in table.column_names), None)
     if text_col is None or "task_index" not in table.column_names:
-        raise ValueError(
-            f"{path}: expected a task_index column and the task strings, got {table.column_names}"
-        )
+        raise BadInput(f"{path}: expected a task_index column and the task strings, got {table.column_names}")
     return dict(zip(table["task_index"].to_pylist(), table[text_col].to_pylist()))
 
 
@@ -200,7 +192,7 @@ def _episodes_table(root: Path) -> dict[str, list]:
     needed = ["episode_index", "length", "data/chunk_index", "data/file_index"]
     missing = [c for c in needed if c not in table.column_names]
     if missing:
-        raise ValueError(f"{root}: the episodes metadata lacks columns {missing}")
+        raise BadInput(f"{root}: the episodes metadata lacks columns {missing}")
     return {c: table[c].to_pylist() for c in table.column_names}
 
 
@@ -214,17 +206,17 @@ def _template(root: Path, info: dict[str, Any], key: str, **fields: Any) -> str:
         f"(fields {sorted(fields)} as {{name}} or {{name:03d}})"
     )
     if not isinstance(template, str):
-        raise ValueError(refusal)
+        raise BadInput(refusal)
     try:
         for _, name, spec, conversion in string.Formatter().parse(template):
             if name is not None and (
                 name not in fields or conversion or not re.fullmatch(r"0?[1-9]?[0-9]?d?", spec or "")
             ):
                 field = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
-                raise ValueError(f"{refusal}: {{{field}}}")
+                raise BadInput(f"{refusal}: {{{field}}}")
         return template.format(**fields)
     except (KeyError, IndexError, AttributeError, ValueError) as e:
-        raise ValueError(str(e) if str(e).startswith(refusal) else f"{refusal}: {e}") from None
+        raise BadInput(str(e) if str(e).startswith(refusal) else f"{refusal}: {e}") from None
 
 
 def _check_lengths(
@@ -235,7 +227,7 @@ def _check_lengths(
         e, length = table["episode_index"][r], int(table["length"][r])
         lengths = {n: len(v) for n, v in per_episode[e].items()}
         if set(lengths.values()) != {length}:
-            raise ValueError(f"{root}: episode {e} has length {length} in its metadata, its frames {lengths}")
+            raise BadInput(f"{root}: episode {e} has length {length} in its metadata, its frames {lengths}")
 
 
 def _cell(table: dict[str, list], column: str, row: int, default: Any) -> Any:
@@ -250,12 +242,12 @@ def _image_size(data: bytes, where: str) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
 
     if not isinstance(data, bytes):
-        raise ValueError(f"{where}: an image without its bytes (images stored as paths are not read)")
+        raise BadInput(f"{where}: an image without its bytes (images stored as paths are not read)")
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as e:
-        raise ValueError(f"{where}: an image that cannot be read ({e})") from None
+        raise BadInput(f"{where}: an image that cannot be read ({e})") from None
     return height, width
 
 
@@ -271,13 +263,13 @@ def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
         for n, item in enumerate(column.to_pylist()):
             size = _image_size(item["bytes"], where)  # from the header: checked before decoding
             if size != hw:
-                raise ValueError(
+                raise BadInput(
                     f"{where}: image {n} is {size[0]}x{size[1]} (height x width), not the "
                     f"{hw[0]}x{hw[1]} that {fmt.INFO_PATH} declares; refused"
                 )
             image = iio.imread(item["bytes"])
             if image.dtype != np.uint8:
-                raise ValueError(
+                raise BadInput(
                     f"{where}: image {n} is {image.dtype} (a 16-bit image, such as a depth camera's?); "
                     "images are read as 8-bit RGB or greyscale and would wrap around: convert it"
                 )
@@ -295,7 +287,7 @@ def _to_numpy(column: Any, spec: dict[str, Any], where: str) -> np.ndarray:
     ):
         flat = column.flatten().to_numpy(zero_copy_only=False)
         if len(column) and len(flat) % len(column):
-            raise ValueError(f"{where}: rows of different lengths")
+            raise BadInput(f"{where}: rows of different lengths")
         return flat.reshape(len(column), -1) if len(column) else flat.reshape(0, 0)
     return column.to_numpy(zero_copy_only=False)
 
@@ -331,7 +323,7 @@ def read_lerobot(
         by_index = {e: r for r, e in enumerate(table["episode_index"])}
         absent = [e for e in episodes if e not in by_index]
         if absent:
-            raise ValueError(f"{root}: episodes {absent} are not in the dataset ({len(by_index)} episodes)")
+            raise BadInput(f"{root}: episodes {absent} are not in the dataset ({len(by_index)} episodes)")
         rows = [by_index[e] for e in episodes]
 
     # the images the selected episodes declare, decoded whole: checked against memory first
@@ -356,7 +348,7 @@ def read_lerobot(
         schema = _parquet(fpath, "data file", schema=True)
         absent = [c for c in cols if c not in schema.names]
         if absent:
-            raise ValueError(f"{fpath}: missing columns {absent}")
+            raise BadInput(f"{fpath}: missing columns {absent}")
         data = _parquet(fpath, "data file", cols)
         # sort by (episode, frame) once, then each episode is one slice
         order = np.lexsort((data["frame_index"].to_numpy(), data["episode_index"].to_numpy()))
@@ -377,7 +369,7 @@ def read_lerobot(
     # video frames, each file decoded once
     for name in dict.fromkeys(n for n in wanted.values() if features[n]["dtype"] == "video"):
         if not info.get("video_path"):
-            raise ValueError(f"{root}: feature {name!r} is a video but info.json has no video_path")
+            raise BadInput(f"{root}: feature {name!r} is a video but info.json has no video_path")
         height, width = fmt.image_hw(features[name])
         groups: dict[tuple[int, int], list[int]] = {}
         for r in rows:
@@ -392,7 +384,7 @@ def read_lerobot(
                 length = int(table["length"][r])
                 span = table[f"videos/{name}/to_timestamp"][r] * fps - start
                 if abs(span - length) > 1:
-                    raise ValueError(
+                    raise BadInput(
                         f"{vpath}: episode {table['episode_index'][r]} has {length} frames but its video "
                         f"timestamps span {span:.1f} frames"
                     )
@@ -421,7 +413,7 @@ def read_lerobot(
             success = bool(reward.sum() > 0) if "reward" in extras else True
         task_index = int(arrays["task_index"][0])
         if task_index not in tasks:
-            raise ValueError(f"{root}: episode {e} has task_index {task_index}, not in {fmt.TASKS_PATH}")
+            raise BadInput(f"{root}: episode {e} has task_index {task_index}, not in {fmt.TASKS_PATH}")
         out.append(
             Episode(
                 obs={ours: arrays[name] for ours, name in mapping.items()},

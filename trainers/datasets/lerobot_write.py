@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.files import atomic_folder, check_output, only_entries
 from trainers.datasets import lerobot_format as fmt
 from trainers.datasets import stats as st
@@ -67,14 +68,14 @@ def _is_image(value: np.ndarray) -> bool:
 
 def _episode_frames(n: int, ep: Episode, obs_keys: list[str]) -> _Frames:
     if ep.actions.ndim != 3 or ep.actions.shape[1] != 1:
-        raise ValueError(
+        raise BadInput(
             f"episode {n}: LeRobot datasets hold one observation per action, these demos have chunks of "
             f"{ep.actions.shape[1] if ep.actions.ndim == 3 else '?'} actions with one observation per "
             "chunk: record the demos with chunk_size 1 (--env-kwargs '{\"chunk_size\": null}')"
         )
     keep = ep.valid[:, 0].astype(bool)
     if not keep.any():
-        raise ValueError(f"episode {n} has no executed step")
+        raise BadInput(f"episode {n} has no executed step")
     columns = {key: ep.obs[key][keep] for key in obs_keys}
     columns["action"] = ep.actions[keep, 0]
     columns["reward"] = ep.rewards[keep, 0].astype(np.float32)
@@ -85,10 +86,10 @@ def _episode_frames(n: int, ep: Episode, obs_keys: list[str]) -> _Frames:
         columns["sim_state"] = np.asarray(ep.sim_states, np.float64)[keep]
     lengths = {k: len(v) for k, v in columns.items()}
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"episode {n}: arrays of different lengths {lengths}")
+        raise BadInput(f"episode {n}: arrays of different lengths {lengths}")
     task = ep.instruction or ep.task
     if not task:
-        raise ValueError(
+        raise BadInput(
             f"episode {n} has neither an instruction nor a task: LeRobot frames need a task string"
         )
     return _Frames(columns, task, ep)
@@ -135,7 +136,7 @@ def _features(
             out.append(_Feature(key, name, "video" if video else "image", spec))
             continue
         if value.ndim > 2:
-            raise ValueError(
+            raise BadInput(
                 f"observation {key!r} has frames of shape {value.shape[1:]}: LeRobot export takes images "
                 "(uint8 H x W x 3) and vectors"
             )
@@ -277,9 +278,9 @@ def write_lerobot(
     pd = pandas()
     out = check_output(out, overwrite=overwrite, ours=is_lerobot_folder, what="a LeRobot dataset")
     if not demos.episodes:
-        raise ValueError("no episodes to export")
+        raise BadInput("no episodes to export")
     if not fps > 0:
-        raise ValueError(f"fps must be > 0, got {fps}")
+        raise BadInput(f"fps must be > 0, got {fps}")
     fps = int(fps) if float(fps).is_integer() else float(fps)
     available = list(demos.episodes[0].obs)
     if obs_keys is None:
@@ -293,7 +294,7 @@ def write_lerobot(
         shapes = {f.key: ep.columns[f.key].shape[1:] if f.key in ep.columns else None for f in features}
         want = {f.key: frames[0].columns[f.key].shape[1:] for f in features}
         if shapes != want or set(ep.columns) != set(frames[0].columns):
-            raise ValueError(f"episode {n} has observations {shapes}, episode 0 has {want}: they must match")
+            raise BadInput(f"episode {n} has observations {shapes}, episode 0 has {want}: they must match")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     # staging folder, fsynced, then swapped in: on overwrite the old folder goes only once the new

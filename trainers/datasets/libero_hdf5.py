@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from trainers.datasets.demos import Demos, Episode, check_numbers, text
 from trainers.datasets.paths import inside
 
@@ -113,12 +114,12 @@ def upright(images: np.ndarray, convention: str) -> np.ndarray:
         return np.ascontiguousarray(images[:, ::-1, ::-1])
     if convention == "opencv":  # robosuite already flipped the rows: mirror the columns
         return np.ascontiguousarray(images[:, :, ::-1])
-    raise ValueError(f"macros_image_convention must be 'opengl' or 'opencv', got {convention!r}")
+    raise BadInput(f"macros_image_convention must be 'opengl' or 'opencv', got {convention!r}")
 
 
 def _array(read: Read, g: Any, key: str, where: str) -> np.ndarray:
     if key not in g:
-        raise ValueError(f"{where}: missing dataset {key!r} (a LIBERO demo has actions, states, obs/...)")
+        raise BadInput(f"{where}: missing dataset {key!r} (a LIBERO demo has actions, states, obs/...)")
     return _numbers(read, g[key], f"{where}: {key}")
 
 
@@ -157,14 +158,14 @@ def _proprio(read: Read, obs: Any, where: str) -> np.ndarray | None:
         check_numbers(np.asarray(part), f"{where}: obs (end-effector and gripper)")
     parts = [np.asarray(p, np.float32).reshape(len(p), -1) for p in parts]
     if len({len(p) for p in parts}) != 1:
-        raise ValueError(f"{where}: the end-effector and gripper observations have different lengths")
+        raise BadInput(f"{where}: the end-effector and gripper observations have different lengths")
     return np.concatenate(parts, axis=1)
 
 
 def _read_demo(read: Read, g: Any, where: str, convention: str, align: bool) -> dict[str, Any]:
     actions = np.asarray(_array(read, g, "actions", where), np.float32)
     if actions.ndim != 2:
-        raise ValueError(f"{where}: actions must be [T, action_dim], got shape {actions.shape}")
+        raise BadInput(f"{where}: actions must be [T, action_dim], got shape {actions.shape}")
     t = len(actions)
     arrays: dict[str, np.ndarray] = {"actions": actions}
     obs_group = g.get("obs", {})
@@ -172,9 +173,7 @@ def _read_demo(read: Read, g: Any, where: str, convention: str, align: bool) -> 
         if key in obs_group and ours not in arrays:
             img = read(obs_group[key])
             if img.dtype != np.uint8 or img.ndim != 4 or img.shape[-1] != 3:
-                raise ValueError(
-                    f"{where}: obs/{key} must be uint8 [T, H, W, 3], got {img.dtype} {img.shape}"
-                )
+                raise BadInput(f"{where}: obs/{key} must be uint8 [T, H, W, 3], got {img.dtype} {img.shape}")
             arrays[ours] = upright(img, convention)
     proprio = _proprio(read, obs_group, where)
     if proprio is not None:
@@ -191,7 +190,7 @@ def _read_demo(read: Read, g: Any, where: str, convention: str, align: bool) -> 
     if dones is not None:
         lengths["dones"] = len(dones)
     if len(set(lengths.values())) != 1:
-        raise ValueError(f"{where}: every array must have one entry per step, got lengths {lengths}")
+        raise BadInput(f"{where}: every array must have one entry per step, got lengths {lengths}")
     success = bool(dones[-1]) if dones is not None and len(dones) else bool(arrays["rewards"].sum() > 0)
     if align:  # observation after a_t <- next action a_{t+1} and the state it shows, s_{t+1}
         arrays = {
@@ -225,7 +224,7 @@ def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = T
         with SafeHDF5(file) as h:
             f = h.file
             if not is_libero_file(f):
-                raise ValueError(
+                raise BadInput(
                     f"{file} is not a LIBERO/robomimic demonstration file: expected a 'data' group of "
                     f"'demo_<i>' groups, found top-level keys {list(f.keys())}"
                 )
@@ -256,7 +255,7 @@ def read_libero_hdf5(path: str | Path, *, align: bool = True, progress: bool = T
                     )
                 )
     if not episodes:
-        raise ValueError(f"{root}: no demonstration steps to read")
+        raise BadInput(f"{root}: no demonstration steps to read")
     meta = {
         "format": FORMAT,
         "source": str(root),

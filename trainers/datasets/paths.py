@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nets.errors import BadInput
+
 
 def allowed_roots(root: str | Path) -> tuple[Path, ...]:
     """The resolved folders the files of the dataset folder ``root`` may resolve into."""
@@ -37,7 +39,7 @@ def inside(root: str | Path, path: str | Path, what: str) -> Path:
     real = full.resolve()
     roots = allowed_roots(root)
     if not any(real.is_relative_to(r) for r in roots):
-        raise ValueError(
+        raise BadInput(
             f"{root}: {what} {path} resolves to {real}, outside the dataset folder {roots[0]}; "
             "a dataset may only read its own files (refused)"
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.files import regular_file
 from trainers.datasets.extras import ffmpeg_exe
 
@@ -38,9 +39,9 @@ class VideoWriter:
         self, path: str | Path, height: int, width: int, fps: float, codec: str = DEFAULT_CODEC
     ) -> None:
         if codec not in CODEC_OPTIONS:
-            raise ValueError(f"video codec must be one of {sorted(CODEC_OPTIONS)}, got {codec!r}")
+            raise BadInput(f"video codec must be one of {sorted(CODEC_OPTIONS)}, got {codec!r}")
         if height % 2 or width % 2:
-            raise ValueError(
+            raise BadInput(
                 f"yuv420p videos need an even height and width, got {height}x{width}: "
                 "store the images as PNG instead (video=False / --no-video)"
             )
@@ -54,7 +55,7 @@ class VideoWriter:
     def write(self, frames: np.ndarray) -> None:
         frames = np.asarray(frames)
         if frames.dtype != np.uint8 or frames.shape[1:] != self.shape:
-            raise ValueError(
+            raise BadInput(
                 f"{self.path}: frames must be uint8 [N, *{self.shape}], got {frames.dtype} {frames.shape}"
             )
         assert self._proc.stdin is not None
@@ -189,7 +190,7 @@ def read_frames(
     )
     why = _cut_short(path) if path.suffix.lower() == ".mp4" else None
     if why:
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected {expected}, got a file cut short ({path.stat().st_size} bytes: {why}); "
             "is it truncated (an interrupted copy or download, a full disk)?"
         )
@@ -207,14 +208,14 @@ def read_frames(
                     break
                 if shape != (height, width, 3):
                     h, w, depth = shape
-                    raise ValueError(
+                    raise BadInput(
                         f"{path}: frame {count} of the video is {h}x{w} (height x width, {depth} channels), "
                         f"not the {height}x{width} RGB frames {declared}; refused (each frame would be "
                         "read scrambled)"
                     )
                 buf = proc.stdout.read(frame_bytes)
                 if len(buf) != frame_bytes:
-                    raise ValueError(f"{path}: frame {count} is cut short ({len(buf)}/{frame_bytes} bytes)")
+                    raise BadInput(f"{path}: frame {count} is cut short ({len(buf)}/{frame_bytes} bytes)")
                 yield np.frombuffer(buf, np.uint8).reshape(height, width, 3)
                 count += 1
         finally:
@@ -224,7 +225,7 @@ def read_frames(
             code = proc.wait()
         if code not in (0, -9):  # -9: killed above, the caller had what it wanted
             log.seek(0)
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected {expected}, got a file ffmpeg cannot decode (is it truncated or "
                 f"damaged?): {log.read().decode(errors='replace')[-2000:]}"
             )
@@ -252,5 +253,5 @@ def read_ranges(
                 dest[count - start] = frame
         count += 1
     if count < last:
-        raise ValueError(f"{path}: the episodes need {last} frames, the video has {count}")
+        raise BadInput(f"{path}: the episodes need {last} frames, the video has {count}")
     return empty() if out is None else out

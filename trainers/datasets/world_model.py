@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nets.errors import BadInput
 from nets.files import atomic_folder, check_output, only_entries
 from trainers.datasets.demos import Demos, Episode
 
@@ -33,22 +34,20 @@ ACTION_DIM = 7  # RLinf's world models take LIBERO's 7-D actions
 
 def _frames(n: int, ep: Episode) -> np.ndarray:
     if "image" not in ep.obs:
-        raise ValueError(
+        raise BadInput(
             f"episode {n} has no 'image' observation (it has {list(ep.obs)}): a world model needs one"
         )
     c, k, d = ep.actions.shape
     if d != ACTION_DIM:
-        raise ValueError(f"episode {n}: world-model datasets hold {ACTION_DIM}-D LIBERO actions, got {d}-D")
+        raise BadInput(f"episode {n}: world-model datasets hold {ACTION_DIM}-D LIBERO actions, got {d}-D")
     image = ep.obs["image"]
     if image.dtype != np.uint8 or image.ndim != 4 or image.shape[-1] != 3 or len(image) != c:
-        raise ValueError(
-            f"episode {n}: 'image' must be uint8 [{c}, H, W, 3], got {image.dtype} {image.shape}"
-        )
+        raise BadInput(f"episode {n}: 'image' must be uint8 [{c}, H, W, 3], got {image.dtype} {image.shape}")
     wrist = ep.obs.get("wrist_image")
     if ep.sim_states is not None and len(ep.sim_states) != c:
-        raise ValueError(f"episode {n}: {len(ep.sim_states)} sim_states for {c} observations")
+        raise BadInput(f"episode {n}: {len(ep.sim_states)} sim_states for {c} observations")
     if not ep.instruction:
-        raise ValueError(f"episode {n} has no instruction")
+        raise BadInput(f"episode {n} has no instruction")
     record = np.empty(c, dtype=object)
     for t in range(c):
         item: dict[str, Any] = {
@@ -82,7 +81,7 @@ def write_world_model_dataset(
     from tqdm.auto import tqdm
 
     if not demos.episodes:
-        raise ValueError("no episodes to export")
+        raise BadInput("no episodes to export")
     root = Path(out)
     target = root / "dataset"
     check_output(

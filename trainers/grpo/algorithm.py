@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from trainers import parallel, update
 from trainers.grpo.groups import keep_groups, num_groups
@@ -139,48 +140,48 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {self.variant!r}")
+            raise BadInput(f"variant must be one of {sorted(VARIANTS)}, got {self.variant!r}")
         for name, value in VARIANTS[self.variant].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         if self.overlong not in ("off", "filter", "punish"):
-            raise ValueError(f"overlong must be 'off', 'filter' or 'punish', got {self.overlong!r}")
+            raise BadInput(f"overlong must be 'off', 'filter' or 'punish', got {self.overlong!r}")
         if self.overlong_buffer < 0 or (self.overlong_max_steps is not None and self.overlong_max_steps < 1):
-            raise ValueError(
+            raise BadInput(
                 f"need overlong_buffer >= 0 and overlong_max_steps >= 1 (or None), got "
                 f"{self.overlong_buffer} and {self.overlong_max_steps}"
             )
         if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+            raise BadInput(f"group_size must be >= 1, got {self.group_size}")
         if self.std not in ("unbiased", "population", "none"):
-            raise ValueError(f"std must be 'unbiased', 'population' or 'none', got {self.std!r}")
+            raise BadInput(f"std must be 'unbiased', 'population' or 'none', got {self.std!r}")
         if self.log_prob_level not in LOG_PROB_LEVELS:
-            raise ValueError(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {self.log_prob_level!r}")
+            raise BadInput(f"log_prob_level must be one of {LOG_PROB_LEVELS}, got {self.log_prob_level!r}")
         if self.loss_agg not in ("token_mean", "traj_mean"):
-            raise ValueError(f"loss_agg must be 'token_mean' or 'traj_mean', got {self.loss_agg!r}")
+            raise BadInput(f"loss_agg must be 'token_mean' or 'traj_mean', got {self.loss_agg!r}")
         if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
-            raise ValueError(
+            raise BadInput(
                 f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low} and {self.clip_high}"
             )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+            raise BadInput(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         for name in ("resample_rounds", "rollout_steps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise BadInput(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.pg_coef < 0:
-            raise ValueError(f"pg_coef must be >= 0, got {self.pg_coef}")
+            raise BadInput(f"pg_coef must be >= 0, got {self.pg_coef}")
         if self.sil_coef < 0 or self.sil_capacity < 1:
-            raise ValueError(
+            raise BadInput(
                 f"need sil_coef >= 0 and sil_capacity >= 1, got {self.sil_coef}, {self.sil_capacity}"
             )
         if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
+            raise BadInput(f"target_kl must be > 0 (or None), got {self.target_kl}")
         if self.start_weighting not in ("uniform", "informative"):
-            raise ValueError(
+            raise BadInput(
                 f"start_weighting must be 'uniform' or 'informative', got {self.start_weighting!r}"
             )
         if self.same_task_iters < 1:
-            raise ValueError(f"same_task_iters must be >= 1, got {self.same_task_iters}")
+            raise BadInput(f"same_task_iters must be >= 1, got {self.same_task_iters}")
 
 
 def make_optimizer(policy: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
@@ -298,7 +299,7 @@ def grpo_update(
     evaluates its contiguous share of them in the minibatch's forward.
     """
     if config.kl_beta > 0 and ref_policy is None:
-        raise ValueError("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
+        raise BadInput("kl_beta > 0 needs a frozen reference policy (ref_policy=...)")
     guard = guard or BadUpdateGuard(config.max_bad_updates)
     device = next(policy.parameters()).device
     world = parallel.world_size()
@@ -311,7 +312,7 @@ def grpo_update(
     truncated = first_episode_truncated(rollout)
     if config.overlong == "punish":
         if config.overlong_max_steps is None:
-            raise ValueError("overlong 'punish' needs overlong_max_steps (the episode limit in sub-steps)")
+            raise BadInput("overlong 'punish' needs overlong_max_steps (the episode limit in sub-steps)")
         penalty = overlong_penalty(
             rollout.first_episode.sum((0, 2)), config.overlong_max_steps, config.overlong_buffer
         )

@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from nets.errors import BadInput
 from trainers import parallel
 from trainers.env_contract import frame_tasks, initial_frames, start_options
 from trainers.rollout import Rollout
@@ -43,7 +44,7 @@ def group_seeds(seed: int, num_envs: int, group_size: int) -> list[int]:
 def num_groups(num_envs: int, group_size: int) -> int:
     """``num_envs // group_size``; an error unless the envs split into whole groups."""
     if num_envs % group_size:
-        raise ValueError(f"num_envs={num_envs} is not a multiple of group_size={group_size}")
+        raise BadInput(f"num_envs={num_envs} is not a multiple of group_size={group_size}")
     return num_envs // group_size
 
 
@@ -186,13 +187,13 @@ class GroupStarts:
         shard: tuple[int, int] = (0, 1),
     ) -> None:
         if weighting not in ("uniform", "informative"):
-            raise ValueError(f"start weighting must be 'uniform' or 'informative', got {weighting!r}")
+            raise BadInput(f"start weighting must be 'uniform' or 'informative', got {weighting!r}")
         self.env, self.group_size, self.seed, self.shard = env, group_size, seed, shard
         self.same_task_iters, self.weighting = same_task_iters, weighting
         needs_tasks = same_task_iters > 1 or weighting == "informative"
         self.tasks = frame_tasks(env) if needs_tasks else None
         if weighting == "informative" and self.tasks is None:
-            raise ValueError(
+            raise BadInput(
                 "start weighting 'informative' needs an env whose initial_frames say their task "
                 "(frame.task); use 'uniform'"
             )

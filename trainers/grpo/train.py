@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from nets.errors import BadInput
 from trainers import parallel
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
@@ -95,7 +96,7 @@ def episode_limit(env: Any) -> int:
     if not isinstance(limit, int):
         limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     if not isinstance(limit, int) or limit < 1:
-        raise ValueError(
+        raise BadInput(
             "overlong 'punish' needs the episode limit: the env states none (max_episode_steps); "
             "give --overlong-max-steps"
         )
@@ -108,9 +109,7 @@ def train(
     """Train with GRPO until ``run_config.total_steps`` env steps; returns the final metrics.
     ``callbacks`` (``trainers/callbacks.py``) run after the run's evaluation and checkpointing."""
     if run_config.num_envs % config.group_size:
-        raise ValueError(
-            f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}"
-        )
+        raise BadInput(f"num_envs={run_config.num_envs} must be a multiple of group_size={config.group_size}")
     run = Run("grpo", run_config, config, callbacks, group_size=config.group_size)
     env = None
     try:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from trainers import parallel, update
 from trainers.losses import (
@@ -109,25 +110,25 @@ class PPOConfig:
         _choice("lr_schedule", self.lr_schedule, ("constant", "linear"))
         _choice("clip_schedule", self.clip_schedule, ("constant", "linear"))
         if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+            raise BadInput(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if not (0.0 <= self.clip_low < 1.0 and self.clip_high >= 0.0):
-            raise ValueError(
+            raise BadInput(
                 f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low} and {self.clip_high}"
             )
         if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError(f"target_kl must be > 0 (or None), got {self.target_kl}")
+            raise BadInput(f"target_kl must be > 0 (or None), got {self.target_kl}")
         for name in ("n_steps", "batch_size", "n_epochs", "max_bad_updates"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise BadInput(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.critic_warmup_iters < 0:
-            raise ValueError(f"critic_warmup_iters must be >= 0, got {self.critic_warmup_iters}")
+            raise BadInput(f"critic_warmup_iters must be >= 0, got {self.critic_warmup_iters}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
-            raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+            raise BadInput(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        raise BadInput(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def make_optimizer(policy: torch.nn.Module, config: PPOConfig) -> torch.optim.Optimizer:
@@ -180,7 +181,7 @@ def compute_advantages(
     the step where the episode ended.
     """
     if rollout.values is None or rollout.last_values is None:
-        raise ValueError("PPO needs a policy with a value head (ActionChunk.value was None)")
+        raise BadInput("PPO needs a policy with a value head (ActionChunk.value was None)")
     T, N, K = rollout.rewards.shape
     Kv = rollout.values.shape[-1]
     dones, valid = rollout.dones, rollout.valid
@@ -194,9 +195,9 @@ def compute_advantages(
         return adv[..., None], (adv + values)[..., None] * ok[..., None], ok[..., None]
 
     if time_unit != "step":
-        raise ValueError(f"time_unit must be 'step' or 'chunk', got {time_unit!r}")
+        raise BadInput(f"time_unit must be 'step' or 'chunk', got {time_unit!r}")
     if Kv != K:
-        raise ValueError(
+        raise BadInput(
             f"time_unit='step' with K={K} sub-steps needs one value per sub-step (Kv=K), got Kv={Kv}; "
             "use time_unit='chunk' or a per-sub-step value head"
         )
@@ -310,7 +311,7 @@ def ppo_update(
             weight_sums=counts or None,
         )
         if out.value is None:
-            raise ValueError("PPO needs policy.evaluate to return a value")
+            raise BadInput("PPO needs policy.evaluate to return a value")
         if batch.kl_exceeded(stats["approx_kl_chunk"]):
             return None
         v_loss = value_loss(

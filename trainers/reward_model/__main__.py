@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trainers.reward_model as package
+from nets.errors import run_cli
 from trainers.config import parse
 from trainers.reward_model.train import MODEL_FILE, REPORT_MD, RewardModelConfig, run
 
@@ -43,4 +44,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -47,6 +47,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from nets.errors import BadInput
 from nets.files import atomic_path
 from policies.base import ActionChunk, ActionChunkPolicy, PolicyEval
 from trainers.datasets.demos import Episode, check_format
@@ -76,26 +77,26 @@ class PolicySpec:
 def parse_policy_spec(text: str) -> PolicySpec:
     """``"libero_expert,episodes=40,noise=0.5"`` -> ``PolicySpec`` (see the module docstring)."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"policy spec: expected 'NAME[,key=value...]', got {text!r}")
+        raise BadInput(f"policy spec: expected 'NAME[,key=value...]', got {text!r}")
     name, *items = (part.strip() for part in text.split(","))
     values: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"policy spec {text!r}: expected key=value after the name, got {item!r}")
+            raise BadInput(f"policy spec {text!r}: expected key=value after the name, got {item!r}")
         try:
             values[key] = json.loads(raw)
         except json.JSONDecodeError:
             values[key] = raw  # a bare string
     episodes = values.pop("episodes", None)
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"policy spec {text!r}: expected episodes=<int >= 1>, got {episodes!r}")
+        raise BadInput(f"policy spec {text!r}: expected episodes=<int >= 1>, got {episodes!r}")
     noise = values.pop("noise", 0.0)
     if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0 <= noise < math.inf:
-        raise ValueError(f"policy spec {text!r}: expected noise=<float >= 0> (action std), got {noise!r}")
+        raise BadInput(f"policy spec {text!r}: expected noise=<float >= 0> (action std), got {noise!r}")
     deterministic = values.pop("deterministic", True)
     if not isinstance(deterministic, bool):
-        raise ValueError(f"policy spec {text!r}: expected deterministic=true|false, got {deterministic!r}")
+        raise BadInput(f"policy spec {text!r}: expected deterministic=true|false, got {deterministic!r}")
     return PolicySpec(name, episodes, float(noise), deterministic, values, text)
 
 
@@ -108,7 +109,7 @@ def check_policy_name(spec: PolicySpec) -> None:
     try:
         resolve_policy(spec.name, gym.spaces.Box(-1, 1, (1,)))
     except ValueError as e:
-        raise ValueError(f"policy spec {spec.describe()!r}: {e}, 'random' or 'checkpoint:<path>'") from None
+        raise BadInput(f"policy spec {spec.describe()!r}: {e}, 'random' or 'checkpoint:<path>'") from None
 
 
 class RandomActions(ActionChunkPolicy):
@@ -117,7 +118,7 @@ class RandomActions(ActionChunkPolicy):
     def __init__(self, action_space: gym.spaces.Box) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"the 'random' policy needs a Box action space, got {action_space}")
+            raise BadInput(f"the 'random' policy needs a Box action space, got {action_space}")
         shape = action_space.shape if len(action_space.shape) == 2 else (1, *action_space.shape)
         self.chunk_size, self.action_dim = int(shape[0]), int(np.prod(shape[1:]))
         self.log_prob_dim = self.action_dim
@@ -177,7 +178,7 @@ def make_spec_policy(
         policy = make_policy(spec.name, observation_space, action_space, **spec.kwargs)
     if spec.noise > 0:
         if not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(
+            raise BadInput(
                 f"policy spec {spec.describe()!r}: noise needs a Box action space, got {action_space}"
             )
         policy.seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))  # not the noise's stream
@@ -217,7 +218,7 @@ def episode_frames(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One episode's frames ``[F, H, W, 3]`` and their labels ``[F]`` (see the module docstring)."""
     if image_key not in ep.obs:
-        raise ValueError(
+        raise BadInput(
             f"env {env_name}: no image observation {image_key!r} (observation keys {sorted(ep.obs)}); "
             "make the env render one (LIBERO: cameras=['agentview']) or name it with image_key"
         )
@@ -228,12 +229,12 @@ def episode_frames(
         if sub_steps:
             shots = ep.info.get("frames", [None] * len(ep.actions))[t]
             if shots is None or len(shots) != int(valid.sum()):
-                raise ValueError(
+                raise BadInput(
                     f"env {env_name}: sub_steps needs info['frames'] with one frame per executed sub-step "
                     "(this project's envs with record_frames = True)"
                 )
             if len(success) != len(shots):  # a plain env: one success per step, not per sub-step
-                raise ValueError(f"env {env_name}: sub_steps needs info['chunk_success'] per sub-step")
+                raise BadInput(f"env {env_name}: sub_steps needs info['chunk_success'] per sub-step")
             frames += list(shots)
             labels += success.tolist()
         else:  # the frame after step t: the next observation, or the final one
@@ -244,7 +245,7 @@ def episode_frames(
             labels.append(bool(success[-1]) if len(success) else labels[-1])
     stacked = np.stack([np.asarray(f) for f in frames])
     if stacked.dtype != np.uint8 or stacked.ndim != 4 or stacked.shape[-1] != 3:
-        raise ValueError(
+        raise BadInput(
             f"env {env_name}: frames {image_key!r} must be uint8 RGB [H, W, 3], "
             f"got {stacked.dtype} {stacked.shape[1:]}"
         )
@@ -261,7 +262,7 @@ def _sub_step_success(ep: Episode, t: int, valid: np.ndarray, env_name: str) -> 
             for key in SUCCESS_KEYS:
                 if source.get(key) is not None:
                     return np.array([bool(np.asarray(source[key]))])
-    raise ValueError(
+    raise BadInput(
         f"env {env_name} reports no success signal: a reward model is labelled with the env's own "
         f"success, from info['chunk_success'] [N, K] (this project's envs) or info['success'] / "
         f"info['is_success'] per step; none was in step {t}'s info"
@@ -275,7 +276,7 @@ def _step_entries(ep: Episode, t: int) -> list[dict[str, Any]]:
 
 def _final_image(ep: Episode, image_key: str, env_name: str) -> np.ndarray:
     if ep.final_obs is None or image_key not in ep.final_obs:
-        raise ValueError(f"env {env_name}: the episode's final observation has no {image_key!r}")
+        raise BadInput(f"env {env_name}: the episode's final observation has no {image_key!r}")
     return ep.final_obs[image_key]
 
 
@@ -297,7 +298,7 @@ def collect_frames(
     if sub_steps:
         target = getattr(env, "unwrapped", env)
         if not hasattr(target, "record_frames"):
-            raise ValueError(f"env {name}: sub_steps needs an env with record_frames (this project's envs)")
+            raise BadInput(f"env {name}: sub_steps needs an env with record_frames (this project's envs)")
         target.record_frames = True
     keys = ["chunk_success", "final_info", *SUCCESS_KEYS, *(["frames"] if sub_steps else [])]
     total = sum(s.episodes for s in specs)
@@ -351,7 +352,7 @@ def write_frames(
                         compression="lzf",
                     )
                 if frames.shape[1:3] != data.shape[1:3]:
-                    raise ValueError(
+                    raise BadInput(
                         f"frames change size between episodes: {data.shape[1:3]} then {frames.shape[1:3]}"
                     )
                 m = data.shape[0]
@@ -366,7 +367,7 @@ def write_frames(
                 ):
                     table[column].append(value)
             if data is None:
-                raise ValueError("no episodes were collected (every policy spec needs episodes >= 1)")
+                raise BadInput("no episodes were collected (every policy spec needs episodes >= 1)")
             all_labels = np.concatenate(labels)
             check_labels(all_labels, len(table["policy"]), meta)
             meta = {**meta, "collect_s": time.perf_counter() - start, "frame_size": list(data.shape[1:3])}
@@ -391,13 +392,13 @@ def check_labels(labels: np.ndarray, episodes: int, meta: dict[str, Any]) -> Non
     positives = int(labels.sum())
     policies = ", ".join(meta.get("policies", [])) or "?"
     if positives == 0:
-        raise ValueError(
+        raise BadInput(
             f"no positive frames: none of the {episodes} episodes ({len(labels)} frames, policies "
             f"{policies}) reached the env's success; add episodes of a policy that succeeds (e.g. "
             "libero_expert, and steps_after_success in the env kwargs to record solved frames)"
         )
     if positives == len(labels):
-        raise ValueError(
+        raise BadInput(
             f"no negative frames: all {len(labels)} frames of {episodes} episodes are labelled success; "
             "the env must report success only once the task is solved"
         )

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nets.errors import BadInput
 from nets.files import check_output, only_entries, write_atomic
 from nets.resnet_rm import DEFAULT_WIDTH, ResnetRewardModel, check_width, nonfinite_entries
 from trainers.reward_model.augment import Augment, augment, resize_frames, to_model_input
@@ -123,7 +124,7 @@ def split_episodes(fs: FrameSet, held_out: float, seed: int) -> tuple[np.ndarray
     for name, eps in (("training", train_arr), ("held-out", held_arr)):
         labels = fs.labels[np.isin(fs.episode, eps)]
         if not labels.any() or labels.all():
-            raise ValueError(
+            raise BadInput(
                 f"the {name} episodes need frames of both labels: {n} episodes ({int(solved.sum())} "
                 f"successful) are too few to hold out {held_out:.0%}; collect more episodes"
             )
@@ -144,7 +145,7 @@ def build_model(width: int | None, init_from: str | None, seed: int = 0) -> Resn
         try:  # refused there if any weight is NaN or inf: training would only spread it
             model = ResnetRewardModel.from_checkpoint(init_from, width=width)
         except ValueError as e:
-            raise ValueError(f"init_from: {e}") from None
+            raise BadInput(f"init_from: {e}") from None
         model.frozen = False
     return model
 
@@ -333,7 +334,7 @@ def save_reward_model(model: ResnetRewardModel, path: str | Path) -> Path:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     bad = nonfinite_entries(state)
     if bad:
-        raise ValueError(
+        raise BadInput(
             f"{path}: not written: expected a reward model with finite weights, got NaN or inf in "
             f"{bad[:4]}{' and more' if len(bad) > 4 else ''}"
         )
@@ -412,19 +413,19 @@ def check_config(cfg: RewardModelConfig) -> list[Any]:
         )
     size = cfg.frame_size
     if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 16 for s in size):
-        raise ValueError(f"frame_size: expected [height, width], ints >= 16, got {size!r}")
+        raise BadInput(f"frame_size: expected [height, width], ints >= 16, got {size!r}")
     counts = (("steps", cfg.steps, 1), ("batch_size", cfg.batch_size, 2), ("num_envs", cfg.num_envs, 1),
               ("eval_every", cfg.eval_every, 0))  # fmt: skip
     for name, value, low in counts:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+            raise BadInput(f"{name}: expected an int >= {low}, got {value!r}")
     if not 0 < cfg.held_out < 1:
-        raise ValueError(f"held_out: expected a fraction in (0, 1), got {cfg.held_out!r}")
+        raise BadInput(f"held_out: expected a fraction in (0, 1), got {cfg.held_out!r}")
     if cfg.balance not in ("sampler", "loss", "none"):
-        raise ValueError(f"balance: expected 'sampler', 'loss' or 'none', got {cfg.balance!r}")
+        raise BadInput(f"balance: expected 'sampler', 'loss' or 'none', got {cfg.balance!r}")
     specs = [parse_policy_spec(text) for text in cfg.policy]
     if cfg.frames is None and not specs:
-        raise ValueError("policy: expected at least one policy spec to collect frames with")
+        raise BadInput("policy: expected at least one policy spec to collect frames with")
     for spec in specs:
         check_policy_name(spec)
     return specs
@@ -444,7 +445,7 @@ def collect(cfg: RewardModelConfig, specs: list[Any], path: Path) -> FrameSet:
             "VersionNotFound",
             "ModuleNotFoundError",
         ):
-            raise ValueError(
+            raise BadInput(
                 f"unknown env {cfg.env!r}: expected a registered gymnasium id (e.g. "
                 f"'envs:Libero-Spatial-v0'; 'module:Id' imports module first): {e}"
             ) from None

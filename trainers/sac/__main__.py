@@ -1,3 +1,4 @@
+from nets.errors import run_cli
 from trainers.sac.train import main
 
-main()
+run_cli(main)

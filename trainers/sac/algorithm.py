@@ -27,6 +27,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
 from policies.torso_policy import box_bounds, box_chunk_shape
 from trainers.optim import BadUpdateGuard, fused_ok
 from trainers.sac.critic import QEnsemble
@@ -122,12 +123,12 @@ class SACConfig:
     def __post_init__(self) -> None:
         for name in ("buffer_size", "batch_size", "steps_per_iteration", "n_step", "n_critics"):
             if getattr(self, name) < 1:
-                raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
+                raise BadInput(f"sac {name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.actor_nice <= 19:
-            raise ValueError(f"sac actor_nice must be in [0, 19], got {self.actor_nice}")
+            raise BadInput(f"sac actor_nice must be in [0, 19], got {self.actor_nice}")
         for name in ("actor_every", "weight_sync_every", "max_actor_lead"):
             if getattr(self, name) < 1:
-                raise ValueError(f"sac {name} must be >= 1, got {getattr(self, name)}")
+                raise BadInput(f"sac {name} must be >= 1, got {getattr(self, name)}")
         for name in (
             "learning_starts",
             "gradient_steps",
@@ -137,24 +138,24 @@ class SACConfig:
             "actor_starts",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"sac {name} must be >= 0, got {getattr(self, name)}")
+                raise BadInput(f"sac {name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.gamma <= 1.0 or not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"sac gamma and tau must be in (0, 1], got {self.gamma} and {self.tau}")
+            raise BadInput(f"sac gamma and tau must be in (0, 1], got {self.gamma} and {self.tau}")
         if not 0.0 <= self.prior_ratio < 1.0:
-            raise ValueError(f"sac prior_ratio must be in [0, 1), got {self.prior_ratio}")
+            raise BadInput(f"sac prior_ratio must be in [0, 1), got {self.prior_ratio}")
         if self.init_alpha <= 0 or self.learning_rate <= 0 or self.bc_coef < 0:
-            raise ValueError("sac init_alpha and learning_rate must be > 0 and bc_coef >= 0")
+            raise BadInput("sac init_alpha and learning_rate must be > 0 and bc_coef >= 0")
         if self.critic_subsample > self.n_critics:
-            raise ValueError(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
+            raise BadInput(f"critic_subsample {self.critic_subsample} > n_critics {self.n_critics}")
         if self.critic_obs_norm not in ("actor", "prior"):
-            raise ValueError(f"sac critic_obs_norm must be actor or prior, got {self.critic_obs_norm!r}")
+            raise BadInput(f"sac critic_obs_norm must be actor or prior, got {self.critic_obs_norm!r}")
         if self.actor_obs_norm not in ("keep", "prior"):
-            raise ValueError(f"sac actor_obs_norm must be keep or prior, got {self.actor_obs_norm!r}")
+            raise BadInput(f"sac actor_obs_norm must be keep or prior, got {self.actor_obs_norm!r}")
         for name in ("critic_obs_norm", "actor_obs_norm"):
             if getattr(self, name) == "prior" and not self.prior_data:
-                raise ValueError(f"sac {name} 'prior' takes its statistics from prior_data, not set")
+                raise BadInput(f"sac {name} 'prior' takes its statistics from prior_data, not set")
         if self.actor_q not in ("min", "mean") or self.warmup not in ("uniform", "policy"):
-            raise ValueError(
+            raise BadInput(
                 f"actor_q must be min or mean and warmup uniform or policy, got {self.actor_q}, {self.warmup}"
             )
 

@@ -18,6 +18,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from nets.errors import BadInput
 from policies.torsos import ACTIVATIONS, make_torso
 
 
@@ -46,9 +47,9 @@ class QEnsemble(nn.Module):
     ) -> None:
         super().__init__()
         if n_critics < 1:
-            raise ValueError(f"n_critics must be >= 1, got {n_critics}")
+            raise BadInput(f"n_critics must be >= 1, got {n_critics}")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+            raise BadInput(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.encoder = make_torso(observation_space, hidden_sizes=(), **(torso_kwargs or {}))
         self.n_critics, self.layer_norm = n_critics, layer_norm
         self.activation = ACTIVATIONS[activation]()

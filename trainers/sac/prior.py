@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from nets.errors import BadInput
 from trainers.sac.replay import ChunkStep, NStepWriter, ReplayBuffer, Transition
 
 
@@ -37,7 +38,7 @@ def load_prior(
     demos = load_demos(path)
     transitions = demo_transitions(demos.episodes, observation_space, action_shape, gamma, n_step, path)
     if not transitions:
-        raise ValueError(f"{path}: no transition could be made from its {len(demos.episodes)} episodes")
+        raise BadInput(f"{path}: no transition could be made from its {len(demos.episodes)} episodes")
     buffer = ReplayBuffer(observation_space, action_shape, len(transitions), prior=True)
     buffer.add(transitions)
     return _finite(buffer, path)
@@ -54,7 +55,7 @@ def _finite(buffer: ReplayBuffer, source: Any) -> ReplayBuffer:
         rows = values[:n].reshape(n, -1)
         if np.issubdtype(rows.dtype, np.floating) and not np.isfinite(rows).all():
             bad = int((~np.isfinite(rows)).any(1).sum())
-            raise ValueError(f"{source}: prior data {name} holds NaN or inf in {bad} of {n} transitions")
+            raise BadInput(f"{source}: prior data {name} holds NaN or inf in {bad} of {n} transitions")
     return buffer
 
 
@@ -75,9 +76,9 @@ def demo_transitions(
     first = episodes[0]
     stored_k, stored_d = first.actions.shape[1:]
     if stored_d != d:
-        raise ValueError(f"{source}: actions of {stored_d} dimensions; the env takes {d}")
+        raise BadInput(f"{source}: actions of {stored_d} dimensions; the env takes {d}")
     if stored_k not in (1, k):
-        raise ValueError(
+        raise BadInput(
             f"{source}: chunks of {stored_k} actions; the env's chunk size is {k} (demos recorded one "
             "action per step can be cut into any chunk size)"
         )
@@ -88,12 +89,12 @@ def demo_transitions(
         if isinstance(parts[key], spaces.Text):
             continue
         if key not in first.obs:
-            raise ValueError(
+            raise BadInput(
                 f"{source}: the env observes {keys}; the demonstrations have no {key!r} "
                 f"(they have {list(first.obs)})"
             )
         if tuple(first.obs[key].shape[1:]) != tuple(parts[key].shape):
-            raise ValueError(
+            raise BadInput(
                 f"{source}: observation {key!r} has shape {first.obs[key].shape[1:]}, "
                 f"the env's {parts[key].shape}"
             )
@@ -145,11 +146,11 @@ def _from_run(path: Path, observation_space: spaces.Space, action_shape: tuple[i
 
     where, data = ckpt.latest_checkpoint(path)
     if data.get("algo") != "sac" or "buffer" not in data.get("extra", {}):
-        raise ValueError(f"{where}: prior data from a run must be a SAC checkpoint with its replay buffer")
+        raise BadInput(f"{where}: prior data from a run must be a SAC checkpoint with its replay buffer")
     state = data["extra"]["buffer"]
     buffer = ReplayBuffer(observation_space, action_shape, max(int(state["size"]), 1), prior=True)
     if tuple(state["actions"].shape[1:]) != tuple(action_shape):
-        raise ValueError(
+        raise BadInput(
             f"{where}: transitions of chunk shape {tuple(state['actions'].shape[1:])}, "
             f"the env's {action_shape}"
         )

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from nets.errors import BadInput
+
 MEMORY_FRACTION = 0.8  # a buffer may take at most this share of the memory available when it is built
 
 
@@ -82,7 +84,7 @@ class NStepWriter:
 
     def __init__(self, num_envs: int, n_step: int, gamma: float) -> None:
         if n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {n_step}")
+            raise BadInput(f"n_step must be >= 1, got {n_step}")
         self.n_step, self.gamma = n_step, gamma
         self.pending: list[list[ChunkStep]] = [[] for _ in range(num_envs)]
 
@@ -156,7 +158,7 @@ class ReplayBuffer:
         prior: bool = False,
     ) -> None:
         if capacity < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {capacity}")
+            raise BadInput(f"buffer_size must be >= 1, got {capacity}")
         self.is_dict, parts = _fields(observation_space)
         self.capacity, self.prior = int(capacity), prior
         self.text = {k for k, s in parts.items() if isinstance(s, spaces.Text)}
@@ -167,10 +169,10 @@ class ReplayBuffer:
             elif isinstance(space, spaces.Box | spaces.Discrete | spaces.MultiBinary | spaces.MultiDiscrete):
                 row_bytes += 2 * math.prod(space.shape) * np.dtype(space.dtype).itemsize
             else:
-                raise ValueError(f"the replay buffer stores Box, Discrete and Text observations, not {space}")
+                raise BadInput(f"the replay buffer stores Box, Discrete and Text observations, not {space}")
         need, free = row_bytes * self.capacity, available_memory()
         if free is not None and need > MEMORY_FRACTION * free:
-            raise ValueError(
+            raise BadInput(
                 f"a replay buffer of {self.capacity} transitions needs {need / 2**30:.2f} GiB, more than "
                 f"{MEMORY_FRACTION:.0%} of the {free / 2**30:.2f} GiB available: lower buffer_size"
             )
@@ -209,7 +211,7 @@ class ReplayBuffer:
     ) -> Batch:
         """``batch_size`` rows drawn uniformly (with replacement) with ``generator``."""
         if self.size == 0:
-            raise ValueError("cannot sample from an empty replay buffer")
+            raise BadInput("cannot sample from an empty replay buffer")
         idx = torch.randint(self.size, (batch_size,), generator=generator).numpy()
         return Batch(
             self._gather(self.obs, idx),
@@ -248,7 +250,7 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         n = int(state["size"])
         if not 0 <= n <= self.capacity or set(state["obs"]) != set(self.obs):
-            raise ValueError(
+            raise BadInput(
                 f"the saved replay buffer ({n} rows, keys {sorted(state['obs'])}) does not fit this one "
                 f"(capacity {self.capacity}, keys {sorted(self.obs)})"
             )
@@ -257,7 +259,7 @@ class ReplayBuffer:
             arrays.update({f"{part}[{k!r}]": v for k, v in state[part].items()})
         short = {name: len(v) for name, v in arrays.items() if len(v) != n}
         if short:  # a short array would be broadcast into n copies of its rows
-            raise ValueError(f"the saved replay buffer says it holds {n} rows, but holds {short}")
+            raise BadInput(f"the saved replay buffer says it holds {n} rows, but holds {short}")
         for store, saved in ((self.obs, state["obs"]), (self.next_obs, state["next_obs"])):
             for key, value in saved.items():
                 store[key][:n] = value if key in self.text else np.asarray(value)

@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from policies.gaussian import SAC_ACTOR
 from policies.torso_policy import box_chunk_shape
@@ -47,7 +48,7 @@ def train(
 ) -> dict[str, float]:
     """Train with SAC until ``run_config.total_steps`` env steps; returns the final metrics."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--algo sac runs in one process; start it without torchrun (or --nproc-per-node 1)")
+        raise BadInput("--algo sac runs in one process; start it without torchrun (or --nproc-per-node 1)")
     run = Run("sac", run_config, config, callbacks)
     asynchronous = run_config.loop == "async"
     env = actor = None
@@ -59,7 +60,7 @@ def train(
         spaces = actor if asynchronous else env
         space = spaces.single_action_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) in (1, 2)):
-            raise ValueError(
+            raise BadInput(
                 f"SAC needs a Box action space of shape (D,) or (K, D); {run_config.env} has {space}"
             )
         shape = box_chunk_shape(space)
@@ -67,14 +68,14 @@ def train(
         gaussian = run_config.policy in ("auto", "gaussian")
         policy = run.make_policy(spaces, **(SAC_ACTOR if new and gaussian else {}), use_critic=False)
         if not callable(getattr(policy, "rsample", None)) or not getattr(policy, "squash", False):
-            raise ValueError(
+            raise BadInput(
                 f"SAC trains a squashed Gaussian actor (a policy with rsample and squash=True); "
                 f"got {type(policy).__name__}"
                 + ("" if not hasattr(policy, "squash") else " with squash=False")
             )
         sac_space = getattr(policy, "sac_action_space", space)  # DSRL: the critics score the noise
         if sac_space is not space and config.prior_data:
-            raise ValueError(
+            raise BadInput(
                 "DSRL's critics score the noise fed to the frozen policy; prior data holds env actions "
                 "(drop --prior-data, or clone the flow policy on the demos with trainers.bc)"
             )

@@ -23,6 +23,7 @@ import torch
 from nets.cosmos_checkpoint import load_cosmos_dit
 from nets.cosmos_dit import TEXT_TOKENS, CosmosDiT
 from nets.cosmos_sampler import SIGMA_MAX, guided_x0_fn, karras_sigmas, sample_2ab
+from nets.errors import BadInput
 from nets.wan_vae import LATENT_CHANNELS, SPATIAL_FACTOR, TEMPORAL_FACTOR, WanVAE
 
 ACTION_DIM = 7
@@ -97,33 +98,29 @@ class CosmosWorldModel:
         h, w = image_size
         multiple = SPATIAL_FACTOR * dit.config.patch_spatial
         if h % multiple or w % multiple:
-            raise ValueError(f"image_size must be multiples of {multiple}, got {h}x{w}")
+            raise BadInput(f"image_size must be multiples of {multiple}, got {h}x{w}")
         if model_actions < TEMPORAL_FACTOR or model_actions % TEMPORAL_FACTOR:
-            raise ValueError(
+            raise BadInput(
                 f"model_actions must be a positive multiple of {TEMPORAL_FACTOR}, got {model_actions}"
             )
         if not 1 <= frames_per_step <= model_actions:
-            raise ValueError(
+            raise BadInput(
                 f"frames_per_step must be in 1..{model_actions} (model_actions), got {frames_per_step}"
             )
         if not dit.config.action_per_latent and dit.config.action_dim != model_actions * ACTION_DIM:
-            raise ValueError(
+            raise BadInput(
                 f"the DiT embeds {dit.config.action_dim} action values, expected model_actions * 7 = "
                 f"{model_actions * ACTION_DIM}"
             )
         if text_context not in ("zeros", "proj_of_zero"):
-            raise ValueError(f"expected text_context 'zeros' or 'proj_of_zero', got {text_context!r}")
+            raise BadInput(f"expected text_context 'zeros' or 'proj_of_zero', got {text_context!r}")
         if text_context == "proj_of_zero" and dit.crossattn_proj is None:
-            raise ValueError(
-                "text_context='proj_of_zero' needs a checkpoint with crossattn_proj (Predict2.5)"
-            )
+            raise BadInput("text_context='proj_of_zero' needs a checkpoint with crossattn_proj (Predict2.5)")
         if num_steps < 1 or batch_size < 1:
-            raise ValueError(f"expected num_steps >= 1 and batch_size >= 1, got {num_steps}, {batch_size}")
+            raise BadInput(f"expected num_steps >= 1 and batch_size >= 1, got {num_steps}, {batch_size}")
         scaler = torch.as_tensor(action_scaler, dtype=torch.float32).flatten()
         if scaler.numel() not in (1, ACTION_DIM):
-            raise ValueError(
-                f"expected action_scaler as a float or {ACTION_DIM} values, got {scaler.numel()}"
-            )
+            raise BadInput(f"expected action_scaler as a float or {ACTION_DIM} values, got {scaler.numel()}")
 
         self.dit, self.vae = dit, vae
         self.image_size = (h, w)
@@ -187,7 +184,7 @@ class CosmosWorldModel:
     def _check_frames(self, frames: torch.Tensor, what: str) -> None:
         h, w = self.image_size
         if frames.ndim != 4 or tuple(frames.shape[1:]) != (3, h, w):
-            raise ValueError(f"expected {what} [n, 3, {h}, {w}], got {list(frames.shape)}")
+            raise BadInput(f"expected {what} [n, 3, {h}, {w}], got {list(frames.shape)}")
 
     def start(self, images: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """State ``{"frame": uint8 [n, 3, H, W]}`` of ``images`` in [-1, 1] (on the images' device).
@@ -207,13 +204,13 @@ class CosmosWorldModel:
         result does not depend on ``batch_size``."""
         frame = state.get("frame") if isinstance(state, dict) else None
         if frame is None or frame.dtype != torch.uint8:
-            raise ValueError("expected state {'frame': uint8 [n, 3, H, W]} from start() or generate()")
+            raise BadInput("expected state {'frame': uint8 [n, 3, H, W]} from start() or generate()")
         self._check_frames(frame, "state['frame']")
         n, k = frame.shape[0], self.frames_per_step
         if actions.ndim != 3 or tuple(actions.shape) != (n, k, ACTION_DIM):
-            raise ValueError(f"expected actions [{n}, {k}, {ACTION_DIM}], got {list(actions.shape)}")
+            raise BadInput(f"expected actions [{n}, {k}, {ACTION_DIM}], got {list(actions.shape)}")
         if generator.device.type != "cpu":
-            raise ValueError(f"expected a CPU generator, got one on {generator.device}")
+            raise BadInput(f"expected a CPU generator, got one on {generator.device}")
 
         h, w = self.image_size
         latent_shape = (LATENT_CHANNELS, 1 + self.model_actions // TEMPORAL_FACTOR, h // 8, w // 8)

@@ -3,21 +3,22 @@ shards (``model.safetensors.index.json``), strictly on the checkpoint's key set.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from envs.world_models.opensora.stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
+from nets.errors import BadInput
+from nets.files import read_json
 
 
 def _shards_from_index(index: Path) -> tuple[list[Path], dict[str, str]]:
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{index}: expected a safetensors index json with a 'weight_map', got {e!r}") from e
+        weight_map = read_json(index, "safetensors index")["weight_map"]
+    except (KeyError, TypeError) as e:
+        raise BadInput(f"{index}: expected a safetensors index json with a 'weight_map', got {e!r}") from e
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ValueError(f"{index}: expected a non-empty 'weight_map' of key -> shard file")
+        raise BadInput(f"{index}: expected a non-empty 'weight_map' of key -> shard file")
     shards = [index.parent / name for name in sorted(set(weight_map.values()))]
     return shards, weight_map
 
@@ -39,7 +40,7 @@ def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None, Path]:
         return (*_shards_from_index(path), path.parent)
     if path.suffix == ".safetensors":
         return [path], None, path.parent
-    raise ValueError(f"expected a checkpoint folder, a .safetensors file or an index .json, got {path}")
+    raise BadInput(f"expected a checkpoint folder, a .safetensors file or an index .json, got {path}")
 
 
 def _short(keys: list[str], limit: int = 8) -> str:
@@ -57,7 +58,7 @@ def _read_state(files: list[Path], weight_map: dict[str, str] | None, dtype: tor
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 if key in state:
-                    raise ValueError(f"{file}: key {key!r} is also in {origin[key].name}")
+                    raise BadInput(f"{file}: key {key!r} is also in {origin[key].name}")
                 state[key], origin[key] = f.get_tensor(key).to(dtype), file
     if weight_map is not None:
         wrong = sorted(
@@ -65,7 +66,7 @@ def _read_state(files: list[Path], weight_map: dict[str, str] | None, dtype: tor
         )
         if wrong:
             names = ", ".join(f.name for f in files)
-            raise ValueError(f"index weight_map disagrees with the shards ({names}) on {_short(wrong)}")
+            raise BadInput(f"index weight_map disagrees with the shards ({names}) on {_short(wrong)}")
     return state
 
 
@@ -86,7 +87,7 @@ def load_stdit3(
     path = Path(path)
     files, weight_map, folder = _locate(path)
     config_file = folder / CONFIG_FILE
-    config = STDiT3Config.from_dict(json.loads(config_file.read_text())) if config_file.is_file() else None
+    config = STDiT3Config.from_dict(read_json(config_file, "model config")) if config_file.is_file() else None
     with torch.device("meta"):
         model = STDiT3(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -108,6 +109,6 @@ def load_stdit3(
             problems.append(f"wrong shapes (file != expected): {_short(shapes)}")
         source = str(config_file) if config else "the default XL/2 config (no config.json)"
         names = ", ".join(str(f) for f in files)
-        raise ValueError(f"{names}: does not match STDiT3 of {source}: " + "; ".join(problems))
+        raise BadInput(f"{names}: does not match STDiT3 of {source}: " + "; ".join(problems))
     model.load_state_dict(state, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)

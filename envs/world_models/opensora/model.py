@@ -8,7 +8,6 @@ as the next condition (generated frames are never re-encoded).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -17,6 +16,8 @@ from envs.world_models.opensora.checkpoint import load_stdit3
 from envs.world_models.opensora.sampler import rflow_sample, sampling_timesteps
 from envs.world_models.opensora.stdit3 import STDiT3
 from envs.world_models.opensora.vae import DOWNSAMPLE, SDXLVAE
+from nets.errors import BadInput
+from nets.files import read_json
 
 
 def load_action_stats(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,32 +29,32 @@ def load_action_stats(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"action statistics not found: {path} (expected dataset_statistics.json)")
-    data = json.loads(path.read_text())
+    data = read_json(path, "action statistics")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise BadInput(f"{path}: expected a JSON object, got {type(data).__name__}")
     stats = data.get("action")
     if stats is None:
         nested = {k: v["action"] for k, v in data.items() if isinstance(v, dict) and "action" in v}
         if len(nested) != 1:
-            raise ValueError(
+            raise BadInput(
                 f"{path}: expected an 'action' entry at the top level or under exactly one dataset name, "
                 f"got datasets with one: {sorted(nested)} (top-level keys {sorted(data)[:8]})"
             )
         stats = next(iter(nested.values()))
     if not isinstance(stats, dict) or "q01" not in stats or "q99" not in stats:
         got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
-        raise ValueError(f"{path}: expected 'action' to hold 'q01' and 'q99', got {got}")
+        raise BadInput(f"{path}: expected 'action' to hold 'q01' and 'q99', got {got}")
     try:
         q01 = torch.tensor(stats["q01"], dtype=torch.float32)
         q99 = torch.tensor(stats["q99"], dtype=torch.float32)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: expected numeric lists for action q01/q99 ({e})") from e
+        raise BadInput(f"{path}: expected numeric lists for action q01/q99 ({e})") from e
     if q01.ndim != 1 or q01.shape != q99.shape:
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected q01 and q99 of equal length, got {list(q01.shape)}, {list(q99.shape)}"
         )
     if not bool((q99 > q01).all()):
-        raise ValueError(
+        raise BadInput(
             f"{path}: expected q99 > q01 in every dimension, got q01={q01.tolist()} q99={q99.tolist()}"
         )
     return q01, q99
@@ -99,27 +100,27 @@ class OpenSoraWorldModel:
         self.action_low, self.action_high = -1.0, 1.0  # trained on LIBERO's delta pose and gripper
         multiple = DOWNSAMPLE * cfg.patch_size[1]
         if self.image_size[0] % multiple or self.image_size[1] % multiple:
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel: expected image_size multiples of {multiple}, got {image_size}"
             )
         if condition_frames != cfg.pad_action_num:
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel: expected condition_frames == the DiT's pad_action_num "
                 f"({cfg.pad_action_num}), got {condition_frames}"
             )
         if min(frames_per_step, num_steps, batch_size) < 1:
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel: expected frames_per_step, num_steps, batch_size >= 1, "
                 f"got {frames_per_step}, {num_steps}, {batch_size}"
             )
         if vae.latent_channels != cfg.in_channels:
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel: expected VAE latent channels == DiT in_channels ({cfg.in_channels}), "
                 f"got {vae.latent_channels}"
             )
         q01, q99 = torch.as_tensor(q01, dtype=torch.float32), torch.as_tensor(q99, dtype=torch.float32)
         if q01.shape != (self.action_dim,) or q99.shape != (self.action_dim,):
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel: expected q01, q99 of shape [{self.action_dim}], "
                 f"got {list(q01.shape)}, {list(q99.shape)}"
             )
@@ -177,7 +178,7 @@ class OpenSoraWorldModel:
         """
         expected = (3, *self.image_size)
         if images.ndim != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel.start: expected images [n, 3, {self.image_size[0]}, "
                 f"{self.image_size[1]}], got {list(images.shape)}"
             )
@@ -194,7 +195,7 @@ class OpenSoraWorldModel:
         n, channels, _, h, w = cond_latents.shape
         steps = self.frames_per_step
         if tuple(actions.shape) != (n, steps, self.action_dim):
-            raise ValueError(
+            raise BadInput(
                 f"OpenSoraWorldModel.generate: expected actions [{n}, {steps}, {self.action_dim}], "
                 f"got {list(actions.shape)}"
             )
@@ -227,7 +228,7 @@ class OpenSoraWorldModel:
         if not ok:
             got = list(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
             shape = ", ".join(map(str, expected))
-            raise ValueError(f"OpenSoraWorldModel: expected state['latents'] [n, {shape}], got {got}")
+            raise BadInput(f"OpenSoraWorldModel: expected state['latents'] [n, {shape}], got {got}")
         return latents
 
     def _sample(self, z: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

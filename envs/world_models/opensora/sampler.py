@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from nets.errors import BadInput
+
 NUM_TIMESTEPS = 1000
 # The fork hard-codes num_frames=4 in the transform, which makes it the identity at 256x256.
 TRANSFORM_NUM_FRAMES = 4
@@ -54,7 +56,7 @@ def sampling_timesteps(
     10 steps at 256x256 give 1000, 900, ..., 100.
     """
     if num_steps < 1:
-        raise ValueError(f"sampling_timesteps: expected num_steps >= 1, got {num_steps}")
+        raise BadInput(f"sampling_timesteps: expected num_steps >= 1, got {num_steps}")
     ts = torch.tensor([(1.0 - i / num_steps) * num_timesteps for i in range(num_steps)], dtype=torch.float32)
     if transform:
         ts = timestep_transform(
@@ -90,10 +92,10 @@ def rflow_sample(
         The sampled latents, promoted to at least float32 (condition frames are exactly the inputs).
     """
     if z.ndim != 5:
-        raise ValueError(f"rflow_sample: expected z [B, C, T, H, W], got {list(z.shape)}")
+        raise BadInput(f"rflow_sample: expected z [B, C, T, H, W], got {list(z.shape)}")
     batch, channels, frames = z.shape[:3]
     if frame_mask.shape not in ((frames,), (batch, frames)):
-        raise ValueError(
+        raise BadInput(
             f"rflow_sample: expected frame_mask [{frames}] or [{batch}, {frames}], "
             f"got {list(frame_mask.shape)}"
         )

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from nets.errors import BadInput
+
 VAE_DOWNSAMPLE = 8  # latent -> pixel factor, for the default height/width of the position embedding
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,9 +50,9 @@ class STDiT3Config:
     def __post_init__(self) -> None:
         self.patch_size = tuple(int(p) for p in self.patch_size)
         if len(self.patch_size) != 3 or self.patch_size[0] != 1:
-            raise ValueError(f"STDiT3Config: expected patch_size (1, ph, pw), got {self.patch_size}")
+            raise BadInput(f"STDiT3Config: expected patch_size (1, ph, pw), got {self.patch_size}")
         if self.hidden_size % 4 or self.hidden_size % self.num_heads or self.head_dim % 2:
-            raise ValueError(
+            raise BadInput(
                 f"STDiT3Config: expected hidden_size divisible by 4 and by num_heads with an even head size, "
                 f"got hidden_size={self.hidden_size}, num_heads={self.num_heads}"
             )
@@ -349,25 +351,25 @@ class STDiT3(nn.Module):
         """Shape checks; returns ``timestep`` as ``[B]`` and ``x_mask`` as bool."""
         cfg = self.config
         if x.ndim != 5 or x.shape[1] != cfg.in_channels:
-            raise ValueError(f"STDiT3: expected latents [B, {cfg.in_channels}, T, H, W], got {list(x.shape)}")
+            raise BadInput(f"STDiT3: expected latents [B, {cfg.in_channels}, T, H, W], got {list(x.shape)}")
         batch, _, frames, height, width = x.shape
         if height % cfg.patch_size[1] or width % cfg.patch_size[2]:
-            raise ValueError(
+            raise BadInput(
                 f"STDiT3: expected latent H, W multiples of {cfg.patch_size[1:]}, got {height, width}"
             )
         expected = (batch, frames - cfg.pad_action_num, cfg.action_dim)
         if tuple(actions.shape) != expected:
-            raise ValueError(
+            raise BadInput(
                 f"STDiT3: expected actions {list(expected)} ({frames} latent frames, the first "
                 f"{cfg.pad_action_num} without an action), got {list(actions.shape)}"
             )
         if x_mask is not None and tuple(x_mask.shape) != (batch, frames):
-            raise ValueError(f"STDiT3: expected x_mask [{batch}, {frames}], got {list(x_mask.shape)}")
+            raise BadInput(f"STDiT3: expected x_mask [{batch}, {frames}], got {list(x_mask.shape)}")
         timestep = torch.as_tensor(timestep, device=x.device)
         if timestep.ndim == 0:
             timestep = timestep.expand(batch)
         if tuple(timestep.shape) != (batch,):
-            raise ValueError(f"STDiT3: expected timestep [{batch}] or a scalar, got {list(timestep.shape)}")
+            raise BadInput(f"STDiT3: expected timestep [{batch}] or a scalar, got {list(timestep.shape)}")
         return timestep, None if x_mask is None else x_mask.to(device=x.device, dtype=torch.bool)
 
     def forward(

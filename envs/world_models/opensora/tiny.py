@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from envs.world_models.opensora.stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
+from nets.errors import BadInput
 
 
 def tiny_stdit3_config() -> STDiT3Config:
@@ -51,7 +52,7 @@ def write_tiny_stdit3(directory: str | Path, *, shards: int = 2, seed: int = 0) 
     from safetensors.torch import save_file
 
     if shards < 1:
-        raise ValueError(f"write_tiny_stdit3: expected shards >= 1, got {shards}")
+        raise BadInput(f"write_tiny_stdit3: expected shards >= 1, got {shards}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = build_tiny_stdit3(seed)

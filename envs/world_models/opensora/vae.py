@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nets.errors import BadInput
+
 SCALING_FACTOR = 0.13025  # hard-coded in OpenSora's SDXL wrapper
 DOWNSAMPLE = 8
 
@@ -24,7 +26,7 @@ class SDXLVAE(nn.Module):
     ):
         super().__init__()
         if micro_batch < 1:
-            raise ValueError(f"SDXLVAE: expected micro_batch >= 1, got {micro_batch}")
+            raise BadInput(f"SDXLVAE: expected micro_batch >= 1, got {micro_batch}")
         self.module = autoencoder
         self.micro_batch = micro_batch
         self.scaling_factor = scaling_factor
@@ -69,7 +71,7 @@ class SDXLVAE(nn.Module):
         The posterior noise comes from ``generator`` (a CPU generator works on any device).
         """
         if frames.ndim != 4 or frames.shape[1] != 3:
-            raise ValueError(f"SDXLVAE.encode: expected frames [N, 3, H, W], got {list(frames.shape)}")
+            raise BadInput(f"SDXLVAE.encode: expected frames [N, 3, H, W], got {list(frames.shape)}")
         out = []
         with torch.no_grad():
             for chunk in frames.split(self.micro_batch):
@@ -80,7 +82,7 @@ class SDXLVAE(nn.Module):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[N, 4, h, w]`` -> frames ``[N, 3, 8h, 8w]`` float32 (about [-1, 1], not clamped)."""
         if latents.ndim != 4 or latents.shape[1] != self.latent_channels:
-            raise ValueError(
+            raise BadInput(
                 f"SDXLVAE.decode: expected latents [N, {self.latent_channels}, h, w], "
                 f"got {list(latents.shape)}"
             )
