@@ -7,27 +7,17 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.opensora.stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
+from envs.world_models.opensora.stdit3 import CONFIG_FILE, SINGLE_FILE, STDiT3, STDiT3Config
 from nets.errors import BadInput
 from nets.files import read_json
-
-
-def _shards_from_index(index: Path) -> tuple[list[Path], dict[str, str]]:
-    try:
-        weight_map = read_json(index, "safetensors index")["weight_map"]
-    except (KeyError, TypeError) as e:
-        raise BadInput(f"{index}: expected a safetensors index json with a 'weight_map', got {e!r}") from e
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise BadInput(f"{index}: expected a non-empty 'weight_map' of key -> shard file")
-    shards = [index.parent / name for name in sorted(set(weight_map.values()))]
-    return shards, weight_map
+from nets.shards import INDEX_FILE, read_shard_index
 
 
 def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None, Path]:
     """(safetensors files, index weight map or None, folder of config.json) for a checkpoint path."""
     if path.is_dir():
         if (path / INDEX_FILE).is_file():
-            return (*_shards_from_index(path / INDEX_FILE), path)
+            return (*read_shard_index(path / INDEX_FILE), path)
         if (path / SINGLE_FILE).is_file():
             return [path / SINGLE_FILE], None, path
         files = sorted(path.glob("model*.safetensors"))
@@ -37,7 +27,7 @@ def _locate(path: Path) -> tuple[list[Path], dict[str, str] | None, Path]:
     if not path.exists():
         raise FileNotFoundError(f"STDiT3 checkpoint not found: {path}")
     if path.name.endswith(".json"):
-        return (*_shards_from_index(path), path.parent)
+        return (*read_shard_index(path), path.parent)
     if path.suffix == ".safetensors":
         return [path], None, path.parent
     raise BadInput(f"expected a checkpoint folder, a .safetensors file or an index .json, got {path}")

@@ -24,7 +24,6 @@ from nets.errors import BadInput
 
 VAE_DOWNSAMPLE = 8  # latent -> pixel factor, for the default height/width of the position embedding
 CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 

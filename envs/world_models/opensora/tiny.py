@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.opensora.stdit3 import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, STDiT3, STDiT3Config
+from envs.world_models.opensora.stdit3 import CONFIG_FILE, SINGLE_FILE, STDiT3, STDiT3Config
 from nets.errors import BadInput
+from nets.shards import INDEX_FILE
 
 
 def tiny_stdit3_config() -> STDiT3Config:
