@@ -225,8 +225,11 @@ def main(argv: list[str] | None = None) -> dict:
     sample = args.sample or args.temperature is not None
     env_id = f"Libero-{args.suite.capitalize()}-v0"
     check_env_kwargs(env_id, args.env_kwargs, "--env-kwargs")
+    # the env holds the chosen init states (ids past a task's official ones are fresh states, made on
+    # demand), unless --env-kwargs names its own
+    env_kwargs = {"init_states": list(args.init_states), **args.env_kwargs}
     with reading(f"--env-kwargs {args.env_kwargs}", TypeError):
-        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **args.env_kwargs)
+        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **env_kwargs)
     try:
         obs_space, act_space = env.single_observation_space, env.single_action_space
         if args.checkpoint:
