@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
-from nets.errors import BadInput, reading, run_cli
+from nets.errors import BadInput, program_name, reading, run_cli
 from trainers.metrics import wilson_interval
 
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainers.checkpoint import load_policy
     from trainers.env_factory import check_env_kwargs
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="spatial")
     parser.add_argument("--checkpoint", help="a run directory or checkpoint file")
     parser.add_argument("--policy", help="a registered policy name, instead of a checkpoint")

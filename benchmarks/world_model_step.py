@@ -31,7 +31,7 @@ from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
 from nets.devices import default_device
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def _sync(device: torch.device) -> None:
@@ -169,7 +169,7 @@ def table(rows: list[dict], unit: str = "T") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-size", action="store_true", help="real-size random models (GPU)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--envs", type=int, nargs="+", default=None, help="default: 2 16 (tiny), 16 (real)")
