@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.reference_layouts import STDIT3_XL2, expand
 from envs.world_models.opensora.checkpoint import load_stdit3
 from envs.world_models.opensora.model import OpenSoraWorldModel, load_action_stats
 from envs.world_models.opensora.sampler import (
@@ -20,6 +21,7 @@ from envs.world_models.opensora.sampler import (
 from envs.world_models.opensora.stdit3 import (
     RotaryEmbedding,
     STDiT3,
+    STDiT3Config,
     apply_rope,
     sincos_2d,
     timestep_embedding,
@@ -84,9 +86,11 @@ def _expected_keys(depth: int) -> set[str]:
 
 def test_real_size_layout_on_meta():
     with torch.device("meta"):
-        model = STDiT3()
+        model = STDiT3(STDiT3Config.xl2_libero())
     state = model.state_dict()
     assert set(state) == _expected_keys(28) and len(state) == 978
+    # names and shapes equal the reference layout shared with benchmarks.real_size
+    assert {k: tuple(v.shape) for k, v in state.items()} == expand(STDIT3_XL2)
     assert sum(p.numel() for p in model.parameters()) == 1_212_991_556  # buffers not counted
     shapes = {
         "x_embedder.proj.weight": (1152, 4, 1, 2, 2),

@@ -16,6 +16,28 @@ from nets.errors import BadInput
 
 SCALING_FACTOR = 0.13025  # hard-coded in OpenSora's SDXL wrapper
 DOWNSAMPLE = 8
+# The published SDXL VAE's diffusers ``AutoencoderKL`` config (stabilityai/sdxl-vae ``config.json``, the
+# ``vae/`` folder of RLinf's OpenSora bundles): 83,653,863 parameters.
+SDXL_VAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": SCALING_FACTOR,
+}
+
+
+def build_sdxl_vae() -> nn.Module:
+    """A diffusers ``AutoencoderKL`` at the SDXL VAE's published size (random weights; build it under
+    ``torch.device("meta")`` for shapes only)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(**SDXL_VAE_CONFIG)
 
 
 class SDXLVAE(nn.Module):
