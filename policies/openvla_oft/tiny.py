@@ -18,6 +18,7 @@ import torch
 
 from nets.errors import BadInput
 
+from ..options import TINY_ABOUT, write_recipe_file
 from ..pretrained import save_state_dict
 from .action_heads import L1RegressionActionHead
 from .config import STATS_FILE, OpenVLAConfig
@@ -38,6 +39,12 @@ WORDS = (
     "In What action should the robot take to Out pick up black bowl between plate and ramekin place it on "
     "next cookie box from table center drawer of wooden cabinet stove open close put turn top"
 ).split()
+
+
+# trainers.bc's settings for this tiny model (written to its folder's fine_tune_recipe.json; see
+# trainers.bc.policy_recipe): the published recipe's schedule shape, scaled to a few demos on a CPU.
+TINY_RECIPE = {"learning_rate": 3e-3, "batch_size": 16, "lr_warmup_steps": 0, "lr_decay_steps": 0}
+TINY_POLICY_KWARGS = {"lora_rank": 0}  # full fine-tuning: LoRA adapts pretrained weights, these are random
 
 
 def tiny_tokenizer(vocab_size: int = 512):
@@ -143,4 +150,5 @@ def write_tiny_openvla(
         projector = ProprioProjector(config.text_config["hidden_size"], proprio_dim)
         state = {f"module.{k}": v for k, v in projector.state_dict().items()}
         torch.save(state, folder / "proprio_projector--0_checkpoint.pt")
+    write_recipe_file(folder, TINY_ABOUT, TINY_RECIPE, TINY_POLICY_KWARGS)
     return folder
