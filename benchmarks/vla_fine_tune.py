@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import table, write_json
-from nets.errors import BadInput, run_cli
+from nets.errors import BadInput, program_name, run_cli
 
 POLICIES = ("openvla_oft", "pi05", "cosmos_policy")
 
@@ -112,7 +112,7 @@ def evaluate_run(run_dir: str, env_kwargs: dict[str, Any], episodes: int, out: P
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--demos", type=Path, required=True, help="demos with agentview and wrist images")
     parser.add_argument(
