@@ -1,27 +1,6 @@
 """Key layouts of the public VLA checkpoints: our modules' state-dict names and shapes, built at real
-size on the meta device (no memory), must equal the checkpoints' exactly.
-
-The facts below were derived from the reference modeling code, not from ours: OpenVLA's
-``modeling_prismatic.py`` (openvla/openvla, moojink/openvla-oft) composing timm's
-``vit_large_patch14_reg4_dinov2.lvd142m`` and ``vit_so400m_patch14_siglip_224`` towers (built with timm
-0.9.10 and 1.0.31: same keys) and transformers' Llama-2 with ``vocab_size`` 32064; LayerScale ``gamma``
-is stored as ``scale_factor``. 982 tensors, 7,541,237,184 parameters (the openvla-7b index's
-``total_size`` of 15,082,474,368 bytes in bfloat16).
-
-pi0.5: the ``model.safetensors`` of openpi's PyTorch conversion (``PI0Pytorch(pi05=True)`` built with
-openpi's patched transformers 4.53.2, ``rlinf-transformer-openpi``, saved by
-``safetensors.torch.save_model``), the layout of ``sunshk/pi05_libero_pytorch`` and
-``fwd4xl/pi05-b1k-pt12-cs32-v1``: 812 tensors. The tied PaliGemma embedding is stored once, as
-``paligemma.lm_head.weight``; the expert's ``lm_head`` is a leftover of ``GemmaForCausalLM`` that the
-model never calls (and conversions never fill); the expert's adaRMS norms have only ``dense``.
-
-Cosmos Policy (``nvidia/Cosmos-Policy-LIBERO-Predict2-2B``): the unmodified Cosmos-Predict2-2B
-Video2World DiT (``MinimalV1LVGDiT``: 2048 channels, 28 blocks, 16 heads, 1x2x2 patches of 16 + 2
-mask channels, AdaLN-LoRA 256, T5 1024-d cross-attention), its ``net.*`` keys as listed for that
-checkpoint family (the same names as the Cosmos-Predict2 world model's DiT, without the action MLPs).
-
-The lists themselves live in ``benchmarks/reference_layouts.py`` (shared with ``benchmarks.real_size``).
-"""
+size on the meta device (no memory), must equal the checkpoints' exactly. The reference lists, and where
+each fact comes from, are in ``benchmarks/reference_layouts.py`` (shared with ``benchmarks.real_size``)."""
 
 from __future__ import annotations
 
