@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.opensora.checkpoint import load_stdit3
-from envs.world_models.opensora.sampler import rflow_sample, sampling_timesteps
-from envs.world_models.opensora.stdit3 import STDiT3
-from envs.world_models.opensora.vae import DOWNSAMPLE, SDXLVAE
 from nets.errors import BadInput
 from nets.files import read_json
+from nets.opensora_checkpoint import load_stdit3
+from nets.opensora_sampler import rflow_sample, sampling_timesteps
+from nets.opensora_stdit3 import STDiT3
+from nets.opensora_vae import DOWNSAMPLE, SDXLVAE
 
 
 def load_action_stats(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
