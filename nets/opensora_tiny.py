@@ -7,14 +7,12 @@ channels that still downsamples 8x.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from nets.errors import BadInput
-from nets.opensora_stdit3 import CONFIG_FILE, SINGLE_FILE, STDiT3, STDiT3Config
-from nets.shards import INDEX_FILE
+from nets.opensora_checkpoint import save_stdit3
+from nets.opensora_stdit3 import STDiT3, STDiT3Config
 
 
 def tiny_stdit3_config() -> STDiT3Config:
@@ -45,36 +43,9 @@ def build_tiny_stdit3(seed: int = 0) -> STDiT3:
 
 
 def write_tiny_stdit3(directory: str | Path, *, shards: int = 2, seed: int = 0) -> Path:
-    """Save a tiny STDiT3 as HF ``save_pretrained`` does; returns the folder.
-
-    ``shards > 1`` writes ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``;
-    ``shards == 1`` writes ``model.safetensors``. A ``config.json`` always goes with them.
-    """
-    from safetensors.torch import save_file
-
-    if shards < 1:
-        raise BadInput(f"write_tiny_stdit3: expected shards >= 1, got {shards}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model = build_tiny_stdit3(seed)
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    config = {"architectures": ["STDiT3"], "model_type": "STDiT3", "torch_dtype": "float32"}
-    (directory / CONFIG_FILE).write_text(json.dumps({**config, **model.config.to_dict()}, indent=2))
-
-    keys = list(state)
-    if shards == 1:
-        save_file(state, str(directory / SINGLE_FILE), metadata={"format": "pt"})
-        return directory
-    weight_map = {}
-    for k in range(shards):
-        name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        part = {key: state[key] for key in keys[k::shards]}
-        save_file(part, str(directory / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(part, name))
-    total = sum(v.numel() * v.element_size() for v in state.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    return directory
+    """Save a tiny STDiT3 as HF ``save_pretrained`` does (``nets.opensora_checkpoint.save_stdit3``);
+    returns the folder."""
+    return save_stdit3(build_tiny_stdit3(seed), directory, shards=shards)
 
 
 def write_tiny_vae(directory: str | Path, *, seed: int = 0) -> Path:

@@ -101,6 +101,20 @@ class SDXLVAE(nn.Module):
                 out.append(posterior.sample(generator=generator) * self.scaling_factor)
         return torch.cat(out)
 
+    def posterior(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frames ``[N, 3, H, W]`` in [-1, 1] -> the posterior's ``(mean, std)``, each ``[N, 4, H/8, W/8]``
+        float32 and unscaled: ``(mean + std * noise) * scaling_factor`` is one ``encode`` sample. A
+        trainer caches these once and draws a fresh sample per use, as encoding every step would."""
+        if frames.ndim != 4 or frames.shape[1] != 3:
+            raise BadInput(f"SDXLVAE.posterior: expected frames [N, 3, H, W], got {list(frames.shape)}")
+        means, stds = [], []
+        with torch.no_grad():
+            for chunk in frames.split(self.micro_batch):
+                posterior = self.module.encode(chunk.to(self.device, self.dtype)).latent_dist
+                means.append(posterior.mean.float())
+                stds.append(posterior.std.float())
+        return torch.cat(means), torch.cat(stds)
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[N, 4, h, w]`` -> frames ``[N, 3, 8h, 8w]`` float32 (about [-1, 1], not clamped)."""
         if latents.ndim != 4 or latents.shape[1] != self.latent_channels:
