@@ -118,6 +118,7 @@ def test_loss_falls_and_the_bundle_runs_in_the_env(tmp_path):
     assert end["eval/loss"] < start["eval/loss"]
     rows = read_metrics(tmp_path / "bundle.run")
     assert [r["iteration"] for r in rows] == [0, 10, 20, 30, 40, 50, 60]
+    assert end["eval/train_loss"] == rows[-1]["eval/train_loss"]
 
     bundle = tmp_path / "bundle"
     info = json.loads((bundle / "training.json").read_text())
@@ -143,13 +144,14 @@ def test_loss_falls_and_the_bundle_runs_in_the_env(tmp_path):
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     demos = synthetic_demos(tmp_path / "demos.h5", episodes=3)
-    common = ["--eval-every", "3", "--log-every", "1", "--checkpoint-every", "2", "--keep-checkpoints", "0"]
-    main(args(tmp_path, demos, "--steps", "6", *common, out="whole"))
+    # stopped at step 3: between two logged rows (their losses travel in the checkpoint)
+    common = ["--eval-every", "4", "--log-every", "2", "--checkpoint-every", "2", "--keep-checkpoints", "0"]
+    main(args(tmp_path, demos, "--steps", "8", *common, out="whole"))
     main(args(tmp_path, demos, "--steps", "3", *common, out="part"))
-    main(["--resume", str(tmp_path / "part.run"), "--steps", "6", "--overwrite"])  # --out: the run's
+    main(["--resume", str(tmp_path / "part.run"), "--steps", "8", "--overwrite"])  # --out: the run's
 
     whole, part = read_metrics(tmp_path / "whole.run"), read_metrics(tmp_path / "part.run")
-    assert [r["iteration"] for r in part] == list(range(7))
+    assert [r["iteration"] for r in part] == [0, 2, 4, 6, 8]
     for a, b in zip(whole, part, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
             k: v for k, v in b.items() if not k.startswith("time/")
@@ -160,7 +162,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     a, b = load_file(tmp_path / "whole" / name), load_file(tmp_path / "part" / name)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     info = json.loads((tmp_path / "part" / "training.json").read_text())
-    assert info["steps"] == 6 and info["steps_this_call"] == 3
+    assert info["steps"] == 8 and info["steps_this_call"] == 5
 
 
 # ---- bad input: refused before training --------------------------------------------------------------------

@@ -329,7 +329,11 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
 
 def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folder: Path,
            configs: dict[str, Any], start: int) -> dict[str, Any]:  # fmt: skip
-    """The loop from step ``start`` to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses."""
+    """The loop from step ``start`` to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses.
+
+    Rows are logged on the cadence alone (``log_every``, ``eval_every``), never because a call stops:
+    a run stopped and resumed logs exactly the rows of one that was not (the losses of steps not yet
+    logged travel in the checkpoint). The end of a call is measured for ``training.json`` only."""
     from tqdm.auto import tqdm
 
     from trainers.config import to_dict
@@ -340,24 +344,24 @@ def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folde
     clock = time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=start, desc="world model", unit="step", disable=not cfg.progress,
                dynamic_ncols=True, mininterval=1.0)  # fmt: skip
-    last: dict[str, float] = {}
+    last_train: dict[str, float] = {}
     try:
         while trainer.step_index < cfg.steps:
             loss, norm = trainer.step()
             trainer.pending.append([loss, norm])
             step = trainer.step_index
             row: dict[str, float] = {}
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            if step % cfg.log_every == 0:
                 losses = np.array(trainer.pending).mean(0)
                 row.update({"train/loss": float(losses[0]), "train/grad_norm": float(losses[1]),
                             "train/lr": cfg.lr_at(step - 1)})  # fmt: skip
                 trainer.pending = []
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                last_train = {"train/loss": row["train/loss"], "train/loss_step": float(step)}
+            if cfg.eval_every and step % cfg.eval_every == 0:
                 row.update(trainer.evaluate())
             if row:
                 row.update({"iteration": step, "time/elapsed": time.perf_counter() - clock})
                 logger.log(step, row)
-                last.update(row)
                 bar.set_postfix(
                     {k.split("/")[-1]: f"{v:.4g}" for k, v in row.items() if "loss" in k}, refresh=False
                 )
@@ -369,12 +373,13 @@ def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folde
         bar.close()
         logger.close()
     wall = time.perf_counter() - clock
-    rows = [r for r in _metrics(folder) if "eval/train_loss" in r]  # the whole run's, resumes included
+    rows = _metrics(folder)  # the whole run's, resumes included
     keep = ("eval/", "train/")
+    first = next((r for r in rows if "eval/train_loss" in r), {})
     return {
         "losses": {
-            "start": {k: v for k, v in rows[0].items() if k.startswith(keep)} if rows else {},
-            "end": {k: v for k, v in rows[-1].items() if k.startswith(keep)} if rows else {},
+            "start": {k: v for k, v in first.items() if k.startswith(keep)},
+            "end": {**last_train, **trainer.evaluate()},
         },
         "wall_s_this_call": wall,
         "steps_this_call": trainer.step_index - start,
