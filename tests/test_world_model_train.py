@@ -165,6 +165,30 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert info["steps"] == 8 and info["steps_this_call"] == 5
 
 
+def test_fine_tune_from_a_bundle_keeps_its_model_statistics_and_reward(tmp_path):
+    demos = synthetic_demos(tmp_path / "demos.h5", episodes=2)
+    main(args(tmp_path, demos, "--steps", "2", "--hidden-size", "32", "--depth", "1", out="first"))
+    other = synthetic_demos(tmp_path / "other.h5", episodes=2, seed=1)
+    record = main(args(tmp_path, other, "--steps", "2", "--init-from", str(tmp_path / "first"), out="second"))
+    assert record["init_from"] == str(tmp_path / "first") and record["action_stats"] == "init"
+    assert record["model"]["hidden_size"] == 32 and record["model"]["depth"] == 1  # the bundle's size
+    first, second = (
+        json.loads((tmp_path / n / "dataset_statistics.json").read_text()) for n in ("first", "second")
+    )
+    assert (
+        second["action"]["q01"] == first["action"]["q01"]
+        and second["action"]["q99"] == first["action"]["q99"]
+    )
+    assert (tmp_path / "second" / "resnet_rm.pth").read_bytes() == (
+        tmp_path / "first" / "resnet_rm.pth"
+    ).read_bytes()
+    from safetensors.torch import load_file
+
+    vae = "vae/diffusion_pytorch_model.safetensors"
+    a, b = load_file(tmp_path / "first" / vae), load_file(tmp_path / "second" / vae)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the VAE stays frozen
+
+
 # ---- bad input: refused before training --------------------------------------------------------------------
 
 
