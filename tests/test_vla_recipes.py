@@ -152,8 +152,8 @@ def libero_demos(tmp_path_factory):
 def test_tiny_vla_learns_with_bc_defaults(libero_demos, tmp_path, policy, factor):
     """``benchmarks.vla_fine_tune``'s path on two expert episodes: 30 epochs of ``trainers.bc`` with
     its defaults lower the epoch loss by ``factor`` (measured on 4 episodes, benchmarks/README.md: pi0.5
-    and Cosmos Policy > 5x). OpenVLA-OFT is left out: 2.5x on 4 episodes, less on these 2, short of the
-    issue's 3x (its plateau at the best constant chunk; see benchmarks/README.md)."""
+    and Cosmos Policy > 5x). OpenVLA-OFT is left out: 3.7x on 4 episodes but 1.9x on these 2 (one
+    training episode: 5 steps an epoch, too few to leave its first plateau; see benchmarks/README.md)."""
     from benchmarks.vla_fine_tune import fine_tune
 
     env = {"image_size": 64, "cameras": ["agentview", "wrist"], "chunk_size": 8, "task_ids": [0]}

@@ -43,8 +43,10 @@ WORDS = (
 
 # trainers.bc's settings for this tiny model (written to its folder's fine_tune_recipe.json; see
 # trainers.bc.policy_recipe): the published recipe's schedule shape, scaled to a few demos on a CPU.
+# The published recipe's LoRA (rank 32) on the frozen random base, as on the real one: fully fine-tuning
+# it at this step size overwrites the action positions' states with the mean chunk in the first epoch.
 TINY_RECIPE = {"learning_rate": 3e-3, "batch_size": 16, "lr_warmup_steps": 0, "lr_decay_steps": 0}
-TINY_POLICY_KWARGS = {"lora_rank": 0}  # full fine-tuning: LoRA adapts pretrained weights, these are random
+TINY_POLICY_KWARGS: dict = {}
 
 
 def tiny_tokenizer(vocab_size: int = 512):
@@ -97,6 +99,9 @@ def tiny_config(
         "num_key_value_heads": 4,
         "max_position_embeddings": 512,
         "pad_token_id": vocab_size,
+        # Llama-2's std 0.02 is a gain of ~1.3 per projection at width 4096 but 0.11 at 32, where it leaves
+        # the zeroed action positions near 0 and almost blind to the image and state: 1 / sqrt(width)
+        "initializer_range": hidden_size**-0.5,
     }
     return OpenVLAConfig(
         timm_model_ids=["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"][
