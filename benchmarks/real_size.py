@@ -346,8 +346,8 @@ SDXL_VAE_PARAMS = 83_653_863  # stabilityai/sdxl-vae (the SD VAE architecture): 
 
 
 def opensora_wm() -> list[Row]:
-    from envs.world_models.opensora.stdit3 import STDiT3, STDiT3Config
-    from envs.world_models.opensora.vae import build_sdxl_vae
+    from nets.opensora_stdit3 import STDiT3, STDiT3Config
+    from nets.opensora_vae import build_sdxl_vae
 
     dit = on_meta(lambda: STDiT3(STDiT3Config.xl2_libero()))
     vae = on_meta(build_sdxl_vae)

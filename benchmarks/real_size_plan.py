@@ -301,9 +301,9 @@ RM_PARAMS = 11_180_033  # RLinf's ResNet-18 reward model, fp32
 
 
 def world_model_rows() -> list[PlanRow]:
-    from envs.world_models.opensora.stdit3 import STDiT3, STDiT3Config
-    from envs.world_models.opensora.vae import build_sdxl_vae
     from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+    from nets.opensora_stdit3 import STDiT3, STDiT3Config
+    from nets.opensora_vae import build_sdxl_vae
     from nets.wan_vae import build_wan_vae
 
     rows = []

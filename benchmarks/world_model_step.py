@@ -52,8 +52,8 @@ def real_size_networks(
         dit = CosmosDiT(CosmosDiTConfig.predict2_action_2b())
         vae = WanVAE(build_wan_vae())
     else:
-        from envs.world_models.opensora.stdit3 import STDiT3, STDiT3Config
-        from envs.world_models.opensora.vae import SDXLVAE, build_sdxl_vae
+        from nets.opensora_stdit3 import STDiT3, STDiT3Config
+        from nets.opensora_vae import SDXLVAE, build_sdxl_vae
 
         dit = STDiT3(STDiT3Config.xl2_libero())
         vae = SDXLVAE(build_sdxl_vae())

@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from envs.world_models.opensora.checkpoint import load_stdit3
-from envs.world_models.opensora.tiny import write_tiny_stdit3
 from nets.errors import BadInput
+from nets.opensora_checkpoint import load_stdit3
+from nets.opensora_tiny import write_tiny_stdit3
 from nets.shards import INDEX_FILE, read_shard_index
 from policies.openvla_oft.tiny import write_tiny_openvla
 from policies.pretrained import read_state_dict

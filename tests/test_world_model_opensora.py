@@ -10,15 +10,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.reference_layouts import STDIT3_XL2, expand
-from envs.world_models.opensora.checkpoint import load_stdit3
 from envs.world_models.opensora.model import OpenSoraWorldModel, load_action_stats
-from envs.world_models.opensora.sampler import (
+from envs.world_models.tiny import write_stats
+from nets.opensora_checkpoint import load_stdit3
+from nets.opensora_sampler import (
     rflow_sample,
     sampling_timesteps,
     step_sizes,
     timestep_transform,
 )
-from envs.world_models.opensora.stdit3 import (
+from nets.opensora_stdit3 import (
     RotaryEmbedding,
     STDiT3,
     STDiT3Config,
@@ -26,9 +27,8 @@ from envs.world_models.opensora.stdit3 import (
     sincos_2d,
     timestep_embedding,
 )
-from envs.world_models.opensora.tiny import build_tiny_stdit3, write_tiny_stdit3, write_tiny_vae
-from envs.world_models.opensora.vae import SDXLVAE
-from envs.world_models.tiny import write_stats
+from nets.opensora_tiny import build_tiny_stdit3, write_tiny_stdit3, write_tiny_vae
+from nets.opensora_vae import SDXLVAE
 
 COND, STEPS = 4, 8  # condition latents, generated frames (RLinf's numbers)
 
