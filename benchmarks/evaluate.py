@@ -68,13 +68,18 @@ def run_frames(
     from tqdm import tqdm
 
     out, videos = [], 0
+    frames = env.unwrapped.initial_frames
     episodes = collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids)
     for ep in tqdm(episodes, total=len(ids), desc=f"evaluate (seed {seed})", unit="episode"):
-        out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
+        state = int(frames.locate(ep.initial_frame)[1])  # the task's init state (the env's frame id differs)
+        out.append(
+            {"frame": ep.initial_frame, "init_state": state, "task": ep.task, "success": ep.success,
+             "length": ep.length}
+        )  # fmt: skip
         if on_episode is not None:
             on_episode(out[-1])
         if failure_videos is not None and not ep.success and videos < max_videos:
-            name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_frame{ep.initial_frame}.mp4"
+            name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_init{state}.mp4"
             write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
             videos += 1
     return out
