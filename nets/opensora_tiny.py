@@ -13,6 +13,7 @@ import torch
 
 from nets.opensora_checkpoint import save_stdit3
 from nets.opensora_stdit3 import STDiT3, STDiT3Config
+from nets.opensora_vae import SDXL_VAE_CONFIG
 
 
 def tiny_stdit3_config() -> STDiT3Config:
@@ -20,18 +21,14 @@ def tiny_stdit3_config() -> STDiT3Config:
 
 
 def tiny_vae_config() -> dict:
-    """``AutoencoderKL`` keyword arguments: four down/up blocks (8x), 16 channels, 4 latent channels."""
+    """``AutoencoderKL`` keyword arguments: the SDXL VAE's four down/up blocks (8x) and 4 latent channels,
+    at 16 channels and one layer per block."""
     return {
-        "in_channels": 3,
-        "out_channels": 3,
-        "down_block_types": ["DownEncoderBlock2D"] * 4,
-        "up_block_types": ["UpDecoderBlock2D"] * 4,
+        **SDXL_VAE_CONFIG,
         "block_out_channels": [16, 16, 16, 16],
         "layers_per_block": 1,
         "norm_num_groups": 4,
-        "latent_channels": 4,
         "sample_size": 32,
-        "scaling_factor": 0.13025,
     }
 
 
