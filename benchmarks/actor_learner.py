@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 from trainers.callbacks import Callback
 
 CLOCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -272,7 +272,7 @@ def loop(
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="configs/libero_spatial_sac.json")
     parser.add_argument("--seconds", type=float, default=60.0, help="measurement per alone-row")
     parser.add_argument(

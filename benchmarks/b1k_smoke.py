@@ -25,7 +25,7 @@ from benchmarks.report import table, write_json
 from envs.b1k.layout import ACTION_PARTS, PROPRIO_SLICES
 from envs.b1k.omnigibson_backend import B1KUnavailableError
 from envs.b1k.tasks import task_env_id
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def hold_actions(state: np.ndarray, num_envs: int, chunk: int) -> np.ndarray:
@@ -43,7 +43,7 @@ def hold_actions(state: np.ndarray, num_envs: int, chunk: int) -> np.ndarray:
 def main(argv: list[str] | None = None, backend=None) -> dict | None:
     """Run the smoke test (``backend``: a stand-in simulator, for the tests of this script)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--task", default="turning_on_radio")
     parser.add_argument("--num-envs", type=int, default=2)

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 WINDOWS = {
     "evaluation": (("callbacks.py", "on_training_end", "Evaluation"), ("callbacks.py", "on_training_end")),
@@ -113,7 +113,7 @@ def measure(repo: Path) -> dict[str, tuple[dict[str, int], list[str]]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--files", action="store_true", help="list the files of each window")
     args = parser.parse_args(argv)

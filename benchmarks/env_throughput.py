@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import plot_lines, table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 TINY_SIZES = {"cosmos": (32, 48), "opensora": (32, 32)}
 
@@ -142,7 +142,7 @@ def measure(env_id: str, num_envs: int, kwargs: dict[str, Any], chunks: int, see
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--ids", nargs="*", default=None, help="default: every id `import envs` registers")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--chunks", type=int, default=5)

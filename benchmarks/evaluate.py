@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
-from nets.errors import BadInput, reading, run_cli
+from nets.errors import BadInput, program_name, reading, run_cli
 from trainers.metrics import wilson_interval
 
 
@@ -68,13 +68,18 @@ def run_frames(
     from tqdm import tqdm
 
     out, videos = [], 0
+    frames = env.unwrapped.initial_frames
     episodes = collect_episodes(env, policy, len(ids), seed=seed, deterministic=deterministic, frame_ids=ids)
     for ep in tqdm(episodes, total=len(ids), desc=f"evaluate (seed {seed})", unit="episode"):
-        out.append({"frame": ep.initial_frame, "task": ep.task, "success": ep.success, "length": ep.length})
+        state = int(frames.locate(ep.initial_frame)[1])  # the task's init state (the env's frame id differs)
+        out.append(
+            {"frame": ep.initial_frame, "init_state": state, "task": ep.task, "success": ep.success,
+             "length": ep.length}
+        )  # fmt: skip
         if on_episode is not None:
             on_episode(out[-1])
         if failure_videos is not None and not ep.success and videos < max_videos:
-            name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_frame{ep.initial_frame}.mp4"
+            name = f"{ep.task.split('/')[-1][:60]}_seed{seed}_init{state}.mp4"
             write_video(Path(failure_videos) / name, list(ep.obs["image"]), fps=5)
             videos += 1
     return out
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainers.checkpoint import load_policy
     from trainers.env_factory import check_env_kwargs
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="spatial")
     parser.add_argument("--checkpoint", help="a run directory or checkpoint file")
     parser.add_argument("--policy", help="a registered policy name, instead of a checkpoint")
@@ -225,8 +230,11 @@ def main(argv: list[str] | None = None) -> dict:
     sample = args.sample or args.temperature is not None
     env_id = f"Libero-{args.suite.capitalize()}-v0"
     check_env_kwargs(env_id, args.env_kwargs, "--env-kwargs")
+    # the env holds the chosen init states (ids past a task's official ones are fresh states, made on
+    # demand), unless --env-kwargs names its own
+    env_kwargs = {"init_states": list(args.init_states), **args.env_kwargs}
     with reading(f"--env-kwargs {args.env_kwargs}", TypeError):
-        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **args.env_kwargs)
+        env = gym.make_vec(env_id, num_envs=args.num_envs, autoreset_mode="Disabled", **env_kwargs)
     try:
         obs_space, act_space = env.single_observation_space, env.single_action_space
         if args.checkpoint:

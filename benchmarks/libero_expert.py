@@ -15,7 +15,7 @@ import time
 
 from benchmarks.evaluate import format_summary, frame_ids, run_frames, summarize
 from benchmarks.report import write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def evaluate_suite(suite: str, init_states: int, num_envs: int, seed: int) -> dict:
@@ -51,7 +51,7 @@ def evaluate_suite(suite: str, init_states: int, num_envs: int, seed: int) -> di
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--suite", nargs="+", default=["spatial", "object"])
     parser.add_argument("--init-states", type=int, default=50, help="first N init states of each task")
     parser.add_argument("--num-envs", type=int, default=2)

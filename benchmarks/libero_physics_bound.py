@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 K = 8  # actions per chunk for our env
 SETTLE = 10  # no-op steps after the init state, as LiberoSim does by default
@@ -254,7 +254,7 @@ def _vector_env(suite: str, n: int, actions: np.ndarray, cameras: tuple[str, ...
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n")[0])
     parser.add_argument("--suites", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--envs", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--steps", type=int, default=160, help="random actions (and the expert's cap)")

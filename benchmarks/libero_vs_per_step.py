@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.env_throughput import rss_gb
 from benchmarks.report import write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 K = 8
 NUM_ENVS = 2
@@ -101,7 +101,7 @@ def _baseline(size: int, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n")[0])
     parser.add_argument("--chunks", type=int, default=10, help="timed chunks per configuration")
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--json", default="runs/benchmarks/libero_vs_per_step.json", help="results as JSON")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def recipe(args: argparse.Namespace) -> Any:
@@ -124,7 +124,7 @@ def results_table(report: dict[str, Any], extra: dict[str, Any] | None = None) -
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trainers.reward_model.train import LIBERO_ENV_KWARGS, run
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="envs:Libero-Spatial-v0")
     parser.add_argument("--env-kwargs", type=json.loads, default=dict(LIBERO_ENV_KWARGS))
     parser.add_argument("--expert-episodes", type=int, default=36)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import plot_lines, table, write_json
-from nets.errors import BadInput, run_cli
+from nets.errors import BadInput, program_name, run_cli
 from trainers.metrics import mcnemar_p, wilson_interval
 
 # name -> what it is, the algorithm, and the recipe settings it changes ("run" / algorithm sections)
@@ -469,7 +469,7 @@ def cell(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="configs/libero_spatial_grpo.json")
     parser.add_argument("--variants", nargs="*", default=None, help=f"default: all of {list(VARIANTS)}")
     parser.add_argument("--define", type=json.loads, default={}, help="extra variants: JSON {name: spec}")

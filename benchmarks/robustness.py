@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
-from nets.errors import BadInput, run_cli
+from nets.errors import BadInput, program_name, run_cli
 
 
 class Payload:
@@ -1697,7 +1697,7 @@ def probe_all(categories: list[str], root: Path) -> dict[str, dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--categories", nargs="+", choices=list(CATEGORIES), default=list(CATEGORIES))
     parser.add_argument("--out", type=Path, default=Path("outputs/robustness"))
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import table
-from nets.errors import BadInput, run_cli
+from nets.errors import BadInput, program_name, run_cli
 from trainers.checkpoint import latest_checkpoint, load_policy
 from trainers.config import build
 from trainers.env_factory import make_vec_env
@@ -118,7 +118,7 @@ def diagnose(
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run_dir", help="a SAC run folder")
     parser.add_argument("--checkpoint", help="one of its checkpoints (default: the newest)")

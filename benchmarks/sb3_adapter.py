@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 HPARAMS = {
     "n_steps": 32,
@@ -79,7 +79,7 @@ def run(kind: str, seed: int, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/sb3_adapter.json"))

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.report import table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def step_for(env: Any, steps: int, rng: np.random.Generator) -> tuple[int, float]:
@@ -112,7 +112,7 @@ def update_seconds(world: int, args: dict[str, Any], tmp: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Libero-Spatial-v0")
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2], help="actor counts to measure")

@@ -26,7 +26,7 @@ from benchmarks.evaluate import frame_ids, rate_cell, run_frames, summarize
 from benchmarks.libero_expert import evaluate_suite
 from benchmarks.report import plot_lines, table, write_json
 from benchmarks.rl_recipe_study import sampled_success
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 from trainers.metrics import mcnemar_p
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainers.grpo.algorithm import GRPOConfig
     from trainers.run import RunConfig
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="configs/libero_spatial_grpo.json")
     parser.add_argument("--rl-steps", type=int, default=None, help="GRPO env steps (default: the recipe's)")
     parser.add_argument("--expert-init-states", type=int, default=50, help="first N init states of each task")

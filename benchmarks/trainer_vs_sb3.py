@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 from trainers.checkpoint import load_policy
 from trainers.grpo import GRPOConfig
 from trainers.grpo import train as grpo_train
@@ -207,7 +207,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def bare_rate(
@@ -111,7 +111,7 @@ def loop_rate(recipe: dict[str, Any], iterations: int, out: Path, seed: int) -> 
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="configs/libero_spatial_grpo.json")
     parser.add_argument(
         "--iterations", type=int, default=4, help="training iterations (the first is start-up)"

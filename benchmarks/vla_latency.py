@@ -28,7 +28,7 @@ from benchmarks.report import table, write_json
 from envs.core.spaces import FieldBox
 from envs.libero.env import PROPRIO_FIELDS
 from nets.devices import default_device
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 MODELS = ("openvla_oft", "pi05", "cosmos_policy")
@@ -171,7 +171,7 @@ def measure(model: str, size: str, batch: int, repeats: int, device: str, num_st
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--size", choices=("tiny", "real"), default="tiny")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import plot_lines, table, write_json
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 from policies.base import ActionChunk
 from trainers.rollout import Collector
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import envs  # noqa: F401  (registers the ids)
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.splitlines()[0])
     parser.add_argument("--wm", default="CosmosWM-LiberoSpatial-v0")
     parser.add_argument("--model-dir", default=None, help="default: a tiny random bundle (32x48 / 32x32)")
     parser.add_argument("--checkpoint", default=None, help="a policy for the world model's observations")

@@ -19,6 +19,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
 from nets.devices import default_device
-from nets.errors import run_cli
+from nets.errors import program_name, run_cli
 
 
 def _sync(device: torch.device) -> None:
@@ -39,35 +40,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def real_size_networks(
+    backend: str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The real-size DiT and VAE (random weights, frozen) on the current default device; under
+    ``torch.device("meta")`` they cost no memory (what ``gpu_step_times --dry-run`` checks)."""
+    if backend == "cosmos":
+        from nets.cosmos_dit import CosmosDiT, CosmosDiTConfig
+        from nets.wan_vae import WanVAE, build_wan_vae
+
+        dit = CosmosDiT(CosmosDiTConfig.predict2_action_2b())
+        vae = WanVAE(build_wan_vae())
+    else:
+        from nets.opensora_stdit3 import STDiT3, STDiT3Config
+        from nets.opensora_vae import SDXLVAE, build_sdxl_vae
+
+        dit = STDiT3(STDiT3Config.xl2_libero())
+        vae = SDXLVAE(build_sdxl_vae())
+    return dit.to(dtype).eval().requires_grad_(False), vae.to(dtype).eval().requires_grad_(False)
+
+
 def real_size_model(backend: str, device: torch.device, image_size: tuple[int, int], **options: Any):
     """A real-size model with random weights in bf16 (fp32 on CPU): the shapes and cost of the real one."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
+        dit, vae = real_size_networks(backend, dtype)
         if backend == "cosmos":
             from envs.world_models.cosmos.model import CosmosWorldModel
-            from nets.cosmos_dit import CosmosDiT
-            from nets.wan_vae import WanVAE, build_wan_vae
 
-            dit = CosmosDiT().to(dtype).eval().requires_grad_(False)
-            vae = WanVAE(build_wan_vae()).to(dtype).eval().requires_grad_(False)
             return CosmosWorldModel(dit, vae, image_size=image_size, dtype=dtype, **options)
-        from diffusers import AutoencoderKL
-
         from envs.world_models.opensora.model import OpenSoraWorldModel
-        from envs.world_models.opensora.stdit3 import STDiT3
-        from envs.world_models.opensora.vae import SDXLVAE
 
-        sdxl = AutoencoderKL(
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(128, 256, 512, 512),
-            layers_per_block=2,
-            latent_channels=4,
-            scaling_factor=0.13025,
-        )
-        dit = STDiT3().to(dtype).eval().requires_grad_(False)
-        vae = SDXLVAE(sdxl.to(dtype).eval().requires_grad_(False))
         q01, q99 = -torch.ones(7), torch.ones(7)
         return OpenSoraWorldModel(dit, vae, q01=q01, q99=q99, image_size=image_size, dtype=dtype, **options)
 
@@ -168,35 +172,50 @@ def table(rows: list[dict], unit: str = "T") -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-size", action="store_true", help="real-size random models (GPU)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--envs", type=int, nargs="+", default=None, help="default: 2 16 (tiny), 16 (real)")
     parser.add_argument("--steps", type=int, default=3, help="timed chunk steps per row")
     parser.add_argument("--num-steps", type=int, default=10, help="sampler steps (RLinf: 10)")
-    parser.add_argument("--backends", nargs="+", default=["cosmos", "opensora"])
+    parser.add_argument(
+        "--backends", nargs="+", default=["cosmos", "opensora"], choices=["cosmos", "opensora"]
+    )
     parser.add_argument("--cosmos-size", type=int, nargs=2, default=None, help="default 64 80 / 256 320")
     parser.add_argument("--opensora-size", type=int, nargs=2, default=None, help="default 64 64 / 256 256")
     parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/world_model_step.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, int, tuple[int, int]]]:
+    """(backend, mode, envs, frame size) of every row ``main`` measures, in order."""
     sizes = {
         "cosmos": tuple(args.cosmos_size or ((256, 320) if args.real_size else (64, 80))),
         "opensora": tuple(args.opensora_size or ((256, 256) if args.real_size else (64, 64))),
     }
     env_counts = args.envs or ([16] if args.real_size else [2, 16])
+    rows = []
+    for backend in args.backends:
+        modes = ["optimized", "faithful"] if backend == "cosmos" else ["optimized"]
+        rows += [(backend, mode, n, sizes[backend]) for n in env_counts for mode in modes]
+    return rows
+
+
+def main(argv: list[str] | None = None, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Measure every planned row, print the table, write the JSON; ``on_row`` sees each row as it ends."""
+    args = build_parser().parse_args(argv)
     unit = "T" if args.real_size else "G"
     torch.set_grad_enabled(False)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if not args.real_size:
             args.bundles = {b: write_tiny_bundle(b, Path(tmp) / b) for b in args.backends}
-        for backend in args.backends:
-            modes = ["optimized", "faithful"] if backend == "cosmos" else ["optimized"]
-            for n in env_counts:
-                for mode in modes:
-                    rows.append(run_row(backend, mode, n, sizes[backend], args))
-                    print(table(rows[-1:], unit).splitlines()[-1], flush=True)
+        for backend, mode, n, size in planned_rows(args):
+            rows.append(run_row(backend, mode, n, size, args))
+            print(table(rows[-1:], unit).splitlines()[-1], flush=True)
+            if on_row is not None:
+                on_row(rows[-1])
     device = str(default_device(args.device))
     label = (
         torch.cuda.get_device_name()
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nWorld-model chunk step ({kind}, {args.num_steps} sampler steps, {label}):\n{table(rows, unit)}")
     write_json(args.json, {"device": label, "models": kind, "rows": rows})
     print(f"wrote {args.json}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -52,6 +52,33 @@ class CosmosDiTConfig:
     timestep_scale: float = 1.0
     eps: float = 1e-6
 
+    # Published 2B configurations. Source: nvidia-cosmos/cosmos-predict2
+    # ``cosmos_predict2/configs/base/config_video2world.py`` (``PREDICT2_VIDEO2WORLD_NET_2B``) and
+    # ``configs/action_conditioned/...`` (``_PREDICT2_ACTION_CONDITIONED_NET_2B``: action_dim 7 x 12);
+    # model cards nvidia/Cosmos-Predict2-2B-Video2World, nvidia/Cosmos-Policy-LIBERO-Predict2-2B,
+    # nvidia/Cosmos-Predict2.5-2B. diffusers' ``CosmosTransformer3DModel`` at the same sizes is the
+    # reference count (``benchmarks/real_size.py``).
+
+    @classmethod
+    def predict2_2b_video2world(cls) -> CosmosDiTConfig:
+        """Cosmos-Predict2-2B Video2World (``MinimalV1LVGDiT``, T5 context, no action input): the DiT
+        Cosmos Policy fine-tunes. 1,956,413,440 parameters."""
+        return cls(action_dim=None)
+
+    @classmethod
+    def predict2_action_2b(cls) -> CosmosDiTConfig:
+        """The v2 action-conditioned 2B DiT RLinf runs (the defaults): Video2World plus two action MLPs
+        of the 12 x 7 chunk. 2,024,923,136 parameters."""
+        return cls()
+
+    @classmethod
+    def predict2_5_action_2b(cls) -> CosmosDiTConfig:
+        """The Cosmos Predict 2.5 LIBERO world model's DiT (``tayalmanan/cosmos-robotics``
+        ``libero-spatial-2b-19k.pt``): the action DiT plus Predict2.5's Reason1 text projection
+        (``crossattn_proj``, Linear 100352 -> 1024). 2,127,684,608 parameters; the 11.89 GiB file is
+        6 bytes per parameter (fp32 weights and bf16 EMA)."""
+        return cls(crossattn_proj_in_channels=100_352)
+
     @property
     def head_dim(self) -> int:
         return self.model_channels // self.num_heads

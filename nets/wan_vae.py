@@ -27,10 +27,14 @@ from nets.safe_load import torch_load
 LATENT_CHANNELS = 16
 SPATIAL_FACTOR = 8
 TEMPORAL_FACTOR = 4
+# The published Wan 2.1 VAE (Wan-AI/Wan2.1-T2V-1.3B ``Wan2.1_VAE.pth``, the ``tokenizer.pth`` of
+# Cosmos-Predict2 / Cosmos Policy; reference code Wan-Video/Wan2.1 ``wan/modules/vae.py``
+# ``_video_vae(dim=96, z_dim=16)``, diffusers ``AutoencoderKLWan()`` defaults): 126,892,531 parameters.
+WAN21_BASE_DIM = 96
 
 
-def build_wan_vae(base_dim: int = 96, z_dim: int = LATENT_CHANNELS) -> AutoencoderKLWan:
-    """``AutoencoderKLWan`` with the Wan 2.1 layout (``base_dim=96`` is the real model).
+def build_wan_vae(base_dim: int = WAN21_BASE_DIM, z_dim: int = LATENT_CHANNELS) -> AutoencoderKLWan:
+    """``AutoencoderKLWan`` with the Wan 2.1 layout (``base_dim=WAN21_BASE_DIM`` is the real model).
 
     ``num_res_blocks`` stays 2: diffusers' key converter hard-codes that decoder grouping.
     """

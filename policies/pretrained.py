@@ -26,11 +26,11 @@ from nets import files
 from nets.devices import default_device, parse_dtype
 from nets.errors import BadInput
 from nets.files import atomic_path, write_atomic
+from nets.shards import INDEX_FILE, read_shard_index
 
 from .base import ActionChunkPolicy
 from .torso_policy import box_chunk_shape
 
-INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
@@ -99,17 +99,8 @@ def missing_files(folder: Path, required: Sequence[str]) -> list[str]:
 
 def weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files of a checkpoint folder and the index's key -> file map (None if unsharded)."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = read_json(index, "shard index")["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise BadInput(f"{index}: expected a safetensors index with a 'weight_map' ({e!r})") from e
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise FileNotFoundError(f"{index} lists shards that are missing: {', '.join(absent)}")
-        return files, weight_map
+    if (folder / INDEX_FILE).is_file():
+        return read_shard_index(folder / INDEX_FILE)
     if (folder / SINGLE_FILE).is_file():
         return [folder / SINGLE_FILE], None
     raise FileNotFoundError(f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}")

@@ -96,7 +96,7 @@ def test_evaluate_writes_failure_videos(tmp_path):
     )  # fmt: skip
     assert (summary["successes"], summary["trials"]) == (0, 2)
     videos = list((tmp_path / "fail").glob("*.mp4"))
-    assert len(videos) == 1 and videos[0].name.endswith("_frame40.mp4")
+    assert len(videos) == 1 and videos[0].name.endswith("_init40.mp4")
     assert json.loads((tmp_path / "e.json").read_text())["args"]["init_states"] == [40, 41]
 
 

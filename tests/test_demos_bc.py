@@ -423,3 +423,48 @@ def test_bc_gives_next_observations_and_returns_to_a_loss_that_takes_them(tmp_pa
     for now, after, returns in seen:
         np.testing.assert_array_equal(after, np.minimum(now + 1, goal - 1))
         np.testing.assert_allclose(returns, 0.5 ** (goal - 1 - after))
+
+
+KILLED_WRITER = """
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from trainers.datasets.demos import Episode, write_demos
+
+def _episode(rng, chunks):
+    return Episode(
+        obs={"proprio": rng.normal(size=(chunks, 8)).astype(np.float32)},
+        actions=rng.uniform(-1, 1, (chunks, 4, 7)).astype(np.float32),
+        valid=np.ones((chunks, 4), bool), rewards=np.zeros((chunks, 4), np.float32),
+        instruction="put the bowl on the plate", task="t", initial_frame=0, success=True,
+    )
+
+rng = np.random.default_rng(0)
+meta = {"env": "x", "episodes_run": 0}
+
+def episodes():
+    for n in range(5):
+        meta["episodes_run"] += 1
+        if n == 3:  # the 4th episode is being produced (an env stepping) when the kill comes
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield _episode(rng, 3 + n)
+
+write_demos(sys.argv[1], episodes(), meta)
+"""
+
+
+def test_a_killed_writer_leaves_a_readable_partial_file(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "killed.h5"
+    root = str(Path(__file__).resolve().parents[1])
+    command = [sys.executable, "-c", KILLED_WRITER, str(out), root]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert not out.exists()
+    (partial,) = tmp_path.glob("killed.h5.*.tmp")
+    demos = read_demos(partial)
+    assert [ep.actions.shape[0] for ep in demos.episodes] == [3, 4, 5]  # every episode written before
+    assert demos.meta["episodes_run"] == 3  # as of the last one written: what the kill lost is the rest

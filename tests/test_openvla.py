@@ -320,8 +320,11 @@ def test_trainers_bc_fine_tunes_it_with_statistics_from_the_demos(folder, tmp_pa
     policy = load_policy(run_dir, OBS_SPACE, ACT_SPACE)
     assert isinstance(policy, OpenVLAPolicy) and policy.unnorm_key == "demos"
     np.testing.assert_allclose(policy.q01.numpy(), np.float32(stats["demos"]["action"]["q01"]))
-    pretrained = read_state_dict(folder)["projector.fc3.weight"]
-    assert not torch.equal(policy.model.projector.fc3.weight, pretrained)  # the trained weights
+    # the published recipe (trainers.bc's default for openvla): LoRA rank 32 on the frozen base
+    fc3 = policy.model.projector.fc3
+    assert torch.equal(fc3.weight, read_state_dict(folder)["projector.fc3.weight"])  # the base, frozen
+    assert fc3.lora_A["default"].weight.shape[0] == 32
+    assert fc3.lora_B["default"].weight.abs().sum() > 0  # the adapter trained (it starts at zero)
 
 
 # --------------------------------------------------------------------------------------- bad inputs

@@ -118,7 +118,13 @@ def test_bad_settings_are_a_value_error_naming_the_field(tmp_path, settings, mes
 
 
 def test_help_names_the_program_as_it_is_run():
-    for module in ("trainers", "trainers.sac"):
+    for module in (
+        "trainers",
+        "trainers.sac",
+        "trainers.checkpoint",
+        "benchmarks.evaluate",
+        "benchmarks.rl_recipe_study",
+    ):
         out = subprocess.run(
             [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
         )

@@ -174,7 +174,8 @@ def test_fine_tune_oft_then_grpo_and_evaluate(demos, tmp_path):
     losses = _bc(demos, tmp_path / "bc", "openvla_oft", kwargs, epochs=600, lr=1e-3, schedule=schedule)
     assert losses[0] / np.mean(losses[-10:]) > 10, losses  # measured 13.4x (13.4-17x over seeds 0-4)
     assert (tmp_path / "bc" / "checkpoints" / "dataset_statistics.json").is_file()
-    err, const_err, gripper = _reproduction(_load(tmp_path / "bc", ENV), demos, ["image"])
+    # the recipe's policy reads the proprio (OpenVLA-OFT's LIBERO command: --use_proprio True)
+    err, const_err, gripper = _reproduction(_load(tmp_path / "bc", ENV), demos, ["image", "proprio"])
     assert err < 0.25 * const_err and gripper >= 0.95, (err, const_err, gripper)  # 0.0165, 0.219, 1.0
     _grpo_then_evaluate(tmp_path / "bc", ENV, tmp_path)
 

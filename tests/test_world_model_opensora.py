@@ -9,24 +9,26 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envs.world_models.opensora.checkpoint import load_stdit3
+from benchmarks.reference_layouts import STDIT3_XL2, expand
 from envs.world_models.opensora.model import OpenSoraWorldModel, load_action_stats
-from envs.world_models.opensora.sampler import (
+from envs.world_models.tiny import write_stats
+from nets.opensora_checkpoint import load_stdit3
+from nets.opensora_sampler import (
     rflow_sample,
     sampling_timesteps,
     step_sizes,
     timestep_transform,
 )
-from envs.world_models.opensora.stdit3 import (
+from nets.opensora_stdit3 import (
     RotaryEmbedding,
     STDiT3,
+    STDiT3Config,
     apply_rope,
     sincos_2d,
     timestep_embedding,
 )
-from envs.world_models.opensora.tiny import build_tiny_stdit3, write_tiny_stdit3, write_tiny_vae
-from envs.world_models.opensora.vae import SDXLVAE
-from envs.world_models.tiny import write_stats
+from nets.opensora_tiny import build_tiny_stdit3, write_tiny_stdit3, write_tiny_vae
+from nets.opensora_vae import SDXLVAE
 
 COND, STEPS = 4, 8  # condition latents, generated frames (RLinf's numbers)
 
@@ -84,9 +86,11 @@ def _expected_keys(depth: int) -> set[str]:
 
 def test_real_size_layout_on_meta():
     with torch.device("meta"):
-        model = STDiT3()
+        model = STDiT3(STDiT3Config.xl2_libero())
     state = model.state_dict()
     assert set(state) == _expected_keys(28) and len(state) == 978
+    # names and shapes equal the reference layout shared with benchmarks.real_size
+    assert {k: tuple(v.shape) for k, v in state.items()} == expand(STDIT3_XL2)
     assert sum(p.numel() for p in model.parameters()) == 1_212_991_556  # buffers not counted
     shapes = {
         "x_embedder.proj.weight": (1152, 4, 1, 2, 2),

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nets.errors import BadInput, run_cli
+from nets.errors import BadInput, program_name, run_cli
 from trainers.config import describe_fields, parse_cli, read_json
 from trainers.grpo.algorithm import GRPOConfig
 from trainers.grpo.train import train as train_grpo
@@ -42,7 +42,7 @@ ALGOS: dict[str, tuple[type, Callable[..., dict[str, float]]]] = {
 
 def config_algo(argv: list[str]) -> str | None:
     """The algorithm section of the ``--config`` file (or of the ``--resume`` run's config)."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = argparse.ArgumentParser(prog=program_name(), add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
     known, _ = pre.parse_known_args(argv)
@@ -81,7 +81,9 @@ def policy_help(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --policy is not --policy-help
+    pre = argparse.ArgumentParser(
+        prog=program_name(), add_help=False, allow_abbrev=False
+    )  # --policy is not --policy-help
     pre.add_argument("--algo", choices=sorted(ALGOS))
     pre.add_argument("--policy-help", metavar="NAME")
     known, rest = pre.parse_known_args(argv)

@@ -42,6 +42,17 @@ carry them and the result loads anywhere with ``--init-policy`` or ``benchmarks.
 / ``norm_stats.json``).
 ``--norm-stats checkpoint`` keeps the model's own statistics.
 
+Defaults: every optimizer setting left unset (batch size, step size and schedule, AdamW's betas, eps and
+weight decay, clipping, the image shift) is the policy's fine-tuning recipe (``policy_recipe``): a VLA's
+published one (``policies.options.FineTuneRecipe``, its numbers and sources beside each policy's
+options: OpenVLA-OFT, OpenVLA, pi0.5, Cosmos Policy), whose ``policy_kwargs`` (loss head, LoRA rank) are
+defaults of a new policy's keywords; else the generic one (1e-3, minibatches of 256). A model folder's
+``fine_tune_recipe.json`` overrides the recipe: the tiny checkpoints (``policies/*/tiny.py``) carry one,
+as the published batches (64 to 1920) and warmups (up to 10k steps) do not fit a few demos on a CPU; for
+a real checkpoint on a few demos pass e.g. ``--batch-size 16 --lr-warmup-steps 0``. The recipe used is
+printed at the start and saved, resolved, in the run's ``config.json``. Cosmos Policy without image
+shift trains on VAE latents encoded once (``CosmosPolicy.cache_inputs``).
+
     python -m trainers.bc --demos demos/spatial.h5 --env envs:Libero-Spatial-v0 \
         --env-kwargs '{"image_size": 224, "cameras": ["agentview"], "chunk_size": 8}' \
         --policy openvla_oft --policy-kwargs '{"model_path": "ckpts/openvla-7b-oft", "action_head": "l1",
@@ -54,7 +65,9 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -64,6 +77,7 @@ from torch import nn
 
 from nets.errors import BadInput, run_cli
 from policies.base import ActionChunkPolicy
+from policies.options import RECIPE_FILE, FineTuneRecipe, lr_factor
 from policies.registry import policy_class
 from trainers import parallel
 from trainers.config import parse_cli
@@ -82,24 +96,38 @@ class BCConfig:
     """our demos file, a LIBERO HDF5 file or folder, or a LeRobot v3 folder"""
     epochs: int = 50
     """passes over the training demos"""
-    batch_size: int = 256
-    """chunk-steps per minibatch"""
-    learning_rate: float = 1e-3
-    """AdamW step size"""
-    lr_warmup_steps: int = 0
-    """optimizer steps over which the step size rises linearly from 10% to learning_rate (OpenVLA-OFT's
-    lr_warmup_steps; 0: none)"""
-    lr_decay_steps: int = 0
-    """optimizer steps after which the step size drops 10x (OpenVLA-OFT's num_steps_before_decay, a
-    MultiStepLR; 0: never)"""
-    weight_decay: float = 0.0
+    batch_size: int | None = None
+    """chunk-steps per minibatch (None: the policy's recipe; a VLA's published one is large: pass a
+    smaller one for a few demos, e.g. 32)"""
+    learning_rate: float | None = None
+    """AdamW's peak step size (None: the policy's recipe, ``policies.options.FineTuneRecipe``)"""
+    lr_schedule: Literal["step", "cosine", "linear"] | None = None
+    """the step-size schedule (``FineTuneRecipe``'s docstring): "step", OpenVLA-OFT's warmup and 10x drop;
+    "cosine", openpi's warmup and cosine decay; "linear", Cosmos Policy's warmup, linear decay and floor"""
+    lr_warmup_steps: int | None = None
+    """optimizer steps of linear warmup (0: none)"""
+    lr_warmup_start: float | None = None
+    """the warmup's first step size, a fraction of learning_rate ("step", "linear"; "cosine": 1/(warmup+1))"""
+    lr_decay_steps: int | None = None
+    """"step": the step after which the step size is lr_decay_to x (OpenVLA-OFT's num_steps_before_decay);
+    "cosine" / "linear": where the decay reaches lr_decay_to (0: never)"""
+    lr_decay_to: float | None = None
+    """the factor reached at lr_decay_steps"""
+    lr_after_decay: float | None = None
+    """"linear": the factor after lr_decay_steps (Cosmos Policy's second cycle)"""
+    weight_decay: float | None = None
     """AdamW weight decay"""
-    max_grad_norm: float = 1.0
-    """clip the gradient norm per minibatch"""
+    adam_betas: tuple[float, float] | None = None
+    """AdamW's (beta1, beta2)"""
+    adam_eps: float | None = None
+    """AdamW's epsilon"""
+    max_grad_norm: float | None = None
+    """clip the gradient norm per minibatch (0: no clipping)"""
     val_fraction: float = 0.1
     """held-out episodes (at least one when there are 2+ and this is > 0)"""
-    image_shift: int = 4
-    """random shift augmentation of uint8 images, in pixels (0: off)"""
+    image_shift: int | None = None
+    """random shift augmentation of uint8 images, in pixels (0: off; None: the recipe's, 4 but for
+    Cosmos Policy, which then trains on VAE latents encoded once)"""
     max_bad_updates: int = 10
     """stop after this many non-finite updates in a row"""
     norm_stats: Literal["auto", "demos", "checkpoint"] = "auto"
@@ -115,21 +143,79 @@ class BCConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.value_gamma <= 1.0:
             raise BadInput(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
-        if self.lr_warmup_steps < 0 or self.lr_decay_steps < 0:
-            raise BadInput(
-                f"bc lr_warmup_steps and lr_decay_steps must be >= 0, got {self.lr_warmup_steps}, "
-                f"{self.lr_decay_steps}"
-            )
+        for name in ("lr_warmup_steps", "lr_decay_steps", "image_shift"):
+            if (getattr(self, name) or 0) < 0:
+                raise BadInput(f"bc {name} must be >= 0, got {getattr(self, name)}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise BadInput(f"bc batch_size must be >= 1, got {self.batch_size}")
+
+    def with_recipe(self, recipe: FineTuneRecipe) -> BCConfig:
+        """These settings with every one left unset (None) taken from ``recipe``."""
+        unset = {
+            f.name: getattr(recipe, f.name)
+            for f in dataclasses.fields(self)
+            if f.name in RECIPE_FIELDS and getattr(self, f.name) is None
+        }
+        if "lr_after_decay" in unset and unset["lr_after_decay"] is None:
+            unset["lr_after_decay"] = recipe.lr_decay_to if self.lr_decay_to is None else self.lr_decay_to
+        return dataclasses.replace(self, **unset)
 
     def lr_at(self, step: int) -> float:
-        """The step size of optimizer step ``step`` (from 0): OpenVLA-OFT's schedule, linear warmup
-        from 10% over ``lr_warmup_steps``, then 10x lower from ``lr_decay_steps`` on."""
-        lr = self.learning_rate
-        if self.lr_warmup_steps:
-            lr *= 0.1 + 0.9 * min((step + 1) / self.lr_warmup_steps, 1.0)
-        if self.lr_decay_steps and step >= self.lr_decay_steps:
-            lr *= 0.1
-        return lr
+        """The step size of optimizer step ``step`` (from 0): ``learning_rate`` times the schedule's
+        factor (``policies.options.lr_factor``); settings left unset are the generic recipe's."""
+        cfg = (
+            self.with_recipe(GENERIC_RECIPE)
+            if any(getattr(self, name) is None for name in RECIPE_FIELDS)
+            else self
+        )
+        return float(cfg.learning_rate) * lr_factor(cfg, step)
+
+
+# The settings a policy's recipe gives (``FineTuneRecipe``'s fields that BCConfig has too).
+RECIPE_FIELDS = (
+    "batch_size", "learning_rate", "lr_schedule", "lr_warmup_steps", "lr_warmup_start", "lr_decay_steps",
+    "lr_decay_to", "lr_after_decay", "weight_decay", "adam_betas", "adam_eps", "max_grad_norm",
+    "image_shift",
+)  # fmt: skip
+# Policies without a published recipe (the small ones): a constant 1e-3, minibatches of 256.
+GENERIC_RECIPE = FineTuneRecipe(source="trainers.bc's generic defaults", learning_rate=1e-3, batch_size=256)
+
+
+def policy_recipe(cls: type | None, policy: str, policy_kwargs: dict[str, Any]) -> tuple[FineTuneRecipe, str]:
+    """The recipe trainers.bc's defaults come from, and where it comes from: the policy class's
+    ``fine_tune_recipe`` (a VLA's published one, else ``GENERIC_RECIPE``), with the settings of the
+    model folder's ``fine_tune_recipe.json`` when it has one (the tiny checkpoints of
+    ``policies/*/tiny.py`` do: the published numbers are for billions of weights and tens of thousands
+    of steps, not a random model of thousands on a few demos). That file holds typed data only:
+    ``{"about": str, "bc": {recipe setting: value}, "policy_kwargs": {the policy's keywords}}``,
+    checked against ``FineTuneRecipe``'s fields and the policy's keyword allow-list."""
+    from nets.field_types import check_value
+    from nets.file_settings import check_file_settings
+    from nets.files import read_json
+    from policies.registry import policy_settings_schema
+
+    recipe = getattr(cls, "fine_tune_recipe", None) or GENERIC_RECIPE
+    model = policy_kwargs.get("model_path")
+    path = Path(model) / RECIPE_FILE if isinstance(model, str) and model else None
+    if path is None or not path.is_file():
+        return recipe, recipe.source
+    data = read_json(path, "fine-tuning recipe")
+    if not isinstance(data, dict) or set(data) - {"about", "bc", "policy_kwargs"}:
+        raise BadInput(f"{path}: expected a JSON object with keys among about, bc, policy_kwargs")
+    hints = typing.get_type_hints(FineTuneRecipe)
+    changes = {}
+    for name, value in dict(data.get("bc", {})).items():
+        if name not in RECIPE_FIELDS:
+            raise BadInput(f"{path}: bc.{name} is not a recipe setting; known: {list(RECIPE_FIELDS)}")
+        try:
+            changes[name] = check_value(hints[name], value)
+        except ValueError as e:
+            raise BadInput(f"{path}: bc.{name}: {e}") from None
+    kwargs = check_file_settings(
+        dict(data.get("policy_kwargs", {})), policy_settings_schema(policy), f"{path}: policy_kwargs"
+    )
+    recipe = dataclasses.replace(recipe, **changes, policy_kwargs={**recipe.policy_kwargs, **kwargs})
+    return recipe, f"{recipe.source}, with {path}'s settings"
 
 
 def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -214,6 +300,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     run_cfg: RunConfig = configs["run"]
     cfg: BCConfig = configs["bc"]
     world = parallel.from_env().world_size
+    # the policy's recipe gives the settings left unset ("auto" is a small policy: the generic one)
+    cls = None if run_cfg.policy == "auto" else policy_class(run_cfg.policy)
+    new_policy = not (run_cfg.init_policy or run_cfg.resume)
+    recipe, origin = policy_recipe(cls, run_cfg.policy, run_cfg.policy_kwargs if new_policy else {})
+    cfg = cfg.with_recipe(recipe)
+    if new_policy and recipe.policy_kwargs:  # the recipe's head / LoRA, unless given
+        kwargs = {**recipe.policy_kwargs, **run_cfg.policy_kwargs}
+        run_cfg = dataclasses.replace(run_cfg, policy_kwargs=kwargs)
+    if parallel.from_env().rank == 0:
+        print(
+            f"fine-tuning recipe ({origin}): lr {cfg.learning_rate:g} ({cfg.lr_schedule}, warmup "
+            f"{cfg.lr_warmup_steps}, decay at {cfg.lr_decay_steps}), batch {cfg.batch_size}, weight decay "
+            f"{cfg.weight_decay:g}, clip {cfg.max_grad_norm:g}, image shift {cfg.image_shift}"
+            + (f", policy {dict(recipe.policy_kwargs)}" if new_policy and recipe.policy_kwargs else ""),
+            flush=True,
+        )
     if cfg.batch_size % world:  # before any work (Run starts the process group)
         raise BadInput(
             f"batch_size={cfg.batch_size} (the minibatch over all ranks) does not split over {world} "
@@ -277,16 +379,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 write_atomic(run.dir / "checkpoints" / name, json.dumps(content, indent=2))
         run.shard(policy)  # fsdp over several ranks: before the optimizer
         optimizer = torch.optim.AdamW(
-            policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            policy.parameters(),
+            lr=cfg.learning_rate,
+            betas=tuple(cfg.adam_betas),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
         )
         generator = torch.Generator().manual_seed(run_cfg.seed)  # augmentation (each rank its own)
         run.restore(policy, optimizer, {"bc": generator})
         if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
             policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
-        evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         future = None  # what follows each sample, for a loss that takes it (world model and value)
         if {"next_obs", "returns"} <= set(inspect.signature(policy.imitation_loss).parameters):
             future = train_demos.future(k, cfg.value_gamma)
+        cache = getattr(policy, "cache_inputs", None)
+        if cache is not None and cfg.image_shift == 0:  # frozen encoders: encode the demos once
+            with torch.no_grad():
+                following = batch_obs(train["obs"], future["next_row"]) if future is not None else None
+                train["obs"].update(cache(train["obs"], following, progress=run_cfg.progress and run.is_main))
+                if val is not None:
+                    val["obs"].update(cache(val["obs"], progress=run_cfg.progress and run.is_main))
+        evaluator = run.data_parallel(policy)  # after restore: DDP starts from rank 0's weights
         guard = BadUpdateGuard(cfg.max_bad_updates)
         while not run.finished:
             policy.train()
@@ -371,7 +484,8 @@ def train_epoch(
             loss = parallel.imitation_loss(evaluator, obs, actions[idx], valid[idx], **extra)
         loss = loss * (mine / max(total, 1))  # this rank's share of the minibatch's loss
         reported = parallel.sum_over_ranks({"loss": loss})["loss"]  # the minibatch's loss
-        stepped, norm = step_optimizer(loss * world, optimizer, cfg.max_grad_norm, guard, guard_loss=reported)
+        clip = cfg.max_grad_norm or None  # 0: no clipping
+        stepped, norm = step_optimizer(loss * world, optimizer, clip, guard, guard_loss=reported)
         if stepped:
             losses.append(reported.detach())
             norms.append(norm)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nets.errors import BadInput, reading, run_cli
+from nets.errors import BadInput, program_name, reading, run_cli
 from nets.file_settings import OPT_IN_KEYS, check_file_settings
 from nets.files import check_output
 from nets.safe_load import UnsafeFileError, torch_load
@@ -655,7 +655,9 @@ def check_counters(counters: Any, path: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="Export the policy of a run's newest checkpoint.")
+    parser = argparse.ArgumentParser(
+        prog=program_name(), description="Export the policy of a run's newest checkpoint."
+    )
     parser.add_argument("source", help="a run directory or a checkpoint file")
     parser.add_argument("out", help="the policy-only checkpoint to write")
     parser.add_argument(

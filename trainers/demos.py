@@ -4,12 +4,12 @@ episodes in a demos file (format: ``trainers/datasets/demos.py``) for behaviour 
     python -m trainers.demos --env envs:Libero-Spatial-v0 --policy libero_expert \\
         --env-kwargs '{"task_state": true, "image_size": 64}' --episodes 200 --out demos/spatial.h5
 
-The file appears once complete; a run stopped by an error leaves the episodes written so far in
-``<out>.<pid>.tmp``. An existing ``--out`` is replaced only with ``--overwrite``, and only if it is a
-demos file. Only successful episodes are kept unless ``keep_failures``. A ``(D,)`` action space is
-stored with K = 1. Starts: envs with ``initial_frames`` (this project's) go through a seeded
-permutation of their frame ids, so ``--episodes len(frames)`` covers every (task, init state) once;
-other envs are seeded per round.
+The file appears once complete; a run killed or stopped by an error leaves the episodes written so far
+in ``<out>.<pid>.tmp``, a readable demos file (see ``write_demos``). An existing ``--out`` is replaced
+only with ``--overwrite``, and only if it is a demos file. Only successful episodes are kept unless
+``keep_failures``. A ``(D,)`` action space is stored with K = 1. Starts: envs with ``initial_frames``
+(this project's) go through a seeded permutation of their frame ids, so ``--episodes len(frames)``
+covers every (task, init state) once; other envs are seeded per round.
 
 The file format's names (``Episode``, ``Demos``, ``write_demos``, ``read_demos``, ``check_format``,
 ``FORMAT``, ``VERSION``) live in ``trainers.datasets.demos`` and are importable from here as before.

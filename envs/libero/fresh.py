@@ -3,7 +3,14 @@
 An init-state id ``k >= task.num_init_states`` (50 for LIBERO's suites) is the simulator state right
 after LIBERO's scene reset with numpy's RNG seeded by ``fresh_seed(task, k)``, a hash of (suite, task
 name, k): the objects placed in their BDDL regions by LIBERO's samplers (retried as LIBERO retries a
-failed placement), the robot at its start. The env then settles it as it settles an official state.
+failed placement), the robot at its start with robosuite's default joint noise (Gaussian, 0.02 rad per
+arm joint: the official states have it, std 0.018-0.024 per joint, while LIBERO's ``ControlEnv``,
+which our scenes use, turns it off; robosuite draws the noise either way, so no other draw moves). The
+state is taken right after the reset, unsettled, as the official states are (zero velocities, objects
+where the samplers put them, up to ~8 cm above their supports); the env then settles it as it
+settles an official state. Objects on fixture sites (a bowl on the stove or the cabinet, in its
+drawer) need the fixtures at their compiled pose when the reset starts, which the scene's soft reset
+restores (``envs/libero/sim.py``).
 The same id gives the same bits in any process (the generation runs in a fresh spawned process, so no
 state of the caller's reaches it); they export and import as initial-frame folders like the official
 ones (``save_initial_frames``). This gives held-out starts from the training distribution without
@@ -23,6 +30,7 @@ from nets.errors import BadInput
 from nets.processes import without_main_module
 
 MAX_FRESH_ID = 2**31 - 1
+ARM_INIT_NOISE = 0.02  # rad, std of the start joint angles (robosuite's initialization_noise="default")
 
 
 def fresh_seed(task: LiberoTask, index: int) -> int:
@@ -36,6 +44,8 @@ def _generate(task: LiberoTask, indices: tuple[int, ...]) -> np.ndarray:
     from envs.libero.sim import _Scene
 
     scene = _Scene(task)
+    for robot in scene.inner.robots:  # robosuite's "default" noise, as in the official states
+        robot.initialization_noise = {"type": "gaussian", "magnitude": ARM_INIT_NOISE}
     try:
         states = []
         for k in indices:

@@ -14,11 +14,18 @@ changes the scene:
   *appends* to it, so a hard reset draws more random numbers than the last one, shifting the
   fixture placement (numpy's global RNG) by the number of earlier hard resets;
 * ``model.site_rgba``: site visibility is toggled in place (robosuite hides with ``-a``, LIBERO's
-  stove burner toggles with ``1 - a``), so alphas drift across episodes that turn a stove on.
+  stove burner toggles with ``1 - a``), so alphas drift across episodes that turn a stove on;
+* the fixtures' ``model.body_pos`` / ``body_quat`` (cabinet, stove, ...): a reset places them there, and
+  a soft reset starts from the last episode's placement instead of the compiled pose (the origin).
+  LIBERO's site samplers (``On obj fixture_site``, ``In obj fixture_region``) add the fixture's new
+  pose to the site's *world* position, read before the fixtures move, so they are right only with
+  the fixtures at their compiled pose; from a placed fixture they double its offset (a bowl "on the
+  stove" lands ~25 cm behind it and ~0.9 m up).
 
 They are normalised before every reset, soft or hard, to the state of the first reset after
-construction (fresh gripper; the samplers of two model loads; compiled site colours). After that,
-mjModel and mjData after a soft reset equal those after a hard one (checked field by field).
+construction (fresh gripper; the samplers of two model loads; compiled site colours; fixtures at
+their compiled pose). After that, mjModel and mjData after a soft reset equal those after a hard one
+(checked field by field; tests/test_libero_fresh.py checks the reset state itself).
 Fixture placement is re-drawn from
 ``np.random.seed(scene_seed)`` in both paths, so a cached scene serves any seed. The caller's
 global numpy RNG state is restored afterwards.
@@ -197,6 +204,20 @@ class _Renderer:
             self.gl.free()
 
 
+def _compiled_fixture_poses(inner: Any) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Body id -> (pos, quat wxyz) of each LIBERO fixture's root body as the MJCF compiles it (what a
+    hard reset's model has before the placement sampler moves it)."""
+    poses = {}
+    for fixture in inner.fixtures_dict.values():
+        element = inner.model.worldbody.find(f"./body[@name='{fixture.root_body}']")
+        if element is None or any(k in element.attrib for k in ("euler", "axisangle", "xyaxes", "zaxis")):
+            raise RuntimeError(f"fixture body {fixture.root_body} is not a plain worldbody child")
+        pos = np.array(element.get("pos", "0 0 0").split(), dtype=np.float64)
+        quat = np.array(element.get("quat", "1 0 0 0").split(), dtype=np.float64)
+        poses[inner.sim.model.body_name2id(fixture.root_body)] = (pos, quat / np.linalg.norm(quat))
+    return poses
+
+
 class _Scene:
     """A built LIBERO env plus what we keep next to it."""
 
@@ -214,6 +235,7 @@ class _Scene:
         _release_build_memory()
         self.base_inits = list(self.inner.object_property_initializers)  # one model load's worth
         self.site_rgba = self.inner.sim.model._model.site_rgba.copy()  # as compiled from the MJCF
+        self.fixture_poses = _compiled_fixture_poses(self.inner)  # construction's reset moved them
         self.renderer: _Renderer | None = None
         self.raw_obs: dict[str, Any] = {}
         self.stepper: Any = None  # a FastStep, made after each reset (robosuite remakes the controller)
@@ -231,7 +253,11 @@ class _Scene:
             # A hard reset appends one more model load's samplers itself.
             inner.object_property_initializers[:] = self.base_inits * (1 if hard else 2)
             if not hard:  # site alphas are toggled in place (robosuite: -a, LIBERO's burner: 1 - a)
-                inner.sim.model._model.site_rgba[:] = self.site_rgba
+                model = inner.sim.model._model
+                model.site_rgba[:] = self.site_rgba
+                for body, (pos, quat) in self.fixture_poses.items():  # where a rebuilt model has them
+                    model.body_pos[body] = pos
+                    model.body_quat[body] = quat
             for robot in inner.robots:
                 if robot.has_gripper:
                     robot.gripper.current_action = np.zeros(robot.gripper.dof)

@@ -114,7 +114,7 @@ def write_tiny_bundle(backend: str, directory: str | os.PathLike, *, seed: int =
         write_tiny_tokenizer(root / "tokenizer" / "tokenizer.pth", seed=seed)
         write_dataset(root / "dataset", name="seed_0_traj_{k}.npy", seed=seed)
     elif backend == "opensora":
-        from envs.world_models.opensora.tiny import write_tiny_stdit3, write_tiny_vae
+        from nets.opensora_tiny import write_tiny_stdit3, write_tiny_vae
 
         write_tiny_stdit3(root, seed=seed)
         write_tiny_vae(root / "vae", seed=seed)

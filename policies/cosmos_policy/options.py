@@ -10,6 +10,7 @@ from typing import Any
 
 from nets.errors import BadInput
 
+from ..options import FineTuneRecipe
 from . import sft
 
 
@@ -94,3 +95,33 @@ class CosmosPolicyOptions:
                 f"sft_loss_weighting must be one of {sft.WEIGHTINGS}, got {self.sft_loss_weighting!r}"
             )
         sft.check_split(self.sft_split)
+
+
+# Cosmos Policy's LIBERO fine-tuning recipe: NVlabs/cosmos-policy ``cosmos_policy/config/experiment/
+# cosmos_policy_experiment_configs.py`` (``cosmos_predict2_2b_480p_libero``), the optimizer defaults
+# of its Predict2 base experiment (``_src/predict2/configs/common/defaults/optimizer.py``, weight decay
+# 0.1 in the base run) and ``LIBERO.md``; Kim, Gu et al., "Cosmos Policy: Fine-Tuning Video Models for
+# Visuomotor Control and Planning" (its table: LIBERO batch 1920, 40k steps, lr 1e-4, decay at 30k).
+# AdamW (betas 0.9 / 0.99, eps 1e-8, weight decay 0.1) at 1e-4, the gradient norm clipped at 1.0 (the
+# ``GradClip`` callback), ``LambdaLinearScheduler`` with ``warm_up_steps [1000, 0]``, ``f_start [1e-6,
+# 0.06]``, ``f_max [1, 0.06]``, ``f_min [0.3, 0.06]``, ``cycle_lengths [30000, inf]``: linear warmup
+# over 1000 steps, linear down to 0.3x at 30k, then 0.06x for ever; batch 30 per GPU x 8 GPUs x 8
+# accumulation = 1920; no EMA; full fine-tuning with the denoising loss (``sft.py``). Its dataset
+# augments the images (crops, rotations, colour jitter); trainers.bc's random shift is not that, and
+# with it the frozen VAE would re-encode every frame of every sample at every step, so the recipe here
+# trains without it on latents encoded once (``--image-shift 4`` turns the shift on).
+COSMOS_RECIPE = FineTuneRecipe(
+    source="Cosmos Policy cosmos_policy_experiment_configs.py cosmos_predict2_2b_480p_libero + LIBERO.md",
+    learning_rate=1e-4,
+    batch_size=1920,
+    lr_schedule="linear",
+    lr_warmup_steps=1000,
+    lr_warmup_start=1e-6,
+    lr_decay_steps=30_000,
+    lr_decay_to=0.3,
+    lr_after_decay=0.06,
+    weight_decay=0.1,
+    adam_betas=(0.9, 0.99),
+    max_grad_norm=1.0,
+    image_shift=0,
+)

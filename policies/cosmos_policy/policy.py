@@ -48,10 +48,12 @@ from ..options import build_options
 from ..pretrained import PretrainedVLAPolicy, resolve_dtype
 from . import layout, sft
 from .checkpoint import load_stats, load_text_embeddings, locate, read_stats, stats_from_data
-from .options import CosmosPolicyOptions
+from .options import COSMOS_RECIPE, CosmosPolicyOptions
 
 SIGMA_MIN = 4.0  # Cosmos Policy's inference sigma range: 80 -> 4
 CHUNK, ACTION_DIM, PROPRIO_DIM = 16, 7, 9
+# observation entries of latents encoded once (``CosmosPolicy.cache_inputs``): without / with the future
+LATENTS, LATENTS_FUTURE = "cosmos_latents", "cosmos_latents_future"
 
 
 def policy_sigmas(num_steps: int) -> list[float]:
@@ -88,6 +90,7 @@ class CosmosPolicy(PretrainedVLAPolicy):
     checkpoint_files = ("libero_dataset_statistics.json|dataset_statistics.json",)
     requires, extras = ("diffusers",), "vla,wm"
     options_type = CosmosPolicyOptions
+    fine_tune_recipe = COSMOS_RECIPE  # trainers.bc's defaults (the options module cites the source)
 
     def __init__(
         self,
@@ -221,6 +224,34 @@ class CosmosPolicy(PretrainedVLAPolicy):
             normed = self._normalized_proprio(next_obs)
             latents = layout.write_vector(latents, layout.INDEX["future_proprio"], normed)
         return latents
+
+    def cache_inputs(
+        self, obs: Any, next_obs: Any = None, batch_size: int = 16, progress: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The latents ``imitation_loss`` would encode for these demonstrations (the frozen VAE's
+        encoding of the video, with the proprio written in; with ``next_obs`` the future frames too),
+        computed once, ``batch_size`` samples at a time, as observation entries (``LATENTS`` or
+        ``LATENTS_FUTURE`` ``[N, 16, 9, h, w]``) that ``imitation_loss`` reads instead of encoding: the
+        same numbers, without encoding every frame again at every step. Only for images that stay the
+        same from epoch to epoch (no augmentation)."""
+        from tqdm import tqdm
+
+        n = len(obs["instruction"])
+        key = LATENTS if next_obs is None else LATENTS_FUTURE
+        chunks = []
+        bar = tqdm(total=n, desc=f"Cosmos Policy: encoding {n} demo samples once", disable=not progress)
+        for start in range(0, n, batch_size):
+            idx = np.arange(start, min(start + batch_size, n))
+            rows, future = (
+                None
+                if o is None
+                else {k: [v[i] for i in idx] if isinstance(v, list) else v[idx] for k, v in o.items()}
+                for o in (obs, next_obs)
+            )
+            chunks.append(self._encode(rows, future).cpu())
+            bar.update(len(idx))
+        bar.close()
+        return {key: torch.cat(chunks)}
 
     def _prepare(self, obs: Any) -> dict[str, torch.Tensor]:
         """Clean latents of frames 0-3 ``[B, 16, 4, h, w]`` and the instructions' T5 table ids."""
@@ -417,7 +448,8 @@ class CosmosPolicy(PretrainedVLAPolicy):
         have_future, have_value = next_obs is not None, returns is not None
         self._warn_missing_targets(have_future, have_value)
 
-        x0 = self._encode(obs, next_obs)
+        cached = LATENTS if next_obs is None else LATENTS_FUTURE  # cache_inputs' latents, if given
+        x0 = torch.as_tensor(obs[cached]).to(device) if cached in obs else self._encode(obs, next_obs)
         if mask is not None:  # a masked sub-step repeats the last executed action (its target is unknown)
             valid = torch.as_tensor(mask, device=device).bool()
             index = torch.arange(k, device=device).expand(b, -1)

@@ -14,6 +14,8 @@ import torch
 
 from nets.cosmos_tiny import write_tiny_dit_checkpoint, write_tiny_tokenizer
 
+from ..options import TINY_ABOUT, write_recipe_file
+
 # Made-up LIBERO-like statistics: actions 7-D, proprio 9-D (gripper qpos 2, eef pos 3, eef quaternion 4).
 TINY_STATS = {
     "actions_min": [-0.9, -0.9, -0.9, -0.2, -0.2, -0.3, -1.0],
@@ -33,6 +35,12 @@ INSTRUCTIONS = (
     "pick up the black bowl next to the plate and place it on the plate",
     "pick up the black bowl on the wooden cabinet and place it on the plate",
 )
+
+
+# trainers.bc's settings for this tiny model (written to its folder's fine_tune_recipe.json; see
+# trainers.bc.policy_recipe): the published recipe's schedule shape, scaled to a few demos on a CPU.
+TINY_RECIPE = {"learning_rate": 1e-3, "batch_size": 32, "lr_warmup_steps": 10, "lr_decay_steps": 0}
+TINY_POLICY_KWARGS = {"image_size": 32}
 
 
 def write_tiny_cosmos_policy(
@@ -67,4 +75,5 @@ def write_tiny_cosmos_policy(
     name = "libero_t5_embeddings.pkl" if reason1_dim is None else "libero_reason1_embeddings.pkl"
     with open(folder / name, "wb") as f:
         pickle.dump(embeddings, f)
+    write_recipe_file(folder, TINY_ABOUT, TINY_RECIPE, TINY_POLICY_KWARGS)
     return folder

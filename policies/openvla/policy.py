@@ -35,7 +35,7 @@ from ..binned import tempered_log_softmax
 from ..openvla_oft.common import OpenVLABase
 from ..options import build_options
 from ..torso_policy import box_chunk_shape
-from .options import OpenVLAOptions
+from .options import OPENVLA_RECIPE, OpenVLAOptions
 
 
 class OpenVLAPolicy(OpenVLABase):
@@ -57,6 +57,7 @@ class OpenVLAPolicy(OpenVLABase):
 
     checkpoint_name, model_name = "OpenVLA checkpoint", "OpenVLA"
     options_type = OpenVLAOptions
+    fine_tune_recipe = OPENVLA_RECIPE  # trainers.bc's defaults (the options module cites the source)
 
     def __init__(
         self,

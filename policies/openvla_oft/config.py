@@ -44,6 +44,17 @@ class OpenVLAConfig:
     norm_stats: dict[str, Any] = field(default_factory=dict)
     vision_specs: list[dict[str, Any]] | None = None
 
+    @classmethod
+    def openvla_7b(cls) -> OpenVLAConfig:
+        """OpenVLA-7B at its published size: the defaults, which are ``config.json`` of
+        ``openvla/openvla-7b`` (model card: DINOv2 ViT-L/14-reg4 + SigLIP so400m/14 at 224 px, fused;
+        Llama-2-7B with the vocabulary padded to 32064; reference code: openvla/openvla
+        ``prismatic/extern/hf/configuration_prismatic.py``). 7,541,237,184 parameters (the index's
+        ``total_size`` of 15,082,474,368 bytes in bfloat16). The OpenVLA-OFT checkpoints
+        (``moojink/openvla-7b-oft-finetuned-libero-*``) share this backbone; their action head and
+        proprio projector sizes are ``OFT_LIBERO``."""
+        return cls()
+
     def towers(self) -> list[ViTSpec]:
         """The ViT spec of each tower (one, or two when fused)."""
         n = 2 if self.use_fused_vision_backbone else 1
@@ -109,6 +120,25 @@ class OpenVLAConfig:
         if self.vision_specs is not None:
             data["vision_specs"] = self.vision_specs
         return data
+
+
+@dataclass(frozen=True)
+class OFTHeadSizes:
+    """The sizes of OpenVLA-OFT's extra modules: the L1-regression action head (a residual MLP from
+    ``action_dim`` hidden states of ``hidden_size`` to ``action_dim`` values, width ``hidden_size``)
+    and the proprio projector (``proprio_dim`` -> ``hidden_size`` -> ``hidden_size``)."""
+
+    hidden_size: int = 4096
+    action_dim: int = 7
+    proprio_dim: int = 8
+    chunk: int = 8  # actions per chunk (NUM_ACTIONS_CHUNK): 8 x 7 = 56 action positions
+
+
+# moojink/openvla-7b-oft-finetuned-libero-{spatial,object,goal,10}: openvla-oft's
+# prismatic/vla/constants.py LIBERO constants (ACTION_DIM 7, PROPRIO_DIM 8, NUM_ACTIONS_CHUNK 8) and
+# prismatic/models/action_heads.py L1RegressionActionHead(input_dim=4096, hidden_dim=4096, action_dim=7),
+# prismatic/models/projectors.py ProprioProjector(llm_dim=4096, proprio_dim=8).
+OFT_LIBERO = OFTHeadSizes()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Any
 
 from nets.errors import BadInput
 
+from ..options import FineTuneRecipe
+
 
 @dataclass(frozen=True)
 class OpenVLACommonOptions:
@@ -101,3 +103,34 @@ class OpenVLAOFTOptions(OpenVLACommonOptions):
             raise BadInput(f"l1_scale must be > 0, got {self.l1_scale}")
         if self.value_type not in ("chunk", "step"):
             raise BadInput(f"value_type must be 'chunk' or 'step', got {self.value_type!r}")
+
+
+# OpenVLA-OFT's LIBERO fine-tuning recipe: moojink/openvla-oft ``vla-scripts/finetune.py`` (its
+# defaults) and ``LIBERO.md`` (the paper's command); Kim, Finn & Liang, "Fine-Tuning Vision-Language-
+# Action Models: Optimizing Speed and Success" (arXiv:2502.19645). ``torch.optim.AdamW(lr=5e-4)``, so
+# torch's defaults (betas 0.9 / 0.999, eps 1e-8, weight decay 0.01); no gradient clipping; no warmup
+# (``lr_warmup_steps`` 0, from 10% when set); ``MultiStepLR`` 10x down after ``num_steps_before_decay``
+# 100k (150k steps in all); batch 8 per GPU on 8 GPUs (64); LoRA rank 32 on every linear layer
+# (``use_lora``, dropout 0; its alpha is min(rank, 16), ours is the rank: ``lora_rank``); the L1
+# regression action head (``use_l1_regression``, a new head on the base model); the LIBERO command's
+# ``--use_proprio True`` (a new proprio projector; its ``--num_images_in_input 2``, the wrist camera, is
+# ``image_keys``, left to the user since the demos must have it).
+OFT_RECIPE = FineTuneRecipe(
+    source="OpenVLA-OFT vla-scripts/finetune.py + LIBERO.md (arXiv:2502.19645)",
+    learning_rate=5e-4,
+    batch_size=64,
+    lr_schedule="step",
+    lr_warmup_steps=0,
+    lr_decay_steps=100_000,
+    lr_decay_to=0.1,
+    weight_decay=0.01,
+    adam_betas=(0.9, 0.999),
+    max_grad_norm=0.0,
+    policy_kwargs={
+        "action_head": "l1",
+        "new_action_head": True,
+        "lora_rank": 32,
+        "use_proprio": True,
+        "new_proprio_projector": True,
+    },
+)

@@ -39,7 +39,7 @@ from ..options import build_options
 from ..pretrained import load_strict
 from .action_heads import HEAD_FILE_PATTERN, L1RegressionActionHead, find_head_file, read_head_state
 from .common import OpenVLABase, PromptLayout, load_model
-from .options import OpenVLAOFTOptions
+from .options import OFT_RECIPE, OpenVLAOFTOptions
 from .proprio import load_proprio_projector, proprio_stats
 
 # PromptLayout and load_model moved to common.py (shared with policies/openvla); still importable here
@@ -66,6 +66,7 @@ class OpenVLAOFTPolicy(OpenVLABase):
 
     checkpoint_name, model_name = "OpenVLA-OFT checkpoint", "OpenVLA-OFT"
     options_type = OpenVLAOFTOptions
+    fine_tune_recipe = OFT_RECIPE  # trainers.bc's defaults (the options module cites the source)
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ import torch
 
 from nets.errors import BadInput
 
+from ..options import TINY_ABOUT, write_recipe_file
 from ..pretrained import save_state_dict
 from .action_heads import L1RegressionActionHead
 from .config import STATS_FILE, OpenVLAConfig
@@ -38,6 +39,14 @@ WORDS = (
     "In What action should the robot take to Out pick up black bowl between plate and ramekin place it on "
     "next cookie box from table center drawer of wooden cabinet stove open close put turn top"
 ).split()
+
+
+# trainers.bc's settings for this tiny model (written to its folder's fine_tune_recipe.json; see
+# trainers.bc.policy_recipe): the published recipe's schedule shape, scaled to a few demos on a CPU.
+# The published recipe's LoRA (rank 32) on the frozen random base, as on the real one: fully fine-tuning
+# it at this step size overwrites the action positions' states with the mean chunk in the first epoch.
+TINY_RECIPE = {"learning_rate": 3e-3, "batch_size": 16, "lr_warmup_steps": 0, "lr_decay_steps": 0}
+TINY_POLICY_KWARGS: dict = {}
 
 
 def tiny_tokenizer(vocab_size: int = 512):
@@ -90,6 +99,9 @@ def tiny_config(
         "num_key_value_heads": 4,
         "max_position_embeddings": 512,
         "pad_token_id": vocab_size,
+        # Llama-2's std 0.02 is a gain of ~1.3 per projection at width 4096 but 0.11 at 32, where it leaves
+        # the zeroed action positions near 0 and almost blind to the image and state: 1 / sqrt(width)
+        "initializer_range": hidden_size**-0.5,
     }
     return OpenVLAConfig(
         timm_model_ids=["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"][
@@ -143,4 +155,5 @@ def write_tiny_openvla(
         projector = ProprioProjector(config.text_config["hidden_size"], proprio_dim)
         state = {f"module.{k}": v for k, v in projector.state_dict().items()}
         torch.save(state, folder / "proprio_projector--0_checkpoint.pt")
+    write_recipe_file(folder, TINY_ABOUT, TINY_RECIPE, TINY_POLICY_KWARGS)
     return folder

@@ -71,6 +71,15 @@ class Pi05Config:
     sizes: dict[str, Any] | None = None  # {"paligemma", "expert": GemmaSpec dicts, "vision", "vocab_size"}
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def pi05_libero(cls) -> Pi05Config:
+        """pi0.5 at its published size: the defaults, openpi's ``pi05_libero`` training config
+        (openpi ``src/openpi/training/config.py``: ``Pi0Config(pi05=True, action_horizon=10)``, PaliGemma
+        ``gemma_2b`` + SigLIP so400m/14 at 224 px, action expert ``gemma_300m``; sizes from
+        ``src/openpi/models/gemma.py`` ``get_config``), as converted to PyTorch by openpi
+        (``PI0Pytorch``; checkpoints ``sunshk/pi05_libero_pytorch``, model card ``lerobot/pi05_libero``)."""
+        return cls()
+
     def paligemma(self) -> GemmaSpec:
         return self._gemma("paligemma", self.paligemma_variant)
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from nets.errors import BadInput
 
 from ..flow import FlowSampling
+from ..options import FineTuneRecipe
 
 # the Gemma layers' projections LoRA adapts
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -82,3 +83,25 @@ class Pi05Options:
             raise BadInput(
                 f"value_vlm_mode must be 'mean_token' or 'last_token', got {self.value_vlm_mode!r}"
             )
+
+
+# pi0.5's LIBERO fine-tuning recipe: openpi ``src/openpi/training/config.py``, ``TrainConfig(name=
+# "pi05_libero")`` with ``training/optimizer.py``'s defaults (Physical Intelligence, "pi0.5: a
+# Vision-Language-Action Model with Open-World Generalization", arXiv:2504.16054): batch 256, AdamW
+# (b1 0.9, b2 0.95, eps 1e-8, weight decay 1e-10) after clipping the global gradient norm at 1.0,
+# ``CosineDecaySchedule(warmup_steps=10_000, peak_lr=5e-5, decay_steps=1_000_000, decay_lr=5e-5)``
+# (so a warmup, then constant), an EMA of the weights with decay 0.999, 30k steps; every weight trained
+# (no LoRA, no freeze filter); the flow-matching loss.
+PI05_RECIPE = FineTuneRecipe(
+    source="openpi src/openpi/training/config.py pi05_libero + training/optimizer.py (arXiv:2504.16054)",
+    learning_rate=5e-5,
+    batch_size=256,
+    lr_schedule="cosine",
+    lr_warmup_steps=10_000,
+    lr_decay_steps=1_000_000,
+    lr_decay_to=1.0,
+    weight_decay=1e-10,
+    adam_betas=(0.9, 0.95),
+    max_grad_norm=1.0,
+    ema_decay=0.999,
+)

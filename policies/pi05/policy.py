@@ -39,7 +39,7 @@ from ..pretrained import (
 from ..torsos import mlp
 from .config import Pi05Config, norm_stats_from_data
 from .modeling import Pi05Model, PrefixCache, from_checkpoint_keys
-from .options import Pi05Options
+from .options import PI05_RECIPE, Pi05Options
 from .processor import Pi05Processor, PromptTokenizer, resolve_norm_stats, tokenizer_file
 
 REQUIRED_FILES = ("config.json", "model.safetensors.index.json|model.safetensors")
@@ -65,6 +65,7 @@ class Pi05Policy(PretrainedVLAPolicy):
 
     checkpoint_name, checkpoint_files = "pi0.5 checkpoint", REQUIRED_FILES
     options_type = Pi05Options
+    fine_tune_recipe = PI05_RECIPE  # trainers.bc's defaults (the options module cites the source)
 
     def __init__(
         self,

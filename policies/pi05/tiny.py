@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..options import TINY_ABOUT, write_recipe_file
 from ..pretrained import save_state_dict
 from .config import Pi05Config
 from .modeling import EXPERT_LM_HEAD, Pi05Model, to_checkpoint_keys
@@ -39,6 +40,12 @@ TINY_STATS = {
         "q99": [0.9, 0.9, 0.95, 0.12, 0.16, 0.25, 1.0],
     },
 }
+
+
+# trainers.bc's settings for this tiny model (written to its folder's fine_tune_recipe.json; see
+# trainers.bc.policy_recipe): the published recipe's schedule shape, scaled to a few demos on a CPU.
+TINY_RECIPE = {"learning_rate": 3e-3, "batch_size": 32, "lr_warmup_steps": 10, "lr_decay_steps": 0}
+TINY_POLICY_KWARGS: dict = {}
 
 
 def tiny_sentencepiece(vocab_size: int = 400) -> bytes:
@@ -106,4 +113,5 @@ def write_tiny_pi05(folder: str | Path, *, seed: int = 0, **config_kwargs) -> Pa
         k: {**v, "mean": [0.0] * len(v["q01"]), "std": [1.0] * len(v["q01"])} for k, v in TINY_STATS.items()
     }
     (stats_dir / "norm_stats.json").write_text(json.dumps({"norm_stats": stats}, indent=2))
+    write_recipe_file(folder, TINY_ABOUT, TINY_RECIPE, TINY_POLICY_KWARGS)
     return folder

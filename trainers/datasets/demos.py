@@ -2,8 +2,8 @@
 ``write_demos``; ``python -m trainers.demos`` collects them), read back for behaviour cloning and as
 prior data of the off-policy trainers.
 
-File format (HDF5, written with ``h5py``; the file appears once complete, a writer stopped by an error
-leaves the episodes written so far in ``<out>.<pid>.tmp``, its own temporary file):
+File format (HDF5, written with ``h5py``; the file appears once complete, a writer killed or stopped by
+an error leaves the episodes written so far in ``<out>.<pid>.tmp``, its own temporary file, readable):
 
     /                   attrs: format "vla-gym-demos", version 1, env, env_kwargs (JSON), policy,
                         policy_kwargs, chunk_size K, action_dim D, seed, episodes_run,
@@ -222,10 +222,14 @@ class Demos:
 
 
 def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, Any]) -> Path:
-    """Write ``episodes`` to ``path``, each flushed as it comes, through ``<path>.<pid>.tmp`` (one per
-    process: two writers of one path never share it) renamed at the end. ``meta`` is written first and
-    again at the end (a caller may add totals meanwhile). If the episodes stop with an error, the
-    temporary file keeps the complete episodes written so far."""
+    """Write ``episodes`` to ``path`` through ``<path>.<pid>.tmp`` (one per process: two writers of one
+    path never share it), renamed once complete. ``meta`` is written first and again with every
+    episode (a caller may update totals such as ``episodes_run`` meanwhile).
+
+    The temporary file is closed while the next episode is produced, and reopened only to append it:
+    a writer killed or stopped by an error leaves a readable partial file of the episodes written
+    before, whose ``meta`` is as of the last one. Only a kill inside the milliseconds an append takes
+    can leave it unreadable (HDF5 marks a file open for writing until it is closed)."""
     h5py = _h5py()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,10 +238,12 @@ def write_demos(path: str | Path, episodes: Iterable[Episode], meta: dict[str, A
     with atomic_path(path, temp=temp, keep_on_error=True) as tmp:
         with h5py.File(tmp, "w", libver=LIBVER) as f:
             _set_attrs(f, {"format": FORMAT, "version": VERSION, **meta})
-            group = f.create_group("episodes")
-            for n, ep in enumerate(episodes):
-                _write_episode(group.create_group(f"{n:06d}"), ep)
-                f.flush()
+            f.create_group("episodes")
+        for n, ep in enumerate(episodes):
+            with h5py.File(tmp, "a", libver=LIBVER) as f:
+                _write_episode(f["episodes"].create_group(f"{n:06d}"), ep)
+                _set_attrs(f, meta)
+        with h5py.File(tmp, "a", libver=LIBVER) as f:
             _set_attrs(f, meta)
     return path
 

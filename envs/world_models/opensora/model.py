@@ -12,52 +12,11 @@ from pathlib import Path
 
 import torch
 
-from envs.world_models.opensora.checkpoint import load_stdit3
-from envs.world_models.opensora.sampler import rflow_sample, sampling_timesteps
-from envs.world_models.opensora.stdit3 import STDiT3
-from envs.world_models.opensora.vae import DOWNSAMPLE, SDXLVAE
 from nets.errors import BadInput
-from nets.files import read_json
-
-
-def load_action_stats(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q01, q99)`` float32 vectors from a ``dataset_statistics.json``.
-
-    Accepts ``{"action": {"q01": [...], "q99": [...], ...}, ...}`` or the same nested one level under a
-    dataset name (``{"libero_spatial_no_noops": {"action": ...}}``).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"action statistics not found: {path} (expected dataset_statistics.json)")
-    data = read_json(path, "action statistics")
-    if not isinstance(data, dict):
-        raise BadInput(f"{path}: expected a JSON object, got {type(data).__name__}")
-    stats = data.get("action")
-    if stats is None:
-        nested = {k: v["action"] for k, v in data.items() if isinstance(v, dict) and "action" in v}
-        if len(nested) != 1:
-            raise BadInput(
-                f"{path}: expected an 'action' entry at the top level or under exactly one dataset name, "
-                f"got datasets with one: {sorted(nested)} (top-level keys {sorted(data)[:8]})"
-            )
-        stats = next(iter(nested.values()))
-    if not isinstance(stats, dict) or "q01" not in stats or "q99" not in stats:
-        got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
-        raise BadInput(f"{path}: expected 'action' to hold 'q01' and 'q99', got {got}")
-    try:
-        q01 = torch.tensor(stats["q01"], dtype=torch.float32)
-        q99 = torch.tensor(stats["q99"], dtype=torch.float32)
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"{path}: expected numeric lists for action q01/q99 ({e})") from e
-    if q01.ndim != 1 or q01.shape != q99.shape:
-        raise BadInput(
-            f"{path}: expected q01 and q99 of equal length, got {list(q01.shape)}, {list(q99.shape)}"
-        )
-    if not bool((q99 > q01).all()):
-        raise BadInput(
-            f"{path}: expected q99 > q01 in every dimension, got q01={q01.tolist()} q99={q99.tolist()}"
-        )
-    return q01, q99
+from nets.opensora_checkpoint import load_action_stats, load_stdit3
+from nets.opensora_sampler import rflow_sample, sampling_timesteps
+from nets.opensora_stdit3 import STDiT3
+from nets.opensora_vae import DOWNSAMPLE, SDXLVAE
 
 
 class OpenSoraWorldModel:

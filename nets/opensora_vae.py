@@ -16,6 +16,28 @@ from nets.errors import BadInput
 
 SCALING_FACTOR = 0.13025  # hard-coded in OpenSora's SDXL wrapper
 DOWNSAMPLE = 8
+# The published SDXL VAE's diffusers ``AutoencoderKL`` config (stabilityai/sdxl-vae ``config.json``, the
+# ``vae/`` folder of RLinf's OpenSora bundles): 83,653,863 parameters.
+SDXL_VAE_CONFIG = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": SCALING_FACTOR,
+}
+
+
+def build_sdxl_vae() -> nn.Module:
+    """A diffusers ``AutoencoderKL`` at the SDXL VAE's published size (random weights; build it under
+    ``torch.device("meta")`` for shapes only)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(**SDXL_VAE_CONFIG)
 
 
 class SDXLVAE(nn.Module):
@@ -78,6 +100,20 @@ class SDXLVAE(nn.Module):
                 posterior = self.module.encode(chunk.to(self.device, self.dtype)).latent_dist
                 out.append(posterior.sample(generator=generator) * self.scaling_factor)
         return torch.cat(out)
+
+    def posterior(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frames ``[N, 3, H, W]`` in [-1, 1] -> the posterior's ``(mean, std)``, each ``[N, 4, H/8, W/8]``
+        float32 and unscaled: ``(mean + std * noise) * scaling_factor`` is one ``encode`` sample. A
+        trainer caches these once and draws a fresh sample per use, as encoding every step would."""
+        if frames.ndim != 4 or frames.shape[1] != 3:
+            raise BadInput(f"SDXLVAE.posterior: expected frames [N, 3, H, W], got {list(frames.shape)}")
+        means, stds = [], []
+        with torch.no_grad():
+            for chunk in frames.split(self.micro_batch):
+                posterior = self.module.encode(chunk.to(self.device, self.dtype)).latent_dist
+                means.append(posterior.mean.float())
+                stds.append(posterior.std.float())
+        return torch.cat(means), torch.cat(stds)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[N, 4, h, w]`` -> frames ``[N, 3, 8h, 8w]`` float32 (about [-1, 1], not clamped)."""

@@ -24,7 +24,6 @@ from nets.errors import BadInput
 
 VAE_DOWNSAMPLE = 8  # latent -> pixel factor, for the default height/width of the position embedding
 CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
@@ -46,6 +45,15 @@ class STDiT3Config:
     action_dim: int = 7
     pad_action_num: int = 4  # condition frames, which get the learned ``none_action``
     condition_timestep: float = 15.0  # timestep embedded for clean condition frames
+
+    @classmethod
+    def xl2_libero(cls) -> STDiT3Config:
+        """The published size (the defaults): STDiT3-XL/2 (hpcaitech/Open-Sora v1.2
+        ``opensora/models/stdit/stdit3.py`` ``STDiT3_XL_2``: hidden 1152, depth 28, 16 heads, patch 1x2x2,
+        T5 4096 x 300 caption path) with the WMPO fork's per-frame action embedder, as in RLinf's OpenSora
+        LIBERO checkpoints (``RLinf/RLinf-OpenSora-LIBERO-Spatial`` ``config.json``). 1,212,991,556
+        parameters."""
+        return cls()
 
     def __post_init__(self) -> None:
         self.patch_size = tuple(int(p) for p in self.patch_size)

@@ -1,0 +1,437 @@
+"""The training run: check everything, encode the clips once, optimize, checkpoint, write the bundle.
+
+Run folder (``--run-dir``, default ``<out>.run``; the rules of ``trainers.run_folder``: a lock, a
+non-empty folder resumed or refused, atomic files): ``config.json``, ``metrics.jsonl``, ``tb/``
+(TensorBoard), ``checkpoints/iter_NNNNNN.pt`` (weights, EMA, optimizer, random streams, counters;
+``trainers.checkpoint``'s verified format) and ``checkpoints/latents.pt`` (the VAE posterior of every
+frame). ``--resume RUN`` continues from the newest checkpoint exactly: the clip order is drawn from
+(seed, epoch) alone and every other draw from one generator whose state is checkpointed, so a resumed
+run takes the same steps, and logs the same losses, as one that was never stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nets.errors import BadInput
+from nets.resnet_rm import ResnetRewardModel
+from trainers import checkpoint as ckpt
+from trainers import run_folder
+from trainers.config import save_config
+from trainers.datasets import load_demos
+from trainers.datasets.demos import Demos
+from trainers.metrics import MetricsLogger
+from trainers.optim import BadUpdateGuard, step_optimizer
+from trainers.world_model.bundle import action_statistics, check_bundle_output, write_bundle
+from trainers.world_model.config import WorldModelConfig
+from trainers.world_model.data import ClipSet, LatentCache, clip_indices, frames_digest, read_episodes
+from trainers.world_model.model import (
+    BUNDLE_FORMAT,
+    Networks,
+    calibrate_latent_scale,
+    fresh_networks,
+    load_init_bundle,
+)
+from trainers.world_model.objective import flow_loss, frame_mask, sample_timesteps
+
+ALGO = "world_model"
+CACHE_FILE = "latents.pt"  # in <run>/checkpoints/
+
+
+def split_episodes(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Training and held-out episode indices (whole episodes, drawn with ``seed``)."""
+    held = int(round(n * fraction)) if fraction > 0 else 0
+    if fraction > 0 and n >= 2:
+        held = min(max(held, 1), n - 1)
+    order = np.random.default_rng(seed).permutation(n)
+    return sorted(int(i) for i in order[held:]), sorted(int(i) for i in order[:held])
+
+
+def clip_rows(step: int, batch: int, clips: int, seed: int) -> torch.Tensor:
+    """The clips of optimizer step ``step``: consecutive slices of per-epoch permutations drawn from
+    (seed, epoch) alone, so any step's rows are known without replaying the run."""
+    positions = np.arange(step * batch, (step + 1) * batch)
+    epochs = positions // clips
+    rows = np.empty(batch, np.int64)
+    for epoch in np.unique(epochs):
+        order = np.random.default_rng([seed, int(epoch)]).permutation(clips)
+        chosen = epochs == epoch
+        rows[chosen] = order[positions[chosen] % clips]
+    return torch.from_numpy(rows)
+
+
+class Trainer:
+    """One run's model, data and optimizer; ``step()`` takes one optimizer step."""
+
+    def __init__(self, cfg: WorldModelConfig, nets: Networks, train: ClipSet, held: ClipSet | None) -> None:
+        self.cfg, self.nets, self.train, self.held = cfg, nets, train, held
+        self.device = torch.device(cfg.device)
+        self.dit = nets.dit.to(self.device).train().requires_grad_(True)
+        self.dit.rope.freqs.requires_grad_(False)  # fixed RoPE frequencies (learned_freq=False in the fork)
+        self.height, self.width = nets.image_size or (0, 0)
+        trained = [p for p in self.dit.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        )
+        self.ema = {k: v.detach().float().clone() for k, v in self.dit.state_dict().items()}
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.guard = BadUpdateGuard()
+        self.step_index = 0
+        self.pending: list[list[float]] = []  # [loss, grad norm] of the steps not logged yet
+
+    # ---- one step --------------------------------------------------------------------------------------
+    def loss(self, dit: torch.nn.Module, latents: torch.Tensor, actions: torch.Tensor, t: torch.Tensor,
+             noise: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The mean rectified-flow loss of a batch (``objective.flow_loss``) under ``dit``."""
+        cond, chunk = self.nets.condition_frames, latents.shape[2] - self.nets.condition_frames
+        mask = frame_mask(len(latents), cond, chunk, self.device)
+        latents, actions = latents.to(self.device), actions.to(self.device)
+        t, noise = t.to(self.device), noise.to(self.device)
+
+        def velocity(x: torch.Tensor, level: torch.Tensor, x_mask: torch.Tensor) -> torch.Tensor:
+            return dit(x, level, actions, x_mask, height=self.height, width=self.width)
+
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            return flow_loss(velocity, latents, noise, t, mask).mean()
+
+    def step(self) -> tuple[float, float]:
+        """One optimizer step on the next batch; returns (loss, gradient norm)."""
+        cfg, g = self.cfg, self.generator
+        rows = clip_rows(self.step_index, cfg.batch_size, len(self.train), cfg.seed)
+        latents, actions = self.train.batch(rows, g)
+        t = sample_timesteps(len(rows), g, method=cfg.timestep_sampling, transform=cfg.timestep_transform,
+                             height=self.height, width=self.width)  # fmt: skip
+        noise = torch.randn(latents.shape, generator=g)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr_at(self.step_index)
+        loss = self.loss(self.dit, latents, actions, t, noise)
+        stepped, norm = step_optimizer(loss, self.optimizer, cfg.max_grad_norm, self.guard)
+        if stepped and cfg.ema_decay > 0:
+            with torch.no_grad():
+                for name, p in self.dit.named_parameters():
+                    if p.requires_grad:
+                        self.ema[name].mul_(cfg.ema_decay).add_(p.detach().float(), alpha=1 - cfg.ema_decay)
+        self.step_index += 1
+        return float(loss.detach()), float(norm)
+
+    # ---- fixed held-out measurement -------------------------------------------------------------------
+    @torch.no_grad()
+    def eval_loss(self, clips: ClipSet, dit: torch.nn.Module) -> float:
+        """The loss on a fixed set of clips: the first ``eval_clips`` of a seeded order, noise levels spread
+        evenly over (0, 1000) (then shifted as in training), noise and posterior samples from a generator
+        of their own (the training streams are not touched)."""
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(cfg.seed + 7919)
+        order = torch.from_numpy(np.random.default_rng([cfg.seed, 7919]).permutation(len(clips)))
+        rows = order[: cfg.eval_clips]
+        latents, actions = clips.batch(rows, g)
+        levels = (torch.arange(len(rows), dtype=torch.float32) + 0.5) / len(rows) * 1000
+        if cfg.timestep_transform:
+            from nets.opensora_sampler import timestep_transform
+
+            levels = timestep_transform(levels, height=self.height, width=self.width)
+        noise = torch.randn(latents.shape, generator=g)
+        was_training = dit.training
+        dit.eval()
+        try:
+            return float(self.loss(dit, latents, actions, levels, noise))
+        finally:
+            dit.train(was_training)
+
+    def ema_model(self) -> torch.nn.Module:
+        """A copy of the model holding the EMA weights (the trained weights when there is no EMA)."""
+        model = copy.deepcopy(self.dit)
+        if self.cfg.ema_decay > 0:
+            model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.ema.items()})
+        return model
+
+    def evaluate(self) -> dict[str, float]:
+        row = {"eval/train_loss": self.eval_loss(self.train, self.dit)}
+        if self.held is not None:
+            row["eval/loss"] = self.eval_loss(self.held, self.dit)
+            if self.cfg.ema_decay > 0:
+                row["eval/ema_loss"] = self.eval_loss(self.held, self.ema_model())
+        return row
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def state(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "algo": ALGO,
+            "config": config,
+            "model": {k: v.detach().cpu() for k, v in self.dit.state_dict().items()},
+            "ema": self.ema,
+            "optimizer": self.optimizer.state_dict(),
+            "rng": ckpt.rng_state({"world_model": self.generator}),
+            "counters": {
+                "iteration": self.step_index,
+                "bad_updates": self.guard.total,
+                "bad_in_a_row": self.guard.in_a_row,
+            },  # fmt: skip
+            "pending": self.pending,
+        }
+
+    def load(self, data: dict[str, Any], path: Path) -> None:
+        try:
+            self.dit.load_state_dict(data["model"])
+            self.ema = {k: v.float().clone() for k, v in data["ema"].items()}
+            self.optimizer.load_state_dict(data["optimizer"])
+            ckpt.restore_rng_state(data["rng"], {"world_model": self.generator})
+            counters = data["counters"]
+            self.step_index = int(counters["iteration"])
+            self.guard.total, self.guard.in_a_row = (
+                int(counters["bad_updates"]),
+                int(counters["bad_in_a_row"]),
+            )
+            self.pending = [list(map(float, p)) for p in data["pending"]]
+        except (KeyError, TypeError, RuntimeError) as e:
+            raise BadInput(
+                f"{path}: does not fit this run's model and settings ({type(e).__name__}: {e})"
+            ) from None
+
+
+def resumable(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of a world-model run folder, read and checked (before anything is written)."""
+    if not (folder / run_folder.CONFIG_FILE).is_file():
+        raise BadInput(f"--resume {folder}: not a run folder (no {run_folder.CONFIG_FILE})")
+    path, data = ckpt.latest_checkpoint(folder)
+    if data.get("algo") != ALGO:
+        raise BadInput(f"--resume {folder}: {path} is a {data.get('algo')} checkpoint, not a world model's")
+    return path, data
+
+
+def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
+    """Every check that needs no writing, in order: demos, networks, demos against networks, outputs,
+    the checkpoint to resume. Returns what the run is built from."""
+    device = torch.device(cfg.device)
+    demos = load_demos(cfg.demos)
+    if not demos.episodes:
+        raise BadInput(f"{cfg.demos}: no episodes to train on")
+    action_dim = int(demos.episodes[0].actions.shape[-1])
+    nets = load_init_bundle(cfg, device) if cfg.init_from else fresh_networks(cfg, action_dim, device)
+    if nets.image_size is None:  # a fresh model takes the demos' frame size
+        images = demos.episodes[0].obs.get(cfg.image_key)
+        if images is not None and np.ndim(images) == 4:
+            nets.image_size = (int(images.shape[1]), int(images.shape[2]))
+        else:
+            nets.image_size = (0, 0)  # read_episodes names the missing images
+    episodes = read_episodes(
+        demos,
+        source=cfg.demos,
+        image_key=cfg.image_key,
+        image_size=nets.image_size,
+        action_dim=nets.action_dim,
+        condition_frames=nets.condition_frames,
+        chunk=nets.chunk,
+    )
+    if not cfg.init_from and cfg.vae == "tiny":  # a random VAE: unit-variance latents on these frames
+        calibrate_latent_scale(nets.vae, np.concatenate([ep.frames for ep in episodes]))
+    h, w = nets.image_size
+    if h % 16 or w % 16:
+        raise BadInput(
+            f"{cfg.demos}: frames of {h}x{w}; the model needs multiples of 16 (8x VAE, 2x2 patches)"
+        )
+    stats_from = cfg.action_stats if cfg.action_stats != "auto" else ("init" if nets.init_stats else "demos")
+    if stats_from == "init" and nets.init_stats is None:
+        raise BadInput(
+            f"--action-stats init: the --init-from bundle {cfg.init_from} has no dataset_statistics.json"
+        )
+    reward = Path(cfg.reward_model) if cfg.reward_model else nets.init_reward
+    if cfg.reward_model:
+        ResnetRewardModel.from_checkpoint(cfg.reward_model)  # refused now, not after training
+    out = check_bundle_output(
+        cfg.out, cfg.overwrite, [cfg.demos] + ([cfg.init_from] if cfg.init_from else [])
+    )
+    resumed = None
+    if cfg.resume:
+        folder = Path(cfg.resume)
+        resumed = resumable(folder)
+    else:
+        folder = Path(cfg.run_dir) if cfg.run_dir else out.with_name(f"{out.name}.run")
+    if folder.resolve() == out.resolve():
+        raise BadInput(f"--run-dir {folder} is also --out: the run folder and the bundle are two folders")
+    return {"demos": demos, "episodes": episodes, "nets": nets, "stats_from": stats_from, "reward": reward,
+            "out": out, "folder": folder, "resumed": resumed}  # fmt: skip
+
+
+def run(cfg: WorldModelConfig) -> dict[str, Any]:
+    """Train (or continue) a world model and write its bundle; returns the bundle's ``training.json``."""
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    ckpt.seed_all(cfg.seed)  # a fresh model's initialization draws from torch's global stream
+    p = prepare(cfg)
+    demos, episodes, nets, folder = p["demos"], p["episodes"], p["nets"], p["folder"]
+    train_eps, held_eps = split_episodes(len(episodes), cfg.val_fraction, cfg.seed)
+
+    # action normalization: the bundle's (what the model learned with) or the training demos'
+    train_actions = np.concatenate([episodes[i].actions for i in train_eps])
+    stats = action_statistics(train_actions, len(train_eps))
+    if p["stats_from"] == "init":
+        q01, q99 = nets.init_stats
+        stats["action"]["q01"], stats["action"]["q99"] = q01.tolist(), q99.tolist()
+    q01 = torch.tensor(stats["action"]["q01"], dtype=torch.float32)
+    q99 = torch.tensor(stats["action"]["q99"], dtype=torch.float32)
+
+    lock = run_folder.claim(folder, resume=p["resumed"] is not None, overwrite=cfg.overwrite)
+    try:
+        saved = dataclasses.replace(cfg, overwrite=False, resume=None, run_dir=str(folder))
+        configs = {"world_model": saved}
+        if p["resumed"] is None:
+            save_config(folder / run_folder.CONFIG_FILE, configs)
+        (folder / "checkpoints").mkdir(exist_ok=True)
+
+        digest = frames_digest(episodes, nets.vae)
+        cache = LatentCache.load(folder / "checkpoints" / CACHE_FILE, digest)
+        if cache is None:
+            cache = LatentCache.encode(episodes, nets.vae, digest, progress=cfg.progress)
+            cache.save(folder / "checkpoints" / CACHE_FILE)
+
+        def clips_of(indices: list[int]) -> ClipSet:
+            offsets = np.cumsum([0] + [len(ep.frames) for ep in episodes])
+            keep = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indices])
+            sub = LatentCache(cache.mean[keep], cache.std[keep], digest)
+            frame_index, action_index = clip_indices(
+                [len(episodes[i].frames) for i in indices], nets.condition_frames, nets.chunk
+            )
+            actions = np.concatenate([episodes[i].actions for i in indices])
+            return ClipSet(sub, actions, frame_index, action_index, q01, q99, nets.vae.scaling_factor)
+
+        trainer = Trainer(cfg, nets, clips_of(train_eps), clips_of(held_eps) if held_eps else None)
+        if p["resumed"] is not None:
+            path, data = p["resumed"]
+            trainer.load(data, path)
+            print(f"resumed from {path} (step {trainer.step_index})")
+        start = trainer.step_index
+        logger = MetricsLogger(
+            folder,
+            tensorboard=cfg.tensorboard,
+            resume_iteration=start if p["resumed"] else None,
+            resume_step=start if p["resumed"] else None,
+        )
+        record = _train(cfg, trainer, logger, folder, configs, start)
+        record.update(_describe(cfg, p, trainer, train_eps, held_eps, folder))
+        out = Path(cfg.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        weights = trainer.ema_model() if cfg.bundle_weights == "ema" else trainer.dit
+        write_bundle(out, dit=weights.eval(), vae=nets.vae, stats=stats, reward=p["reward"], demos=demos,
+                     record=record, seed=cfg.seed, progress=cfg.progress)  # fmt: skip
+        return record
+    finally:
+        lock.release()
+
+
+def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folder: Path,
+           configs: dict[str, Any], start: int) -> dict[str, Any]:  # fmt: skip
+    """The loop from step ``start`` to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses.
+
+    Rows are logged on the cadence alone (``log_every``, ``eval_every``), never because a call stops:
+    a run stopped and resumed logs exactly the rows of one that was not (the losses of steps not yet
+    logged travel in the checkpoint). The end of a call is measured for ``training.json`` only."""
+    from tqdm.auto import tqdm
+
+    from trainers.config import to_dict
+
+    config = to_dict(configs)
+    if start == 0:
+        logger.log(0, {"iteration": 0, **trainer.evaluate()})
+    clock = time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=start, desc="world model", unit="step", disable=not cfg.progress,
+               dynamic_ncols=True, mininterval=1.0)  # fmt: skip
+    last_train: dict[str, float] = {}
+    try:
+        while trainer.step_index < cfg.steps:
+            loss, norm = trainer.step()
+            trainer.pending.append([loss, norm])
+            step = trainer.step_index
+            row: dict[str, float] = {}
+            if step % cfg.log_every == 0:
+                losses = np.array(trainer.pending).mean(0)
+                row.update({"train/loss": float(losses[0]), "train/grad_norm": float(losses[1]),
+                            "train/lr": cfg.lr_at(step - 1)})  # fmt: skip
+                trainer.pending = []
+                last_train = {"train/loss": row["train/loss"], "train/loss_step": float(step)}
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                row.update(trainer.evaluate())
+            if row:
+                row.update({"iteration": step, "time/elapsed": time.perf_counter() - clock})
+                logger.log(step, row)
+                bar.set_postfix(
+                    {k.split("/")[-1]: f"{v:.4g}" for k, v in row.items() if "loss" in k}, refresh=False
+                )
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                ckpt.save_checkpoint(folder / "checkpoints" / f"iter_{step:06d}.pt", trainer.state(config))
+                ckpt.prune_checkpoints(folder, cfg.keep_checkpoints)
+            bar.update(1)
+    finally:
+        bar.close()
+        logger.close()
+    wall = time.perf_counter() - clock
+    rows = _metrics(folder)  # the whole run's, resumes included
+    keep = ("eval/", "train/")
+    first = next((r for r in rows if "eval/train_loss" in r), {})
+    return {
+        "losses": {
+            "start": {k: v for k, v in first.items() if k.startswith(keep)},
+            "end": {**last_train, **trainer.evaluate()},
+        },
+        "wall_s_this_call": wall,
+        "steps_this_call": trainer.step_index - start,
+        "bad_updates": trainer.guard.total,
+    }
+
+
+def _metrics(folder: Path) -> list[dict[str, Any]]:
+    from trainers.metrics import read_metrics
+
+    return read_metrics(folder)
+
+
+def _describe(cfg: WorldModelConfig, p: dict[str, Any], trainer: Trainer, train_eps: list[int],
+              held_eps: list[int], folder: Path) -> dict[str, Any]:  # fmt: skip
+    """What ``training.json`` says the bundle was trained on (plain data only)."""
+    demos: Demos = p["demos"]
+    episodes, nets = p["episodes"], p["nets"]
+    env = demos.meta.get("env")
+    return {
+        "format": BUNDLE_FORMAT,
+        "version": 1,
+        "written_by": "python -m trainers.world_model",
+        "backend": cfg.backend,
+        "suite": env if isinstance(env, str) else None,
+        "tasks": sorted({ep.task for ep in episodes}),
+        "demos": str(cfg.demos),
+        "episodes": {"train": train_eps, "held_out": held_eps},
+        "frames": int(sum(len(ep.frames) for ep in episodes)),
+        "clips": {"train": len(trainer.train), "held_out": len(trainer.held) if trainer.held else 0},
+        "steps": trainer.step_index,
+        "batch_size": cfg.batch_size,
+        "image_size": list(nets.image_size),
+        "chunk": nets.chunk,
+        "condition_frames": nets.condition_frames,
+        "action_dim": nets.action_dim,
+        "model": nets.dit.config.to_dict(),
+        "parameters": sum(p.numel() for p in nets.dit.parameters()),
+        "init_from": str(nets.init_from) if nets.init_from else None,
+        "vae": str(nets.init_from / "vae") if nets.init_from else cfg.vae,
+        "action_stats": p["stats_from"],
+        "reward_model": str(p["reward"]) if p["reward"] else "placeholder: never reports success",
+        "weights": cfg.bundle_weights if cfg.ema_decay > 0 else "model",
+        "objective": {
+            "timestep_sampling": cfg.timestep_sampling,
+            "timestep_transform": cfg.timestep_transform,
+            "condition_timestep": 15.0,
+            "learning_rate": cfg.learning_rate,
+            "ema_decay": cfg.ema_decay,
+        },  # fmt: skip
+        "run_dir": str(folder),
+        "device": cfg.device,
+        "torch_threads": torch.get_num_threads(),
+        "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
+    }
