@@ -106,12 +106,12 @@ def load_stdit3(
     return model.to(device).eval().requires_grad_(False)
 
 
-def save_stdit3(model: STDiT3, directory: str | Path, *, shards: int = 1) -> Path:
+def save_stdit3(model: STDiT3, directory: str | Path, *, shards: int = 1, indexed: bool = False) -> Path:
     """Write ``model`` as HF ``save_pretrained`` does, into ``directory`` (created); returns it.
 
-    ``config.json`` always; ``shards == 1``: ``model.safetensors``; ``shards > 1``:
-    ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``. Weights are saved in
-    their own dtype, on the CPU.
+    ``config.json`` always; ``shards == 1``: ``model.safetensors``; ``shards > 1`` or ``indexed``:
+    ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (RLinf's bundles name
+    the index, even of one shard). Weights are saved in their own dtype, on the CPU.
     """
     from safetensors.torch import save_file
 
@@ -124,7 +124,7 @@ def save_stdit3(model: STDiT3, directory: str | Path, *, shards: int = 1) -> Pat
     config = {"architectures": ["STDiT3"], "model_type": "STDiT3", "torch_dtype": dtype}
     (directory / CONFIG_FILE).write_text(json.dumps({**config, **model.config.to_dict()}, indent=2))
     keys = list(state)
-    if shards == 1:
+    if shards == 1 and not indexed:
         save_file(state, str(directory / SINGLE_FILE), metadata={"format": "pt"})
         return directory
     weight_map = {}

@@ -99,15 +99,7 @@ def write_bundle(
 ) -> Path:
     """Write the bundle (module docstring) into ``out`` atomically; returns it."""
     with atomic_folder(out) as staging:  # an old bundle (checked before training) goes once this is complete
-        save_stdit3(dit, staging, shards=1)
-        # RLinf's bundles name the index (the env looks for it): one shard under the sharded names
-        single = staging / "model.safetensors"
-        shard = "model-00001-of-00001.safetensors"
-        single.rename(staging / shard)
-        state = dit.state_dict()
-        index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
-                 "weight_map": {k: shard for k in sorted(state)}}  # fmt: skip
-        (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        save_stdit3(dit, staging, indexed=True)  # RLinf's bundles name the index (the env looks for it)
         vae.module.save_pretrained(staging / "vae")
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2))
         if reward is not None:
