@@ -98,3 +98,58 @@ def step_optimizer(
         return False, norm.detach()
     optimizer.step()
     return True, norm.detach()
+
+
+class WeightEMA:
+    """An exponential moving average of a module's trained parameters (Polyak averaging, as
+    diffusion and flow policies are usually evaluated): after each optimizer step
+    ``avg <- decay * avg + (1 - decay) * param``, in float32 whatever the parameter's dtype.
+
+    Only parameters that require gradients are averaged (a frozen VLA backbone costs nothing).
+    ``swap`` exchanges the module's weights with the average in place, so the module can be
+    evaluated and saved with the averaged weights and swapped back to keep training; the state a
+    checkpoint needs is the other side of the swap (``state_dict``).
+    """
+
+    def __init__(self, module: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+        self.average = {n: p.detach().float().clone() for n, p in self.params.items()}
+        self.swapped = False
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Move the average toward the current weights (call after each optimizer step)."""
+        if self.swapped:
+            raise RuntimeError("WeightEMA.update while the average is swapped in: swap back first")
+        for name, p in self.params.items():
+            self.average[name].lerp_(p.detach().float(), 1.0 - self.decay)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange the module's weights and the average (twice restores both)."""
+        for name, p in self.params.items():
+            held = p.detach().float().clone()
+            p.copy_(self.average[name].to(p.dtype))
+            self.average[name] = held
+        self.swapped = not self.swapped
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What is not in the module now: the average, or the trained weights while swapped."""
+        return {n: t.clone() for n, t in self.average.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], swapped: bool) -> None:
+        """Take ``state`` (from ``state_dict``) as the other side of the module's weights."""
+        missing = set(self.params) - set(state)
+        if missing:
+            raise KeyError(f"EMA state lacks {len(missing)} parameters, e.g. {sorted(missing)[0]!r}")
+        for name in self.params:
+            if tuple(state[name].shape) != tuple(self.params[name].shape):
+                raise ValueError(
+                    f"EMA state {name!r}: shape {tuple(state[name].shape)}, the parameter's "
+                    f"{tuple(self.params[name].shape)}"
+                )
+            self.average[name] = state[name].detach().float().clone()
+        self.swapped = swapped
