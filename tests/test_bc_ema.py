@@ -75,7 +75,8 @@ def test_checkpoints_hold_the_average_and_a_resumed_run_equals_an_unbroken_one(t
     _bc(path, tmp_path / "plain", "--epochs", "4")
     _bc(path, tmp_path / "whole", "--epochs", "4", "--ema-decay", "0.8")
     _bc(path, tmp_path / "broken", "--epochs", "2", "--ema-decay", "0.8", "--checkpoint-every", "1")
-    _bc(path, tmp_path / "broken", "--epochs", "4", "--ema-decay", "0.8", "--resume", str(tmp_path / "broken"))
+    broken = tmp_path / "broken"
+    _bc(path, broken, "--epochs", "4", "--ema-decay", "0.8", "--resume", str(broken))
     plain = latest_checkpoint(tmp_path / "plain")[1]
     whole = latest_checkpoint(tmp_path / "whole")[1]
     broken = latest_checkpoint(tmp_path / "broken")[1]
