@@ -86,7 +86,7 @@ from trainers.datasets.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
 from trainers.files import write_atomic
-from trainers.optim import BadUpdateGuard, WeightEMA, step_optimizer
+from trainers.optim import EMA_KEY, BadUpdateGuard, WeightEMA, restore_ema, step_optimizer
 from trainers.run import Run, RunConfig
 
 
@@ -432,37 +432,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return run.finish()
     finally:
         run.close()  # releases the folder on an error too (a no-op after finish)
-
-
-# the checkpoint's ``extra`` entry holding the trained weights while the policy entry holds the average
-EMA_KEY = "bc_trained_weights"
-
-
-def restore_ema(
-    policy: nn.Module, decay: float, extra: dict[str, Any], resumed: bool, sharded: bool
-) -> WeightEMA | None:
-    """The weight average of a run with ``decay`` > 0 (None when off), holding the trained weights
-    of a resumed checkpoint (``extra``): its policy entry is the average, swapped out here so that
-    training goes on from the trained weights."""
-    if decay == 0:
-        if EMA_KEY in extra:
-            raise BadInput(
-                "--resume: the run averaged its weights (its checkpoint's policy is the average); resume "
-                "it with the same ema_decay, or start a new run from it with --init-policy"
-            )
-        return None
-    if sharded:
-        raise BadInput("bc ema_decay is not supported with FSDP (data_parallel fsdp): use ddp or ema_decay 0")
-    ema = WeightEMA(policy, decay)
-    if resumed:  # the policy holds the average, the checkpoint's extra the trained weights
-        if EMA_KEY not in extra:
-            raise BadInput(
-                f"--resume with ema_decay {decay}: the run did not average its weights; resume it with "
-                "ema_decay 0, or start a new run from it with --init-policy"
-            )
-        ema.load_state_dict(extra[EMA_KEY], swapped=True)
-        ema.swap()
-    return ema
 
 
 def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
+
+from nets.errors import BadInput
 
 
 def flatten_time(x: torch.Tensor) -> torch.Tensor:
@@ -153,3 +156,34 @@ class WeightEMA:
                 )
             self.average[name] = state[name].detach().float().clone()
         self.swapped = swapped
+
+
+# the checkpoint's ``extra`` entry holding the trained weights while the policy entry holds the average
+EMA_KEY = "ema_trained_weights"
+
+
+def restore_ema(
+    policy: torch.nn.Module, decay: float, extra: dict[str, Any], resumed: bool, sharded: bool
+) -> WeightEMA | None:
+    """The weight average of a run with ``decay`` > 0 (None when off), holding the trained weights
+    of a resumed checkpoint (``extra``): its policy entry is the average, swapped out here so that
+    training goes on from the trained weights."""
+    if decay == 0:
+        if EMA_KEY in extra:
+            raise BadInput(
+                "--resume: the run averaged its weights (its checkpoint's policy is the average); resume "
+                "it with the same ema_decay, or start a new run from it with --init-policy"
+            )
+        return None
+    if sharded:
+        raise BadInput("ema_decay is not supported with FSDP (data_parallel fsdp): use ddp or ema_decay 0")
+    ema = WeightEMA(policy, decay)
+    if resumed:  # the policy holds the average, the checkpoint's extra the trained weights
+        if EMA_KEY not in extra:
+            raise BadInput(
+                f"--resume with ema_decay {decay}: the run did not average its weights; resume it with "
+                "ema_decay 0, or start a new run from it with --init-policy"
+            )
+        ema.load_state_dict(extra[EMA_KEY], swapped=True)
+        ema.swap()
+    return ema
