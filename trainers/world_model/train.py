@@ -166,6 +166,8 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         row = {"eval/train_loss": self.eval_loss(self.train, self.dit)}
+        # the same clips with other clips' actions: no higher when the model ignores its actions
+        row["eval/train_loss_other_actions"] = self.eval_loss(self.train, self.dit, other_actions=True)
         if self.held is not None:
             row["eval/loss"] = self.eval_loss(self.held, self.dit)
             row["eval/loss_other_actions"] = self.eval_loss(self.held, self.dit, other_actions=True)
