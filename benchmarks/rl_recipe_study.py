@@ -283,6 +283,8 @@ def train_variant(
     from trainers.run import RunConfig
     from trainers.sac.algorithm import SACConfig
     from trainers.sac.train import train as train_sac
+    from trainers.sil.algorithm import SILConfig
+    from trainers.sil.train import train as train_sil
 
     evaluation: dict[str, Any] = {"eval_every": -1}  # evaluated by the caller, on every held-out pair
     if held_out is not None:
@@ -322,6 +324,8 @@ def train_variant(
         train_ppo(config, PPOConfig(**algo_settings), callbacks)
     elif algo == "sac":
         train_sac(config, SACConfig(**algo_settings), callbacks)
+    elif algo == "sil":
+        train_sil(config, SILConfig(**algo_settings), callbacks)
     elif algo == "bc":  # trainers.bc has a command line only: the settings as a --config file
         import dataclasses
         import tempfile
@@ -333,7 +337,7 @@ def train_variant(
             path.write_text(json.dumps({"run": dataclasses.asdict(config), "bc": algo_settings}))
             train_bc(["--config", str(path)])
     else:
-        raise BadInput(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac' or 'bc'")
+        raise BadInput(f"unknown algorithm {algo!r}: expected 'grpo', 'ppo', 'sac', 'sil' or 'bc'")
     return time.perf_counter() - t0
 
 

@@ -26,8 +26,8 @@ def one_torch_thread():
 
 
 # The files that start Ray clusters (one on a fixed port) run one after the other in one worker of
-# ``pytest -n 2 --dist loadgroup`` (addopts in pyproject.toml); every other file stays whole in one
-# worker, so its module-scoped envs are built once.
+# ``pytest -n 2`` (addopts in pyproject.toml); every other file stays whole in one worker, so its
+# module-scoped envs and recordings are built once.
 _RAY_FILES = {"test_ray_env.py", "test_benchmarks.py"}
 
 
@@ -40,7 +40,16 @@ def pytest_configure(config):
             os.environ.setdefault(name, "1")
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ray" if name in _RAY_FILES else name))
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler with one work unit per test file, and one for all the Ray files (see
+    ``_RAY_FILES``). Done here because ``--dist loadgroup`` reads its groups from test ids that
+    pytest 9 no longer lets a plugin rename: with it, the tests of one file were spread over the
+    workers, each building the file's module fixtures again (and Ray files overlapped)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if os.path.basename(path) in _RAY_FILES else path
+
+    return FileScheduling(config, log)

@@ -1155,3 +1155,26 @@ def test_the_memory_budget_names_what_asked():
         ValueError, match=r"a petabyte needs about 1,048,576.0 GiB of memory; .* is available"
     ):
         check_memory(2**50, "a petabyte")
+
+
+def test_subset_keeps_the_first_episodes_of_each_task(tmp_path):
+    """``python -m trainers.datasets subset --per-task N``: the first N episodes of each task by initial
+    frame, as our demos file, with the source's attributes; bad counts and existing outputs refused."""
+    eps = [
+        Episode(obs={"proprio": np.full((2, 3), frame, np.float32)}, actions=np.zeros((2, 1, 7), np.float32),
+                valid=np.ones((2, 1), bool), rewards=np.zeros((2, 1), np.float32), instruction=task,
+                task=task, initial_frame=frame, success=True)
+        for frame, task in [(5, "b"), (0, "a"), (9, "b"), (1, "a"), (2, "a"), (7, "b")]
+    ]  # fmt: skip
+    src = write_demos(tmp_path / "all.h5", eps, {"env": "x", "seed": 3})
+    out = datasets_cli(["subset", "--demos", str(src), "--per-task", "2", "--out", str(tmp_path / "two.h5")])
+    kept = read_demos(out)
+    pairs = sorted((e.task, e.initial_frame) for e in kept.episodes)
+    assert pairs == [("a", 0), ("a", 1), ("b", 5), ("b", 7)]
+    assert kept.meta["seed"] == 3 and kept.meta["episodes_run"] == 4
+    assert "first 2 episodes" in kept.meta["about"]
+    np.testing.assert_array_equal(kept.episodes[0].obs["proprio"], eps[1].obs["proprio"])
+    with pytest.raises(ValueError, match="--per-task must be >= 1"):
+        datasets_cli(["subset", "--demos", str(src), "--per-task", "0", "--out", str(tmp_path / "z.h5")])
+    with pytest.raises(ValueError, match="exists"):
+        datasets_cli(["subset", "--demos", str(src), "--per-task", "1", "--out", str(out)])

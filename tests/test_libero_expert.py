@@ -145,3 +145,24 @@ def test_steps_after_success_keeps_the_episode_running_past_the_success():
     assert held[first - 1 :].all() and later["success"] and later["return"] == 1.0  # the bowl stays put
     with pytest.raises(ValueError, match="steps_after_success"):
         _expert_env("spatial", num_envs=1, steps_after_success=-1)
+
+
+def test_action_noise_moves_only_the_translation_of_sampled_actions_and_is_seeded():
+    from envs.core.spaces import FieldBox
+
+    space = gym.spaces.Dict(task_state=FieldBox(-np.inf, np.inf, env_task_state.TASK_STATE_FIELDS))
+    obs = {"task_state": np.zeros((3, env_task_state.TASK_STATE_DIM), np.float32)}  # unsupported: stay still
+    act_space = gym.spaces.Box(-1, 1, (7,), np.float32)
+    expert = LiberoExpert(space, act_space, action_noise=0.5)
+    still = expert.act(obs).actions.numpy()  # deterministic: no noise
+    assert np.array_equal(still[..., :6], np.zeros((3, 1, 6))) and (still[..., 6] == -1).all()
+    expert.seed(0)
+    noisy = expert.act(obs, deterministic=False).actions.numpy()
+    assert (noisy[..., :3] != 0).all() and (np.abs(noisy[..., :3]) <= 1).all()
+    assert np.array_equal(noisy[..., 3:], still[..., 3:])  # rotation and gripper untouched
+    expert.seed(0)
+    assert np.array_equal(expert.act(obs, deterministic=False).actions.numpy(), noisy)
+    quiet = LiberoExpert(space, act_space)  # the default: sampled actions are the deterministic ones
+    assert np.array_equal(quiet.act(obs, deterministic=False).actions.numpy(), still)
+    with pytest.raises(ValueError, match="action_noise: expected a finite value >= 0"):
+        LiberoExpert(space, act_space, action_noise=-0.1)

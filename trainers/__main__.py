@@ -1,6 +1,6 @@
-"""The trainers' one command line: ``--algo`` picks GRPO, PPO or SAC, every other flag is a field of
-``RunConfig`` or of the algorithm's config, and ``--config FILE`` (a run's ``config.json`` or a
-recipe under ``configs/``) gives the starting values.
+"""The trainers' one command line: ``--algo`` picks GRPO, PPO, SAC or SIL (self-imitation), every
+other flag is a field of ``RunConfig`` or of the algorithm's config, and ``--config FILE`` (a run's
+``config.json`` or a recipe under ``configs/``) gives the starting values.
 
     python -m trainers --config configs/libero_spatial_sac.json         # the main job (README)
     python -m trainers --config configs/libero_spatial_grpo.json --total-steps 100000 --device cuda
@@ -11,7 +11,8 @@ recipe under ``configs/``) gives the starting values.
 
 Without ``--algo`` the algorithm is the one the config file has a section for (else GRPO); with
 it, the config's sections for other algorithms are ignored. ``python -m trainers.grpo``,
-``python -m trainers.ppo`` and ``python -m trainers.sac`` are the same command with the algorithm fixed.
+``python -m trainers.ppo``, ``python -m trainers.sac`` and ``python -m trainers.sil`` are the same
+command with the algorithm fixed.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ from trainers.ppo.train import train as train_ppo
 from trainers.run import RunConfig
 from trainers.sac.algorithm import SACConfig
 from trainers.sac.train import train as train_sac
+from trainers.sil.algorithm import SILConfig
+from trainers.sil.train import train as train_sil
 
 ALGOS: dict[str, tuple[type, Callable[..., dict[str, float]]]] = {
     "grpo": (GRPOConfig, train_grpo),
     "ppo": (PPOConfig, train_ppo),
     "sac": (SACConfig, train_sac),
+    "sil": (SILConfig, train_sil),
 }
 
 

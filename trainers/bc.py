@@ -86,7 +86,7 @@ from trainers.datasets.demos import Demos
 from trainers.env_contract import chunk_size
 from trainers.env_factory import make_vec_env
 from trainers.files import write_atomic
-from trainers.optim import BadUpdateGuard, step_optimizer
+from trainers.optim import EMA_KEY, BadUpdateGuard, WeightEMA, restore_ema, step_optimizer
 from trainers.run import Run, RunConfig
 
 
@@ -123,6 +123,10 @@ class BCConfig:
     """AdamW's epsilon"""
     max_grad_norm: float | None = None
     """clip the gradient norm per minibatch (0: no clipping)"""
+    ema_decay: float = 0.0
+    """an exponential moving average of the weights, updated after every step (0: off; e.g. 0.999).
+    Evaluations, checkpoints and the final policy hold the averaged weights (what --init-policy then
+    starts from); the trained ones travel in the checkpoint for --resume. Not with FSDP."""
     val_fraction: float = 0.1
     """held-out episodes (at least one when there are 2+ and this is > 0)"""
     image_shift: int | None = None
@@ -141,6 +145,8 @@ class BCConfig:
     value (Cosmos Policy: the observation after each chunk and its discounted return)"""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise BadInput(f"bc ema_decay must be in [0, 1) (0: no averaging), got {self.ema_decay}")
         if not 0.0 < self.value_gamma <= 1.0:
             raise BadInput(f"bc value_gamma must be in (0, 1], got {self.value_gamma}")
         for name in ("lr_warmup_steps", "lr_decay_steps", "image_shift"):
@@ -386,7 +392,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             weight_decay=cfg.weight_decay,
         )
         generator = torch.Generator().manual_seed(run_cfg.seed)  # augmentation (each rank its own)
-        run.restore(policy, optimizer, {"bc": generator})
+        extra = run.restore(policy, optimizer, {"bc": generator})
+        resumed = run.counters["iteration"] > 0
+        ema = restore_ema(policy, cfg.ema_decay, extra, resumed, sharded=run.checkpoints.sharded is not None)
         if getattr(policy, "obs_norm", "off") != "off" and policy.obs_stats_count() == 0:
             policy.update_obs_stats(train["obs"])  # standardised by the demos' statistics (saved with it)
         future = None  # what follows each sample, for a loss that takes it (world model and value)
@@ -406,12 +414,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             order = epoch_order(len(train["actions"]), run_cfg.seed, run.counters["iteration"])
             step = run.counters["iteration"] * -(-len(order) // cfg.batch_size)  # steps so far
             metrics, executed = train_epoch(
-                evaluator, optimizer, train, order, cfg, guard, generator, future, run.device, step
+                evaluator, optimizer, train, order, cfg, guard, generator, future, run.device, step, ema
             )
+            if ema is not None:  # evaluated and saved with the averaged weights
+                ema.swap()
+                run.checkpoints.extra = {EMA_KEY: ema.state_dict()}
             if val is not None:
                 with run.gathered(), autocast(cfg.bf16, run.device):  # fsdp: whole parameters
                     metrics["train/val_loss"] = held_out_loss(policy, val, cfg.batch_size // run.world_size)
             run.end_iteration(executed, [], metrics)  # summed over ranks: the epoch's sub-steps
+            if ema is not None and not run.finished:
+                ema.swap()
+        if ema is not None and not ema.swapped:  # a resumed run that had already finished
+            ema.swap()
+            run.checkpoints.extra = {EMA_KEY: ema.state_dict()}
         policy.eval()
         return run.finish()
     finally:
@@ -435,12 +451,13 @@ def train_epoch(
     future: dict[str, np.ndarray] | None,
     device: Any,
     first_step: int = 0,
+    ema: WeightEMA | None = None,
 ) -> tuple[dict[str, float], int]:
     """One pass over the rows ``order`` of ``data`` in minibatches of ``cfg.batch_size``, one guarded
     optimizer step each on the policy's ``imitation_loss`` (through ``evaluator``: ``parallel``'s
     DDP or FSDP module). Returns the metrics (means over the steps taken) and the executed sub-steps
     of this rank's rows. The step size of each step is ``cfg.lr_at`` its index, counted from
-    ``first_step`` (the run's steps before this epoch).
+    ``first_step`` (the run's steps before this epoch); ``ema`` (if any) is updated after each step.
 
     Data parallel: the minibatch is split over the ranks (each takes its contiguous share, and
     augments it with its own ``generator``), and its loss is the mean over all its executed
@@ -489,6 +506,8 @@ def train_epoch(
         if stepped:
             losses.append(reported.detach())
             norms.append(norm)
+            if ema is not None:
+                ema.update()
     metrics = {
         "train/bc_loss": float(torch.stack(losses).mean()) if losses else float("nan"),
         "train/grad_norm": float(torch.stack(norms).mean()) if norms else float("nan"),

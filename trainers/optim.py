@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
+
+from nets.errors import BadInput
 
 
 def flatten_time(x: torch.Tensor) -> torch.Tensor:
@@ -98,3 +101,89 @@ def step_optimizer(
         return False, norm.detach()
     optimizer.step()
     return True, norm.detach()
+
+
+class WeightEMA:
+    """An exponential moving average of a module's trained parameters (Polyak averaging, as
+    diffusion and flow policies are usually evaluated): after each optimizer step
+    ``avg <- decay * avg + (1 - decay) * param``, in float32 whatever the parameter's dtype.
+
+    Only parameters that require gradients are averaged (a frozen VLA backbone costs nothing).
+    ``swap`` exchanges the module's weights with the average in place, so the module can be
+    evaluated and saved with the averaged weights and swapped back to keep training; the state a
+    checkpoint needs is the other side of the swap (``state_dict``).
+    """
+
+    def __init__(self, module: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+        self.average = {n: p.detach().float().clone() for n, p in self.params.items()}
+        self.swapped = False
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Move the average toward the current weights (call after each optimizer step)."""
+        if self.swapped:
+            raise RuntimeError("WeightEMA.update while the average is swapped in: swap back first")
+        for name, p in self.params.items():
+            self.average[name].lerp_(p.detach().float(), 1.0 - self.decay)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange the module's weights and the average (twice restores both)."""
+        for name, p in self.params.items():
+            held = p.detach().float().clone()
+            p.copy_(self.average[name].to(p.dtype))
+            self.average[name] = held
+        self.swapped = not self.swapped
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What is not in the module now: the average, or the trained weights while swapped."""
+        return {n: t.clone() for n, t in self.average.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], swapped: bool) -> None:
+        """Take ``state`` (from ``state_dict``) as the other side of the module's weights."""
+        missing = set(self.params) - set(state)
+        if missing:
+            raise KeyError(f"EMA state lacks {len(missing)} parameters, e.g. {sorted(missing)[0]!r}")
+        for name in self.params:
+            if tuple(state[name].shape) != tuple(self.params[name].shape):
+                raise ValueError(
+                    f"EMA state {name!r}: shape {tuple(state[name].shape)}, the parameter's "
+                    f"{tuple(self.params[name].shape)}"
+                )
+            self.average[name] = state[name].detach().float().clone()
+        self.swapped = swapped
+
+
+# the checkpoint's ``extra`` entry holding the trained weights while the policy entry holds the average
+EMA_KEY = "ema_trained_weights"
+
+
+def restore_ema(
+    policy: torch.nn.Module, decay: float, extra: dict[str, Any], resumed: bool, sharded: bool
+) -> WeightEMA | None:
+    """The weight average of a run with ``decay`` > 0 (None when off), holding the trained weights
+    of a resumed checkpoint (``extra``): its policy entry is the average, swapped out here so that
+    training goes on from the trained weights."""
+    if decay == 0:
+        if EMA_KEY in extra:
+            raise BadInput(
+                "--resume: the run averaged its weights (its checkpoint's policy is the average); resume "
+                "it with the same ema_decay, or start a new run from it with --init-policy"
+            )
+        return None
+    if sharded:
+        raise BadInput("ema_decay is not supported with FSDP (data_parallel fsdp): use ddp or ema_decay 0")
+    ema = WeightEMA(policy, decay)
+    if resumed:  # the policy holds the average, the checkpoint's extra the trained weights
+        if EMA_KEY not in extra:
+            raise BadInput(
+                f"--resume with ema_decay {decay}: the run did not average its weights; resume it with "
+                "ema_decay 0, or start a new run from it with --init-policy"
+            )
+        ema.load_state_dict(extra[EMA_KEY], swapped=True)
+        ema.swap()
+    return ema

@@ -6,6 +6,12 @@ by the named fields its space carries (``FieldBox.fields``, so the layout lives 
 restarted whenever an observation has ``episode_step == 0``. It is deterministic; ``act`` returns
 no log-probs and the policy cannot be trained (``evaluate`` raises).
 
+``action_noise`` > 0 adds Gaussian noise of that standard deviation to the translation (the first three
+dimensions) of the actions ``act`` sends when called with ``deterministic=False`` (drawn from the policy's
+generator, ``seed``; the phase machine corrects it at the next step): demonstrations whose actions are not
+a function of what the camera sees, which an action-conditioned world model needs to learn what actions
+do (``python -m trainers.demos --no-deterministic --policy-kwargs '{"action_noise": 0.5}'``).
+
 Chunks: the machine is a per-step controller. With K > 1 it plans the chunk from one observation
 by holding that step's action K times (zero-order hold), which is coarser: record demonstrations
 with ``chunk_size=None`` and let behaviour cloning cut them into chunks.
@@ -47,10 +53,18 @@ class LiberoExpert(ActionChunkPolicy):
     Args:
         observation_space: a Dict with ``task_state``, a space that names its ``fields``.
         action_space: LIBERO's 7-d Box, ``(7,)`` or ``(K, 7)``.
+        action_noise: the standard deviation of the noise on the translation dimensions of sampled
+            actions (``act(..., deterministic=False)``; 0: none, the default).
         **machine_options: ``PickPlaceMachine`` settings (gains, heights, retries).
     """
 
-    def __init__(self, observation_space: spaces.Space, action_space: spaces.Box, **machine_options: Any):
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Box,
+        action_noise: float = 0.0,
+        **machine_options: Any,
+    ):
         super().__init__()
         state = (
             observation_space.spaces.get("task_state") if isinstance(observation_space, spaces.Dict) else None
@@ -67,6 +81,9 @@ class LiberoExpert(ActionChunkPolicy):
         if self.action_dim != 7:
             raise BadInput(f"LiberoExpert drives LIBERO's 7-d actions, got an action space {action_space}")
         self.log_prob_dim = self.action_dim
+        if not (isinstance(action_noise, (int, float)) and 0 <= action_noise < float("inf")):
+            raise BadInput(f"LiberoExpert: action_noise: expected a finite value >= 0, got {action_noise!r}")
+        self.action_noise = float(action_noise)
         self.machine_options = machine_options
         self.machines: list[PickPlaceMachine] = []
         self.unsupported_steps = 0  # steps of tasks the expert cannot do (no-op actions)
@@ -86,6 +103,9 @@ class LiberoExpert(ActionChunkPolicy):
                 self.unsupported_steps += 1
                 continue
             actions[i] = np.clip(self.machines[i].act(s), -1.0, 1.0)  # held for the whole chunk
+        if self.action_noise > 0 and not deterministic:  # exploration noise on the translation only
+            noise = torch.randn(actions.shape[:2] + (3,), generator=self._rng(torch.device("cpu")))
+            actions[..., :3] = np.clip(actions[..., :3] + self.action_noise * noise.numpy(), -1.0, 1.0)
         return ActionChunk(torch.as_tensor(actions))
 
     def evaluate(self, replay: dict[str, torch.Tensor]) -> PolicyEval:

@@ -3,6 +3,7 @@
     python -m trainers.datasets info demos/spatial.h5
     python -m trainers.datasets export-lerobot --demos demos/spatial.h5 --out datasets/spatial_lerobot
     python -m trainers.datasets export-wm --demos demos/spatial.h5 --out bundles/my_bundle
+    python -m trainers.datasets subset --demos demos/spatial.h5 --per-task 2 --out demos/spatial_20.h5
 
 ``--demos`` takes any format ``load_demos`` reads (our HDF5, LIBERO's HDF5 files, LeRobot v3).
 """
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nets.errors import run_cli
+from nets.errors import BadInput, run_cli
+from nets.files import check_output
 from trainers.datasets import detect_format, load_demos, write_lerobot, write_world_model_dataset
-from trainers.datasets.demos import Demos
+from trainers.datasets.demos import Demos, is_demos_file, write_demos
 from trainers.datasets.video import CODEC_OPTIONS, DEFAULT_CODEC
 
 
@@ -42,6 +44,16 @@ def describe(demos: Demos, kind: str) -> str:
     return "\n".join(lines)
 
 
+def per_task(demos: Demos, n: int) -> list:
+    """The first ``n`` episodes of each task, in the order of their initial frames (a few-demo set:
+    e.g. 2 per task, the demonstration budget of SERL-style RL from demos)."""
+    kept: dict[str, list] = {}
+    for ep in sorted(demos.episodes, key=lambda e: (e.task, e.initial_frame)):
+        if len(kept.setdefault(ep.task, [])) < n:
+            kept[ep.task].append(ep)
+    return [ep for eps in kept.values() for ep in eps]
+
+
 def main(argv: list[str] | None = None) -> Path | None:
     parser = argparse.ArgumentParser(prog="python -m trainers.datasets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,12 +75,35 @@ def main(argv: list[str] | None = None) -> Path | None:
         help="comma-separated observation keys (default: image, wrist_image, proprio)",
     )
     lr.add_argument("--robot-type", default=None, help="info.json robot_type, e.g. panda")
+    sb = sub.add_parser("subset", help="write the first N episodes of each task as our demos file")
+    sb.add_argument("--demos", type=Path, required=True, help="input: any format load_demos reads")
+    sb.add_argument("--out", type=Path, required=True, help="output: our HDF5 demos file")
+    sb.add_argument(
+        "--per-task", type=int, required=True, help="episodes kept per task (first initial frames)"
+    )
+    sb.add_argument("--overwrite", action="store_true", help="replace an existing demos file")
     args = parser.parse_args(argv)
 
     if args.command == "info":
         kind = detect_format(args.path)
         print(describe(load_demos(args.path), kind))
         return None
+    if args.command == "subset":
+        if args.per_task < 1:
+            raise BadInput(f"--per-task must be >= 1, got {args.per_task}")
+        check_output(args.out, overwrite=args.overwrite, ours=is_demos_file, what="a demos file")
+        demos = load_demos(args.demos)
+        kept = per_task(demos, args.per_task)
+        about = f"the first {args.per_task} episodes per task of {args.demos.name}"
+        meta = {
+            **demos.meta,
+            "about": about,
+            "episodes_run": len(kept),
+            "episodes_successful": sum(e.success for e in kept),
+        }
+        path = write_demos(args.out, kept, meta)
+        print(f"wrote {path}: {len(kept)} episodes of {len({e.task for e in kept})} tasks")
+        return path
     demos = load_demos(args.demos)
     progress = not args.no_progress
     if args.command == "export-lerobot":

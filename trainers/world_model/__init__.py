@@ -9,10 +9,11 @@ VAE) on demonstrations, and write a bundle the world-model env loads (issue 49).
     python -c "import envs, gymnasium as gym; env = gym.make_vec('OpenSoraWM-LiberoSpatial-v0',
         num_envs=2, model_dir='runs/wm-tiny/bundle', image_size=(64, 64)); env.reset(seed=0)"
 
-The parts: ``data`` (clips of context frames, the action chunk and the target frames, VAE-encoded once),
-``objective`` (RLinf/opensora's rectified-flow loss and noise levels), ``model`` (the networks: an
-``--init-from`` bundle or a fresh STDiT3 of any size), ``train`` (the loop: progress, TensorBoard,
-checkpoints, exact ``--resume``), ``bundle`` (the output folder). The networks are ``nets``' own
+The parts: ``vae`` (``vae_steps`` > 0: a first stage that trains a fresh tiny VAE on the training episodes'
+frames, then freezes it), ``data`` (clips of context frames, the action chunk and the target frames,
+VAE-encoded once), ``objective`` (RLinf/opensora's rectified-flow loss and noise levels), ``model`` (the
+networks: an ``--init-from`` bundle or a fresh STDiT3 of any size), ``train`` (the loop: progress,
+TensorBoard, checkpoints, exact ``--resume``), ``bundle`` (the output folder). The networks are ``nets``' own
 (``nets.opensora_*``): ``trainers`` never imports ``envs``. ``--resume RUN`` continues a run (its
 ``config.json`` is the base; ``--steps`` may extend it). Bad input (frame size, action dimension or chunk
 that do not fit the model or the ``--init-from`` bundle, episodes shorter than context + one chunk, NaN

@@ -43,7 +43,22 @@ class WorldModelConfig:
     """a fresh STDiT3's attention heads (XL/2: 16)"""
     vae: str = "tiny"
     """a fresh model's frozen VAE: a diffusers AutoencoderKL folder (e.g. the SDXL VAE), or "tiny" (a
-    random 16-channel one, its latent scale calibrated on the demos; its decoded frames mean little)"""
+    random 16-channel one, its latent scale calibrated on the demos; its decoded frames mean little
+    unless vae_steps trains it)"""
+    vae_steps: int = 0
+    """optimizer steps that train the "tiny" VAE on the training episodes' frames before the world model
+    (reconstruction + vae_kl_weight * KL), which then trains over it frozen; 0: keep it random, calibrated
+    in scale only. Only a fresh "tiny" VAE trains: a pretrained --vae and an --init-from bundle's stay
+    frozen"""
+    vae_learning_rate: float = 1e-3
+    """AdamW step size of the VAE stage"""
+    vae_batch_size: int = 16
+    """frames per VAE optimizer step"""
+    vae_kl_weight: float = 1e-6
+    """weight of the posterior's KL divergence (summed over the latent, per pixel value) against the
+    per-pixel reconstruction error: the LDM autoencoders' 1e-6 on per-image sums"""
+    vae_loss: Literal["l1", "mse"] = "l1"
+    """the VAE's reconstruction error"""
     action_stats: Literal["auto", "demos", "init"] = "auto"
     """the action normalization (q01/q99): from the demos, or the --init-from bundle's (auto: the
     bundle's when there is one)"""
@@ -118,7 +133,7 @@ class WorldModelConfig:
         for name, value in positive.items():
             if value < 1:
                 raise BadInput(f"{name}: expected >= 1, got {value}")
-        for name in ("warmup_steps", "eval_every", "keep_checkpoints", "torch_threads"):
+        for name in ("warmup_steps", "eval_every", "keep_checkpoints", "torch_threads", "vae_steps"):
             if getattr(self, name) < 0:
                 raise BadInput(f"{name}: expected >= 0, got {getattr(self, name)}")
         if not 0 <= self.val_fraction < 1:
@@ -129,6 +144,23 @@ class WorldModelConfig:
             raise BadInput(
                 f"learning_rate, adam_eps and max_grad_norm must be > 0, got {self.learning_rate}, "
                 f"{self.adam_eps}, {self.max_grad_norm}"
+            )
+        if self.vae_learning_rate <= 0 or self.vae_batch_size < 1 or self.vae_kl_weight < 0:
+            raise BadInput(
+                f"vae_learning_rate must be > 0, vae_batch_size >= 1 and vae_kl_weight >= 0, got "
+                f"{self.vae_learning_rate}, {self.vae_batch_size}, {self.vae_kl_weight}"
+            )
+        if self.vae_loss not in ("l1", "mse"):
+            raise BadInput(f"vae_loss: expected 'l1' or 'mse', got {self.vae_loss!r}")
+        if self.vae_steps > 0 and self.init_from:
+            raise BadInput(
+                f"vae_steps {self.vae_steps}: the --init-from bundle {self.init_from}'s VAE is pretrained "
+                "and stays frozen; vae_steps trains only a fresh tiny VAE (use vae_steps 0 with --init-from)"
+            )
+        if self.vae_steps > 0 and self.vae != "tiny":
+            raise BadInput(
+                f"vae_steps {self.vae_steps}: --vae {self.vae} is a pretrained VAE and stays frozen; "
+                "vae_steps trains only a fresh tiny VAE (--vae tiny)"
             )
         if self.image_size is not None:
             size = tuple(self.image_size)

@@ -140,15 +140,16 @@ def fresh_networks(cfg: WorldModelConfig, action_dim: int, device: torch.device)
 
 
 def calibrate_latent_scale(
-    vae: SDXLVAE, frames: np.ndarray, max_frames: int = 256, posterior_std: float = 0.01
+    vae: SDXLVAE, frames: np.ndarray, max_frames: int = 256, posterior_std: float | None = 0.01
 ) -> float:
-    """Make a random VAE's latents look like a trained one's to the flow model: scaled latents of unit
+    """Make a VAE's latents look like the real SDXL VAE's to the flow model: scaled latents of unit
     standard deviation on ``frames`` (uint8 ``[N, H, W, 3]``), as SDXL's fixed 0.13025 gives the real
-    VAE, and a small posterior spread (``posterior_std`` after scaling; a random encoder's log-variance
-    is about 0, a spread larger than the signal). The encoder's posterior mean is multiplied by ``k``
-    (``quant_conv``) and the decoder's input divided by it (``post_quant_conv``), so decoding the mean
-    gives the same frames. Without it a random VAE's latents are a few percent of the unit noise the
-    flow starts from, buried in their own posterior noise, and the model learns little. Returns ``k``."""
+    VAE. The encoder's posterior mean is multiplied by ``k`` (``quant_conv``) and the decoder's input
+    divided by it (``post_quant_conv``), so decoding the mean gives the same frames. The posterior
+    spread: ``posterior_std`` after scaling, a constant (for a random VAE, whose log-variance is about 0,
+    a spread larger than the signal; without it a random VAE's latents are a few percent of the unit
+    noise the flow starts from, buried in their own posterior noise, and the model learns little), or
+    None: a trained VAE's learned spread, scaled by ``k`` with its mean. Returns ``k``."""
     module = vae.module
     picks = np.linspace(0, len(frames) - 1, min(len(frames), max_frames)).round().astype(np.int64)
     x = torch.from_numpy(frames[picks]).permute(0, 3, 1, 2).float() / 127.5 - 1
@@ -158,7 +159,10 @@ def calibrate_latent_scale(
     with torch.no_grad():
         module.quant_conv.weight[:channels] *= k
         module.quant_conv.bias[:channels] *= k
-        module.quant_conv.weight[channels:] = 0.0  # a constant log-variance
-        module.quant_conv.bias[channels:] = 2 * math.log(posterior_std / vae.scaling_factor)
+        if posterior_std is None:  # log-variance + 2 log k: the same spread relative to the mean
+            module.quant_conv.bias[channels:] += 2 * math.log(k)
+        else:
+            module.quant_conv.weight[channels:] = 0.0  # a constant log-variance
+            module.quant_conv.bias[channels:] = 2 * math.log(posterior_std / vae.scaling_factor)
         module.post_quant_conv.weight /= k
     return k

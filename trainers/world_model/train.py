@@ -7,6 +7,12 @@ non-empty folder resumed or refused, atomic files): ``config.json``, ``metrics.j
 frame). ``--resume RUN`` continues from the newest checkpoint exactly: the clip order is drawn from
 (seed, epoch) alone and every other draw from one generator whose state is checkpointed, so a resumed
 run takes the same steps, and logs the same losses, as one that was never stopped.
+
+With ``vae_steps`` > 0 a VAE stage comes first (``trainers.world_model.vae``): its checkpoints are
+``iter_NNNNNN.pt`` too, numbered by VAE step, and the world model's are numbered ``vae_steps`` + its step
+(the metrics' ``iteration`` likewise), so one run folder holds one timeline; every world-model checkpoint
+carries the trained VAE, and the first is written at the world model's step 0, once the VAE is frozen,
+calibrated and its latents cached.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import copy
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,7 @@ from nets.errors import BadInput
 from nets.resnet_rm import ResnetRewardModel
 from trainers import checkpoint as ckpt
 from trainers import run_folder
-from trainers.config import save_config
+from trainers.config import save_config, to_dict
 from trainers.datasets import load_demos
 from trainers.datasets.demos import Demos
 from trainers.metrics import MetricsLogger
@@ -41,6 +48,7 @@ from trainers.world_model.model import (
     load_init_bundle,
 )
 from trainers.world_model.objective import flow_loss, frame_mask, sample_timesteps
+from trainers.world_model.vae import VaeTrainer, posterior_spread, train_vae
 
 ALGO = "world_model"
 CACHE_FILE = "latents.pt"  # in <run>/checkpoints/
@@ -124,15 +132,18 @@ class Trainer:
 
     # ---- fixed held-out measurement -------------------------------------------------------------------
     @torch.no_grad()
-    def eval_loss(self, clips: ClipSet, dit: torch.nn.Module) -> float:
+    def eval_loss(self, clips: ClipSet, dit: torch.nn.Module, other_actions: bool = False) -> float:
         """The loss on a fixed set of clips: the first ``eval_clips`` of a seeded order, noise levels spread
         evenly over (0, 1000) (then shifted as in training), noise and posterior samples from a generator
-        of their own (the training streams are not touched)."""
+        of their own (the training streams are not touched). ``other_actions``: each clip with the actions
+        of the clip half the batch away (the same loss when the model ignores its actions)."""
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed + 7919)
         order = torch.from_numpy(np.random.default_rng([cfg.seed, 7919]).permutation(len(clips)))
         rows = order[: cfg.eval_clips]
         latents, actions = clips.batch(rows, g)
+        if other_actions:
+            actions = actions.roll(len(rows) // 2, dims=0)
         levels = (torch.arange(len(rows), dtype=torch.float32) + 0.5) / len(rows) * 1000
         if cfg.timestep_transform:
             from nets.opensora_sampler import timestep_transform
@@ -155,8 +166,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         row = {"eval/train_loss": self.eval_loss(self.train, self.dit)}
+        # the same clips with other clips' actions: no higher when the model ignores its actions
+        row["eval/train_loss_other_actions"] = self.eval_loss(self.train, self.dit, other_actions=True)
         if self.held is not None:
             row["eval/loss"] = self.eval_loss(self.held, self.dit)
+            row["eval/loss_other_actions"] = self.eval_loss(self.held, self.dit, other_actions=True)
             if self.cfg.ema_decay > 0:
                 row["eval/ema_loss"] = self.eval_loss(self.held, self.ema_model())
         return row
@@ -231,7 +245,7 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
         condition_frames=nets.condition_frames,
         chunk=nets.chunk,
     )
-    if not cfg.init_from and cfg.vae == "tiny":  # a random VAE: unit-variance latents on these frames
+    if not cfg.init_from and cfg.vae == "tiny" and not cfg.vae_steps:  # a random VAE: unit-variance latents
         calibrate_latent_scale(nets.vae, np.concatenate([ep.frames for ep in episodes]))
     h, w = nets.image_size
     if h % 16 or w % 16:
@@ -253,6 +267,13 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
     if cfg.resume:
         folder = Path(cfg.resume)
         resumed = resumable(folder)
+        data = resumed[1]
+        trained = data.get("vae_steps", data.get("counters", {}).get("vae_steps", 0))
+        if trained != cfg.vae_steps:
+            raise BadInput(
+                f"vae_steps {cfg.vae_steps}: the run in {folder} was started with vae_steps {trained} (its "
+                "VAE stage and the checkpoints' numbering follow it); resume with that"
+            )
     else:
         folder = Path(cfg.run_dir) if cfg.run_dir else out.with_name(f"{out.name}.run")
     if folder.resolve() == out.resolve():
@@ -280,12 +301,49 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
     q99 = torch.tensor(stats["action"]["q99"], dtype=torch.float32)
 
     lock = run_folder.claim(folder, resume=p["resumed"] is not None, overwrite=cfg.overwrite)
+    logger = None
     try:
         saved = dataclasses.replace(cfg, overwrite=False, resume=None, run_dir=str(folder))
         configs = {"world_model": saved}
         if p["resumed"] is None:
             save_config(folder / run_folder.CONFIG_FILE, configs)
         (folder / "checkpoints").mkdir(exist_ok=True)
+        config = to_dict(configs)
+        path, data = p["resumed"] if p["resumed"] is not None else (None, {})
+        stage = data.get("stage", "world_model") if data else None
+        offset = cfg.vae_steps  # the world model's step 0 is the run's iteration vae_steps
+        resumed_at = None
+        if data:
+            resumed_at = int(data["counters"]["iteration"]) + (offset if stage == "world_model" else 0)
+        logger = MetricsLogger(folder, tensorboard=cfg.tensorboard, resume_iteration=resumed_at,
+                               resume_step=resumed_at)  # fmt: skip
+
+        def save(iteration: int, state: dict[str, Any]) -> None:
+            ckpt.save_checkpoint(folder / "checkpoints" / f"iter_{iteration:06d}.pt", state)
+            ckpt.prune_checkpoints(folder, cfg.keep_checkpoints)
+
+        # the VAE stage (vae_steps > 0): train the tiny VAE on the training episodes' frames, freeze it
+        vae_record: dict[str, Any] | None = None
+        train_frames = np.concatenate([episodes[i].frames for i in train_eps])
+        if cfg.vae_steps and stage in (None, "vae"):
+            held_frames = np.concatenate([episodes[i].frames for i in held_eps]) if held_eps else None
+            vae_trainer = VaeTrainer(cfg, nets.vae, train_frames, held_frames)
+            if stage == "vae":
+                vae_trainer.load(data, path)
+                print(f"resumed from {path} (VAE step {vae_trainer.step_index})")
+            vae_record = train_vae(cfg, vae_trainer, logger, save, config, ALGO)
+            scale = calibrate_latent_scale(nets.vae, train_frames, posterior_std=None)
+            vae_record.update({"latent_scale_k": scale, **posterior_spread(nets.vae, train_frames),
+                               "learning_rate": cfg.vae_learning_rate, "batch_size": cfg.vae_batch_size,
+                               "kl_weight": cfg.vae_kl_weight, "loss": cfg.vae_loss,
+                               "trained_on": "the training episodes' frames"})  # fmt: skip
+        elif cfg.vae_steps:  # resumed in the world-model stage: its trained, calibrated VAE
+            try:
+                nets.vae.module.load_state_dict(data["vae"])
+                vae_record = dict(data["vae_record"])
+            except (KeyError, TypeError, RuntimeError) as e:
+                raise BadInput(f"{path}: holds no VAE that fits this run ({type(e).__name__}: {e})") from None
+        nets.vae.module.eval().requires_grad_(False)
 
         digest = frames_digest(episodes, nets.vae)
         cache = LatentCache.load(folder / "checkpoints" / CACHE_FILE, digest)
@@ -304,18 +362,16 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
             return ClipSet(sub, actions, frame_index, action_index, q01, q99, nets.vae.scaling_factor)
 
         trainer = Trainer(cfg, nets, clips_of(train_eps), clips_of(held_eps) if held_eps else None)
-        if p["resumed"] is not None:
-            path, data = p["resumed"]
+        if stage == "world_model":
             trainer.load(data, path)
             print(f"resumed from {path} (step {trainer.step_index})")
-        start = trainer.step_index
-        logger = MetricsLogger(
-            folder,
-            tensorboard=cfg.tensorboard,
-            resume_iteration=start if p["resumed"] else None,
-            resume_step=start if p["resumed"] else None,
-        )
-        record = _train(cfg, trainer, logger, folder, configs, start)
+        extra: dict[str, Any] = {"vae_steps": cfg.vae_steps}
+        if cfg.vae_steps:  # every world-model checkpoint carries the trained VAE
+            extra["vae"] = {k: v.detach().cpu().clone() for k, v in nets.vae.module.state_dict().items()}
+            extra["vae_record"] = vae_record
+        record = _train(cfg, trainer, logger, save, config, offset, extra, resumed=stage == "world_model")
+        if vae_record is not None:
+            record["vae_training"] = vae_record
         record.update(_describe(cfg, p, trainer, train_eps, held_eps, folder))
         out = Path(cfg.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -324,23 +380,31 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
                      record=record, seed=cfg.seed, progress=cfg.progress)  # fmt: skip
         return record
     finally:
+        if logger is not None:
+            logger.close()
         lock.release()
 
 
-def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folder: Path,
-           configs: dict[str, Any], start: int) -> dict[str, Any]:  # fmt: skip
-    """The loop from step ``start`` to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses.
+def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger,
+           save: Callable[[int, dict[str, Any]], None], config: dict[str, Any], offset: int = 0,
+           extra: dict[str, Any] | None = None, *, resumed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The loop from the trainer's step to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses.
 
     Rows are logged on the cadence alone (``log_every``, ``eval_every``), never because a call stops:
     a run stopped and resumed logs exactly the rows of one that was not (the losses of steps not yet
-    logged travel in the checkpoint). The end of a call is measured for ``training.json`` only."""
+    logged travel in the checkpoint). The end of a call is measured for ``training.json`` only. Rows and
+    checkpoints are numbered ``offset`` + step (``offset``: the VAE stage's steps before this one, which
+    also puts a checkpoint at step 0); ``extra`` goes into every checkpoint."""
     from tqdm.auto import tqdm
 
-    from trainers.config import to_dict
+    def checkpoint(step: int) -> None:
+        save(offset + step, {**trainer.state(config), **(extra or {})})
 
-    config = to_dict(configs)
-    if start == 0:
-        logger.log(0, {"iteration": 0, **trainer.evaluate()})
+    start = trainer.step_index
+    if not resumed:  # the first row (and, after a VAE stage, the first checkpoint) of the world model
+        logger.log(offset, {"iteration": offset, **trainer.evaluate()})
+        if offset:
+            checkpoint(0)
     clock = time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=start, desc="world model", unit="step", disable=not cfg.progress,
                dynamic_ncols=True, mininterval=1.0)  # fmt: skip
@@ -360,20 +424,18 @@ def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger, folde
             if cfg.eval_every and step % cfg.eval_every == 0:
                 row.update(trainer.evaluate())
             if row:
-                row.update({"iteration": step, "time/elapsed": time.perf_counter() - clock})
-                logger.log(step, row)
+                row.update({"iteration": offset + step, "time/elapsed": time.perf_counter() - clock})
+                logger.log(offset + step, row)
                 bar.set_postfix(
                     {k.split("/")[-1]: f"{v:.4g}" for k, v in row.items() if "loss" in k}, refresh=False
                 )
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                ckpt.save_checkpoint(folder / "checkpoints" / f"iter_{step:06d}.pt", trainer.state(config))
-                ckpt.prune_checkpoints(folder, cfg.keep_checkpoints)
+                checkpoint(step)
             bar.update(1)
     finally:
         bar.close()
-        logger.close()
     wall = time.perf_counter() - clock
-    rows = _metrics(folder)  # the whole run's, resumes included
+    rows = _metrics(logger.path.parent)  # the whole run's, resumes included
     keep = ("eval/", "train/")
     first = next((r for r in rows if "eval/train_loss" in r), {})
     return {
@@ -419,7 +481,13 @@ def _describe(cfg: WorldModelConfig, p: dict[str, Any], trainer: Trainer, train_
         "model": nets.dit.config.to_dict(),
         "parameters": sum(p.numel() for p in nets.dit.parameters()),
         "init_from": str(nets.init_from) if nets.init_from else None,
-        "vae": str(nets.init_from / "vae") if nets.init_from else cfg.vae,
+        "vae": str(nets.init_from / "vae")
+        if nets.init_from
+        else (
+            f"tiny, trained {cfg.vae_steps} steps on the training episodes' frames"
+            if cfg.vae_steps
+            else cfg.vae
+        ),
         "action_stats": p["stats_from"],
         "reward_model": str(p["reward"]) if p["reward"] else "placeholder: never reports success",
         "weights": cfg.bundle_weights if cfg.ema_decay > 0 else "model",

@@ -1,0 +1,170 @@
+"""Self-imitation from success: its settings, the buffer of successful chunk-steps, one update.
+
+The update is the policy's own imitation loss (Gaussian NLL, flow matching, a VLA's L1...) on a
+minibatch of ``batch_size`` chunk-steps: ``prior_ratio`` of them drawn from the prior
+demonstrations and the rest from the successful episodes the policy collected itself (all from the
+prior data until the first success; all from the successes when there is no prior data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from nets.errors import BadInput
+from trainers.optim import BadUpdateGuard, WeightEMA, step_optimizer
+
+
+@dataclass
+class SILConfig:
+    prior_data: str | None = None
+    """demonstrations imitated beside the successes (our demos file, LIBERO HDF5, LeRobot v3)"""
+    prior_ratio: float = 0.5
+    """share of each minibatch drawn from the prior data once there are successes"""
+    steps_per_iteration: int = 16
+    """vector steps collected per iteration (each env chooses and executes one chunk per step)"""
+    updates_per_iteration: int = 16
+    """gradient steps after each iteration's collection"""
+    learning_starts: int = 0
+    """successful chunk-steps collected before the first update (0: update from the first iteration)"""
+    batch_size: int = 512
+    """chunk-steps per minibatch"""
+    learning_rate: float = 1e-3
+    """Adam's step size"""
+    max_grad_norm: float = 1.0
+    """clip the gradient norm (0: no clipping)"""
+    ema_decay: float = 0.999
+    """exponential moving average of the weights, which collect, are evaluated and saved (0: off; the
+    trained weights travel in the checkpoint for --resume)"""
+    buffer_size: int = 200_000
+    """successful chunk-steps kept (the oldest leave first)"""
+    deterministic_collect: bool = False
+    """collect with the policy's deterministic actions (default: sampled, which explores)"""
+    placebo: bool = False
+    """control: the success flags of each iteration's finished episodes are shuffled among them
+    (same number kept, chosen without the reward)"""
+    max_bad_updates: int = 10
+    """stop after this many non-finite updates in a row"""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.prior_ratio < 1.0:
+            raise BadInput(f"sil prior_ratio must be in [0, 1), got {self.prior_ratio}")
+        for name in ("steps_per_iteration", "batch_size", "buffer_size"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"sil {name} must be >= 1, got {getattr(self, name)}")
+        if self.updates_per_iteration < 0 or self.learning_starts < 0:
+            raise BadInput("sil updates_per_iteration and learning_starts must be >= 0")
+        if not self.learning_rate > 0 or self.max_grad_norm < 0:
+            raise BadInput("sil learning_rate must be > 0 and max_grad_norm >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise BadInput(f"sil ema_decay must be in [0, 1) (0: no averaging), got {self.ema_decay}")
+
+
+class SuccessRows:
+    """Chunk-steps of successful episodes, as imitation data: ``obs`` (``{key: [M, ...]}``, text keys
+    as lists), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``; at most ``capacity`` rows (FIFO)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.obs: dict[str, Any] = {}
+        self.actions = np.zeros((0, 0, 0), np.float32)
+        self.valid = np.zeros((0, 0), bool)
+        self.episodes = 0  # successful episodes added, over the whole run
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def add(self, rows: list[tuple[dict[str, Any], np.ndarray, np.ndarray]]) -> None:
+        """One successful episode's chunk-steps: ``(obs_row, action [K, D], valid [K])`` each."""
+        if not rows:
+            return
+        keys = list(rows[0][0])
+        new_obs = {
+            k: [r[0][k] for r in rows]
+            if isinstance(rows[0][0][k], str)
+            else np.stack([r[0][k] for r in rows])
+            for k in keys
+        }
+        actions = np.stack([r[1] for r in rows]).astype(np.float32)
+        valid = np.stack([r[2] for r in rows]).astype(bool)
+        if not len(self):
+            self.obs, self.actions, self.valid = new_obs, actions, valid
+        else:
+            self.obs = {
+                k: (self.obs[k] + v) if isinstance(v, list) else np.concatenate([self.obs[k], v])
+                for k, v in new_obs.items()
+            }
+            self.actions = np.concatenate([self.actions, actions])
+            self.valid = np.concatenate([self.valid, valid])
+        drop = len(self) - self.capacity
+        if drop > 0:
+            self.obs = {k: v[drop:] for k, v in self.obs.items()}
+            self.actions, self.valid = self.actions[drop:], self.valid[drop:]
+        self.episodes += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"obs": self.obs, "actions": self.actions, "valid": self.valid, "episodes": self.episodes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        n = len(state["actions"])
+        if len(state["valid"]) != n or any(len(v) != n for v in state["obs"].values()):
+            raise BadInput("self-imitation buffer state: obs, actions and valid differ in length")
+        self.obs, self.actions, self.valid = dict(state["obs"]), state["actions"], state["valid"]
+        self.episodes = int(state["episodes"])
+
+
+def chosen(successes: list[bool], placebo: bool, generator: torch.Generator) -> list[bool]:
+    """Which finished episodes join the buffer: the successful ones, or with ``placebo`` the same
+    number chosen without the reward (the flags shuffled among the episodes)."""
+    if not placebo or not successes:
+        return list(successes)
+    return [successes[j] for j in torch.randperm(len(successes), generator=generator).tolist()]
+
+
+def take(data: dict[str, Any], idx: np.ndarray) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    """Rows ``idx`` of imitation data (``SuccessRows`` or ``Demos.chunks``): obs, actions, valid."""
+    obs = {k: [v[i] for i in idx] if isinstance(v, list) else v[idx] for k, v in data["obs"].items()}
+    return obs, torch.as_tensor(data["actions"][idx]), torch.as_tensor(data["valid"][idx])
+
+
+def sil_update(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    prior: dict[str, Any] | None,
+    successes: SuccessRows,
+    config: SILConfig,
+    rng: np.random.Generator,
+    guard: BadUpdateGuard,
+    ema: WeightEMA | None,
+) -> dict[str, torch.Tensor]:
+    """One gradient step of the imitation loss on a minibatch mixing prior and successful rows."""
+    n_prior = len(prior["actions"]) if prior is not None else 0
+    if n_prior and len(successes):
+        from_prior = round(config.batch_size * config.prior_ratio)
+    else:
+        from_prior = config.batch_size if n_prior else 0
+    parts = []
+    if from_prior:
+        parts.append(take(prior, rng.integers(n_prior, size=from_prior)))
+    if config.batch_size - from_prior:
+        data = {"obs": successes.obs, "actions": successes.actions, "valid": successes.valid}
+        parts.append(take(data, rng.integers(len(successes), size=config.batch_size - from_prior)))
+    obs = {
+        k: sum((p[0][k] for p in parts), []) if isinstance(parts[0][0][k], list)
+        else np.concatenate([p[0][k] for p in parts])
+        for k in parts[0][0]
+    }  # fmt: skip
+    actions = torch.cat([p[1] for p in parts])
+    valid = torch.cat([p[2] for p in parts])
+    loss = policy.imitation_loss(obs, actions, valid)
+    stepped, norm = step_optimizer(loss, optimizer, config.max_grad_norm or None, guard)
+    if stepped and ema is not None:
+        ema.update()
+    return {
+        "sil_loss": loss.detach(),
+        "grad_norm": norm,
+        "prior_share": torch.tensor(from_prior / config.batch_size),
+    }
