@@ -82,6 +82,8 @@ LONGER_CLONE = {
     "batch_size": 512,
     "learning_rate": 1e-3,
 }
+FEW_DEMOS = "data/libero_spatial_expert_20.h5"  # 2 expert episodes per task
+FEW_DEMO_CLONE = "checkpoints/flow_libero_spatial_20demos.pt"  # its flow clone at imitation's plateau
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -228,6 +230,36 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "loop": "async",
         },
         "sac": {**DSRL_RECIPE["sac"], "gradient_steps": 64, "actor_every": 16},
+    },
+    # -- self-imitation from success (trainers/sil) from a few-demo clone at imitation's plateau, and the
+    # longer clone of it: imitation alone on the same 20 demos for the same wall time
+    "sil-20demos": {
+        "about": "trainers.sil for 30 min from the 20-demo flow clone at its plateau: 64 updates of batch "
+        "512 (half the 20 demos, half the kept successes) per 8 vector steps, weight average 0.999",
+        "algo": "sil",
+        "run": {
+            "policy": "auto",
+            "init_policy": FEW_DEMO_CLONE,
+            "total_steps": 10_000_000,
+            "max_minutes": 30.0,
+            "torch_threads": 1,
+        },
+        "sil": {
+            "prior_data": FEW_DEMOS,
+            "prior_ratio": 0.5,
+            "steps_per_iteration": 8,
+            "updates_per_iteration": 64,
+            "batch_size": 512,
+            "learning_rate": 1e-3,
+            "ema_decay": 0.999,
+        },
+    },
+    "clone-20demos-30min": {
+        "about": "imitation alone: the 20-demo flow clone trained further by BC (weight average 0.999) on "
+        "the same 20 demos for 30 minutes",
+        "algo": "bc",
+        "run": {"policy": "auto", "init_policy": FEW_DEMO_CLONE, "max_minutes": 30.0, "torch_threads": 1},
+        "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
     },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",

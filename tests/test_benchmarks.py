@@ -349,6 +349,23 @@ def test_rl_recipe_study_placebo_variants():
     assert "placebo" not in VARIANTS["sac-rlpd-weak"]["sac"]  # the variant itself is unchanged
 
 
+def test_rl_recipe_study_self_imitation_variants_are_complete():
+    """The few-demo self-imitation variant and its longer clone: shipped files, settings that their
+    configs take, and a placebo that keeps as many episodes chosen without the reward."""
+    from benchmarks.rl_recipe_study import VARIANTS, placebo_of
+    from trainers.bc import BCConfig
+    from trainers.sil import SILConfig
+
+    root = Path(__file__).resolve().parents[1]
+    sil, clone = VARIANTS["sil-20demos"], VARIANTS["clone-20demos-30min"]
+    for spec in (sil, clone):
+        assert (root / spec["run"]["init_policy"]).is_file() and spec["run"]["max_minutes"] == 30.0
+    assert (root / sil["sil"]["prior_data"]).is_file() and clone["bc"]["demos"] == sil["sil"]["prior_data"]
+    SILConfig(**sil["sil"])
+    BCConfig(**clone["bc"])
+    assert placebo_of(sil)["sil"] == {**sil["sil"], "placebo": True}
+
+
 def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
     """A variant that names its policy takes none of the GRPO recipe's policy options (its
     log-std bounds would reach DSRL's noise actor): the residual one states its own."""
