@@ -663,3 +663,12 @@ def test_a_sampled_evaluation_of_training_starts_leaves_training_unchanged_and_r
         json.loads(line) for line in (tmp_path / "with" / "sampled_episodes.jsonl").read_text().splitlines()
     ]
     assert again == episodes
+
+
+def test_the_checkpoint_digest_takes_empty_arrays():
+    """Zero-size arrays (nothing collected yet) are digested by dtype and shape, not refused."""
+    from trainers.checkpoint import payload_digest
+
+    empty = payload_digest({"a": np.zeros((0, 8, 7), np.float32), "t": torch.zeros(0)})
+    assert empty != payload_digest({"a": np.zeros((0, 8, 6), np.float32), "t": torch.zeros(0)})
+    assert empty == payload_digest({"a": np.zeros((0, 8, 7), np.float32), "t": torch.zeros(0)})

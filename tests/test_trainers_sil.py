@@ -71,6 +71,9 @@ def test_success_rows_keep_the_newest_and_round_trip():
     assert len(rows) == 5 and rows.episodes == 2
     assert rows.obs["proprio"][:, 0].tolist() == [2, 10, 11, 12, 13]
     assert rows.obs["instruction"] == ["s2", "s10", "s11", "s12", "s13"]
+    empty = SuccessRows(capacity=5)
+    empty.load_state_dict(SuccessRows(capacity=5).state_dict())
+    assert len(empty) == 0 and empty.episodes == 0
     again = SuccessRows(capacity=5)
     again.load_state_dict(rows.state_dict())
     np.testing.assert_array_equal(again.obs["proprio"], rows.obs["proprio"])

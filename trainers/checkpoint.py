@@ -132,7 +132,8 @@ def payload_digest(payload: Any, budget: int | None = None) -> str:
         elif isinstance(value, np.ndarray) and value.dtype != object:
             spend(value.nbytes)
             digest.update(f"A{value.dtype.str}{value.shape}".encode())
-            digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+            if value.size:  # (memoryview cannot cast an array with a zero in its shape)
+                digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
         elif isinstance(value, (dict, list, tuple)):
             items = [x for pair in value.items() for x in pair] if isinstance(value, dict) else list(value)
             spend(len(items))

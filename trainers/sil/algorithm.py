@@ -106,9 +106,15 @@ class SuccessRows:
         self.episodes += 1
 
     def state_dict(self) -> dict[str, Any]:
+        if not len(self):  # no arrays: the safe checkpoint loader refuses numpy's zero-size ones
+            return {"episodes": self.episodes}
         return {"obs": self.obs, "actions": self.actions, "valid": self.valid, "episodes": self.episodes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "actions" not in state:  # saved empty
+            self.__init__(self.capacity)
+            self.episodes = int(state["episodes"])
+            return
         n = len(state["actions"])
         if len(state["valid"]) != n or any(len(v) != n for v in state["obs"].values()):
             raise BadInput("self-imitation buffer state: obs, actions and valid differ in length")
