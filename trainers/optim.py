@@ -48,6 +48,13 @@ class BadUpdateGuard:
         self.in_a_row = 0
         self.total = 0
 
+    def counters(self) -> dict[str, int]:
+        """The counts a checkpoint keeps (``restore_counters`` takes them back)."""
+        return {"bad_updates": self.total, "bad_in_a_row": self.in_a_row}
+
+    def restore_counters(self, counters: dict[str, Any]) -> None:
+        self.total, self.in_a_row = int(counters["bad_updates"]), int(counters["bad_in_a_row"])
+
     def ok(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
         """True if the update may go ahead; counts (and maybe raises) otherwise. One host sync."""
         values = loss.detach().reshape(1)

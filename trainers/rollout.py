@@ -37,6 +37,9 @@ from trainers.env_contract import chunk_detail, chunk_size, episode_stats
 
 Bootstrap = Literal["truncated", "done", "none"]
 
+# env seeds of a resumed run: seed + stride * iteration (new episodes, not the first run's again)
+RESUME_SEED_STRIDE = 7919
+
 
 @dataclass
 class Rollout:

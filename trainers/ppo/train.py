@@ -27,10 +27,8 @@ from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.ppo.algorithm import PPOConfig, make_optimizer, ppo_update
-from trainers.rollout import Collector, update_running_obs_stats
+from trainers.rollout import RESUME_SEED_STRIDE, Collector, update_running_obs_stats
 from trainers.run import Run, RunConfig
-
-RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
 
 
 def train(

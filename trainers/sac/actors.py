@@ -45,10 +45,8 @@ import torch.multiprocessing as tmp
 from nets.processes import die_with_parent, without_main_module
 from policies.base import ActionChunk, ActionChunkPolicy
 from policies.torso_policy import box_bounds, box_chunk_shape
-from trainers.rollout import Collector, Rollout
+from trainers.rollout import RESUME_SEED_STRIDE, Collector, Rollout
 from trainers.sac.replay import ChunkStep, NStepWriter, Transition, obs_row
-
-RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
 
 
 class UniformPolicy(ActionChunkPolicy):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from nets.errors import BadInput
+from trainers.bc import batch_obs
 from trainers.optim import BadUpdateGuard, WeightEMA, step_optimizer
 
 
@@ -132,7 +133,7 @@ def chosen(successes: list[bool], placebo: bool, generator: torch.Generator) -> 
 
 def take(data: dict[str, Any], idx: np.ndarray) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
     """Rows ``idx`` of imitation data (``SuccessRows`` or ``Demos.chunks``): obs, actions, valid."""
-    obs = {k: [v[i] for i in idx] if isinstance(v, list) else v[idx] for k, v in data["obs"].items()}
+    obs = batch_obs(data["obs"], idx)
     return obs, torch.as_tensor(data["actions"][idx]), torch.as_tensor(data["valid"][idx])
 
 

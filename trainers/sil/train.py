@@ -27,12 +27,10 @@ from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.env_contract import chunk_size, episode_success
 from trainers.optim import EMA_KEY, BadUpdateGuard, restore_ema
-from trainers.rollout import Collector, Rollout
+from trainers.rollout import RESUME_SEED_STRIDE, Collector, Rollout
 from trainers.run import Run, RunConfig
 from trainers.sac.replay import obs_row
 from trainers.sil.algorithm import SILConfig, SuccessRows, chosen, sil_update
-
-RESUME_SEED_STRIDE = 7919  # env seeds after a resume: seed + stride * iteration
 
 
 def load_prior(path: str, policy: Any, obs_space: Any, k: int) -> dict[str, Any]:
@@ -96,7 +94,7 @@ def train(
         if config.prior_data:  # read and checked before any env step
             prior = load_prior(config.prior_data, policy, env.single_observation_space, chunk_size(env) or 1)
         optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
-        sampler = torch.Generator().manual_seed(run_config.seed + 1)  # minibatch rows, placebo shuffles
+        sampler = torch.Generator().manual_seed(run_config.seed + 1)  # the placebo's shuffles
         extra = run.restore(policy, optimizer, {"sampler": sampler})
         resumed = run.counters["iteration"] > 0
         ema = restore_ema(policy, config.ema_decay, extra, resumed, sharded=False)
@@ -132,10 +130,10 @@ def train(
                     for _ in range(config.updates_per_iteration)
                 ]
                 policy.eval()
-            if ema is not None:
+            run.checkpoints.extra = {"successes": successes.state_dict()}
+            if ema is not None:  # the average is collected with, evaluated and saved as the policy
                 ema.swap()
-                run.checkpoints.extra = {EMA_KEY: ema.state_dict()}
-            run.checkpoints.extra = {**run.checkpoints.extra, "successes": successes.state_dict()}
+                run.checkpoints.extra[EMA_KEY] = ema.state_dict()
             metrics = (
                 {f"train/{k}": float(torch.stack([s[k] for s in steps]).mean()) for k in steps[0]}
                 if steps

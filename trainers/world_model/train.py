@@ -186,8 +186,7 @@ class Trainer:
             "rng": ckpt.rng_state({"world_model": self.generator}),
             "counters": {
                 "iteration": self.step_index,
-                "bad_updates": self.guard.total,
-                "bad_in_a_row": self.guard.in_a_row,
+                **self.guard.counters(),
             },  # fmt: skip
             "pending": self.pending,
         }
@@ -200,10 +199,7 @@ class Trainer:
             ckpt.restore_rng_state(data["rng"], {"world_model": self.generator})
             counters = data["counters"]
             self.step_index = int(counters["iteration"])
-            self.guard.total, self.guard.in_a_row = (
-                int(counters["bad_updates"]),
-                int(counters["bad_in_a_row"]),
-            )
+            self.guard.restore_counters(counters)
             self.pending = [list(map(float, p)) for p in data["pending"]]
         except (KeyError, TypeError, RuntimeError) as e:
             raise BadInput(

@@ -124,8 +124,7 @@ class VaeTrainer:
                 "iteration": iteration,
                 "vae_step": self.step_index,
                 "vae_steps": self.cfg.vae_steps,
-                "bad_updates": self.guard.total,
-                "bad_in_a_row": self.guard.in_a_row,
+                **self.guard.counters(),
             },  # fmt: skip
             "pending": self.pending,
         }
@@ -137,10 +136,7 @@ class VaeTrainer:
             ckpt.restore_rng_state(data["rng"], {"vae": self.generator})
             counters = data["counters"]
             self.step_index = int(counters["vae_step"])
-            self.guard.total, self.guard.in_a_row = (
-                int(counters["bad_updates"]),
-                int(counters["bad_in_a_row"]),
-            )
+            self.guard.restore_counters(counters)
             self.pending = [list(map(float, p)) for p in data["pending"]]
         except (KeyError, TypeError, RuntimeError) as e:
             raise BadInput(
