@@ -84,6 +84,18 @@ LONGER_CLONE = {
 }
 FEW_DEMOS = "data/libero_spatial_expert_20.h5"  # 2 expert episodes per task
 FEW_DEMO_CLONE = "checkpoints/flow_libero_spatial_20demos.pt"  # its flow clone at imitation's plateau
+FEW_DEMO_EARLY = "checkpoints/flow_libero_spatial_20demos_e6000.pt"  # that clone's first stage (6,000 epochs)
+# self-imitation (trainers/sil) for 30 minutes with the 20 demos as half of every minibatch
+_SIL_RUN = {"policy": "auto", "total_steps": 10_000_000, "max_minutes": 30.0, "torch_threads": 1}
+_SIL = {
+    "prior_data": FEW_DEMOS,
+    "prior_ratio": 0.5,
+    "steps_per_iteration": 8,
+    "updates_per_iteration": 64,
+    "batch_size": 512,
+    "learning_rate": 1e-3,
+    "ema_decay": 0.999,
+}
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -237,28 +249,28 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "about": "trainers.sil for 30 min from the 20-demo flow clone at its plateau: 64 updates of batch "
         "512 (half the 20 demos, half the kept successes) per 8 vector steps, weight average 0.999",
         "algo": "sil",
-        "run": {
-            "policy": "auto",
-            "init_policy": FEW_DEMO_CLONE,
-            "total_steps": 10_000_000,
-            "max_minutes": 30.0,
-            "torch_threads": 1,
-        },
-        "sil": {
-            "prior_data": FEW_DEMOS,
-            "prior_ratio": 0.5,
-            "steps_per_iteration": 8,
-            "updates_per_iteration": 64,
-            "batch_size": 512,
-            "learning_rate": 1e-3,
-            "ema_decay": 0.999,
-        },
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_CLONE},
+        "sil": _SIL,
     },
     "clone-20demos-30min": {
         "about": "imitation alone: the 20-demo flow clone trained further by BC (weight average 0.999) on "
         "the same 20 demos for 30 minutes",
         "algo": "bc",
         "run": {"policy": "auto", "init_policy": FEW_DEMO_CLONE, "max_minutes": 30.0, "torch_threads": 1},
+        "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
+    },
+    # -- the same pair from the clone's first stage (before its weight average): a start that more
+    # imitation still lifts, so the longer clone is the control to beat
+    "sil-20demos-e6000": {
+        "about": "sil-20demos from the 20-demo clone's first stage (6,000 epochs, no weight average)",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY},
+        "sil": _SIL,
+    },
+    "clone-20demos-e6000-30min": {
+        "about": "imitation alone from that first stage: BC, weight average 0.999, the same 20 demos, 30 min",
+        "algo": "bc",
+        "run": {"policy": "auto", "init_policy": FEW_DEMO_EARLY, "max_minutes": 30.0, "torch_threads": 1},
         "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
     },
     "sil-only": {

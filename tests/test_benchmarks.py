@@ -357,13 +357,17 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     from trainers.sil import SILConfig
 
     root = Path(__file__).resolve().parents[1]
-    sil, clone = VARIANTS["sil-20demos"], VARIANTS["clone-20demos-30min"]
-    for spec in (sil, clone):
-        assert (root / spec["run"]["init_policy"]).is_file() and spec["run"]["max_minutes"] == 30.0
-    assert (root / sil["sil"]["prior_data"]).is_file() and clone["bc"]["demos"] == sil["sil"]["prior_data"]
-    SILConfig(**sil["sil"])
-    BCConfig(**clone["bc"])
-    assert placebo_of(sil)["sil"] == {**sil["sil"], "placebo": True}
+    for sil_name, clone_name in [("sil-20demos", "clone-20demos-30min"),
+                                 ("sil-20demos-e6000", "clone-20demos-e6000-30min")]:  # fmt: skip
+        sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
+        assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
+        for spec in (sil, clone):
+            assert (root / spec["run"]["init_policy"]).is_file() and spec["run"]["max_minutes"] == 30.0
+        assert (root / sil["sil"]["prior_data"]).is_file()
+        assert clone["bc"]["demos"] == sil["sil"]["prior_data"]
+        SILConfig(**sil["sil"])
+        BCConfig(**clone["bc"])
+        assert placebo_of(sil)["sil"] == {**sil["sil"], "placebo": True}
 
 
 def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
