@@ -21,6 +21,7 @@ RECIPE = ROOT / "configs" / "libero_spatial_grpo.json"
 SAC_RECIPE = ROOT / "configs" / "libero_spatial_sac.json"  # with its prior data's demos config
 DSRL_RECIPE = ROOT / "configs" / "libero_spatial_dsrl.json"  # steers the shipped flow clone
 DEMOS = ROOT / "configs" / "libero_spatial_demos.json"
+SIL_RECIPE = ROOT / "configs" / "libero_spatial_sil.json"  # self-imitation from the 20-demo clone
 
 
 def test_recipe_names_a_checkpoint_that_exists_and_holds_out_init_states():
@@ -58,6 +59,23 @@ def test_dsrl_recipe_steers_the_shipped_flow_clone_on_training_starts_only():
         sac["eval_env_kwargs"]["init_states"]
     )
     assert config_algo(["--config", str(DSRL_RECIPE)]) == "sac"
+
+
+def test_sil_recipe_imitates_demos_of_training_starts_only_and_fits_half_an_hour():
+    from trainers.datasets.demos import read_demos
+    from trainers.sil import SILConfig
+
+    data = load_config(SIL_RECIPE, {"run": RunConfig, "sil": SILConfig})
+    run, config = RunConfig(**data["run"]), SILConfig(**data["sil"])
+    assert (ROOT / run.init_policy).is_file() and (ROOT / config.prior_data).is_file()
+    train, held_out = set(run.env_kwargs["init_states"]), set(run.eval_env_kwargs["init_states"])
+    assert train and held_out and not train & held_out
+    demos = read_demos(ROOT / config.prior_data)
+    starts = demos.meta["env_kwargs"]["init_states"]  # frame = task * len(starts) + index in starts
+    assert set(starts) == train
+    assert {starts[ep.initial_frame % len(starts)] for ep in demos.episodes} == {0, 1}
+    assert 0 < run.max_minutes <= 25  # + set-up and two evaluations: within 30 minutes
+    assert config_algo(["--config", str(SIL_RECIPE)]) == "sil"
 
 
 def test_the_shipped_prior_data_is_what_its_demos_config_makes():
@@ -145,3 +163,27 @@ def test_dsrl_recipe_end_to_end(tmp_path):
     flow = latest_checkpoint(ROOT / "checkpoints" / "flow_libero_spatial_state.pt")[1]["policy"]["state_dict"]
     assert all(torch.equal(state[f"base.{k}"], v) for k, v in flow.items())
     assert state["actor.torso.encoders.task_state.norm_count"] > 0  # the actor standardises its input
+
+
+@pytest.mark.slow
+@requires_libero
+def test_sil_recipe_end_to_end(tmp_path):
+    """The self-imitation recipe, cut to a tiny budget: imitation updates on the shipped 20 demos from
+    the shipped clone, evaluated before and after on a held-out start."""
+    short = {"chunk_size": 8, "task_state": True, "cameras": [], "max_episode_steps": 24}
+    run_dir = tmp_path / "sil"
+    final = main(
+        [
+            "--config", str(SIL_RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
+            "--num-envs", "2", "--steps-per-iteration", "3", "--updates-per-iteration", "2",
+            "--batch-size", "8",
+            "--eval-episodes", "2", "--eval-num-envs", "2",
+            "--env-kwargs", json.dumps({**short, "init_states": [0, 1]}),
+            "--eval-env-kwargs", json.dumps({**short, "init_states": [40]}), "--no-progress",
+        ]
+    )  # fmt: skip
+    rows = read_metrics(run_dir)
+    assert final["train/sil_loss"] > 0 and any(r.get("train/kept_this_iteration") is not None for r in rows)
+    summary = (run_dir / "summary.md").read_text()
+    assert "checkpoints/flow_libero_spatial_20demos_e6000.pt" in summary
+    assert "## Evaluation before training (2 episodes" in summary and "## Evaluation after" in summary
