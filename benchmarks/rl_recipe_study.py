@@ -75,6 +75,11 @@ SAC_RECIPE = json.loads(
 DSRL_RECIPE = json.loads(
     (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_dsrl.json").read_text()
 )
+# self-imitation from a 20-demo clone: configs/libero_spatial_sil.json (its demos ship as
+# data/libero_spatial_expert_20.h5, its start as checkpoints/flow_libero_spatial_20demos_e6000.pt)
+SIL_RECIPE = json.loads(
+    (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sil.json").read_text()
+)
 # the imitation control's BC settings (the clones' own: checkpoints/README.md), stopped by max_minutes
 LONGER_CLONE = {
     "demos": SAC_RECIPE["sac"]["prior_data"],
@@ -272,6 +277,33 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "algo": "bc",
         "run": {"policy": "auto", "init_policy": FEW_DEMO_EARLY, "max_minutes": 30.0, "torch_threads": 1},
         "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
+    },
+    # -- the self-imitation recipe as it ships (configs/libero_spatial_sil.json), the longer clone for its
+    # wall time, and the recipe from that clone: the main-job study (--recipe configs/libero_spatial_sil.json)
+    "sil-recipe": {
+        "about": "configs/libero_spatial_sil.json as it is",
+        "algo": "sil",
+        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _SIL_RUN or k == "init_policy"},
+        "sil": SIL_RECIPE["sil"],
+    },
+    "clone-sil-recipe": {
+        "about": "imitation alone: the SIL recipe's start trained further by BC (weight average 0.999) on "
+        "its prior data for its wall time",
+        "algo": "bc",
+        "run": {k: SIL_RECIPE["run"][k] for k in ("policy", "init_policy", "max_minutes", "torch_threads")},
+        "bc": {
+            **LONGER_CLONE,
+            "demos": SIL_RECIPE["sil"]["prior_data"],
+            "ema_decay": 0.999,
+            "val_fraction": 0.0,
+        },
+    },
+    "sil-recipe-from-clone": {
+        "about": "sil-recipe started from clone-sil-recipe of the same seed",
+        "algo": "sil",
+        "start_from": "clone-sil-recipe",
+        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _SIL_RUN},
+        "sil": SIL_RECIPE["sil"],
     },
     "sil-only": {
         "about": "self-imitation alone (pg_coef 0), lr 1e-4, target_kl 2.0 per chunk-step, 50k steps",

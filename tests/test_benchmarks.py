@@ -358,16 +358,23 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
 
     root = Path(__file__).resolve().parents[1]
     for sil_name, clone_name in [("sil-20demos", "clone-20demos-30min"),
-                                 ("sil-20demos-e6000", "clone-20demos-e6000-30min")]:  # fmt: skip
+                                 ("sil-20demos-e6000", "clone-20demos-e6000-30min"),
+                                 ("sil-recipe", "clone-sil-recipe")]:  # fmt: skip
         sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
         assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
         for spec in (sil, clone):
-            assert (root / spec["run"]["init_policy"]).is_file() and spec["run"]["max_minutes"] == 30.0
+            assert (root / spec["run"]["init_policy"]).is_file() and 0 < spec["run"]["max_minutes"] <= 30.0
+        assert clone["run"]["max_minutes"] == sil["run"]["max_minutes"]  # the same wall time
         assert (root / sil["sil"]["prior_data"]).is_file()
         assert clone["bc"]["demos"] == sil["sil"]["prior_data"]
         SILConfig(**sil["sil"])
         BCConfig(**clone["bc"])
         assert placebo_of(sil)["sil"] == {**sil["sil"], "placebo": True}
+    shipped = json.loads((root / "configs" / "libero_spatial_sil.json").read_text())
+    assert VARIANTS["sil-recipe"]["sil"] == shipped["sil"]
+    assert all(shipped["run"][k] == v for k, v in VARIANTS["sil-recipe"]["run"].items())
+    from_clone = VARIANTS["sil-recipe-from-clone"]
+    assert from_clone["start_from"] == "clone-sil-recipe" and "init_policy" not in from_clone["run"]
 
 
 def test_rl_recipe_study_dsrl_variant_is_the_dsrl_recipe():
