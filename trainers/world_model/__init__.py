@@ -19,7 +19,7 @@ TensorBoard, checkpoints, exact ``--resume``), ``bundle`` (the output folder). T
 that do not fit the model or the ``--init-from`` bundle, episodes shorter than context + one chunk, NaN
 actions, an existing ``--out``) is refused before anything is trained.
 
-A reward model for the bundle: ``python -m trainers.reward_model --frame-size 64 64 --out RM ...``
+A reward model for the bundle: ``python -m trainers.reward_model --frame-size '[64, 64]' --out RM ...``
 trains one from simulator rollouts of the same env, then ``--reward-model RM/resnet_rm.pth``.
 """
 
