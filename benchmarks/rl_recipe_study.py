@@ -101,6 +101,9 @@ _SIL = {
     "learning_rate": 1e-3,
     "ema_decay": 0.999,
 }
+# the longer clone of a 20-demo start: BC with the weight average on the same 20 demos for 30 minutes
+_FEW_DEMO_BC = {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0}
+_CLONE_RUN = {"policy": "auto", "max_minutes": 30.0, "torch_threads": 1}
 VARIANTS: dict[str, dict[str, Any]] = {
     "recipe": {"about": "the main job's recipe as it is", "algo": "grpo"},
     "recipe-long": {
@@ -261,8 +264,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "about": "imitation alone: the 20-demo flow clone trained further by BC (weight average 0.999) on "
         "the same 20 demos for 30 minutes",
         "algo": "bc",
-        "run": {"policy": "auto", "init_policy": FEW_DEMO_CLONE, "max_minutes": 30.0, "torch_threads": 1},
-        "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
+        "run": {**_CLONE_RUN, "init_policy": FEW_DEMO_CLONE},
+        "bc": _FEW_DEMO_BC,
     },
     # -- the same pair from the clone's first stage (before its weight average): a start that more
     # imitation still lifts, so the longer clone is the control to beat
@@ -275,8 +278,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "clone-20demos-e6000-30min": {
         "about": "imitation alone from that first stage: BC, weight average 0.999, the same 20 demos, 30 min",
         "algo": "bc",
-        "run": {"policy": "auto", "init_policy": FEW_DEMO_EARLY, "max_minutes": 30.0, "torch_threads": 1},
-        "bc": {**LONGER_CLONE, "demos": FEW_DEMOS, "ema_decay": 0.999, "val_fraction": 0.0},
+        "run": {**_CLONE_RUN, "init_policy": FEW_DEMO_EARLY},
+        "bc": _FEW_DEMO_BC,
     },
     # -- the self-imitation recipe as it ships (configs/libero_spatial_sil.json), the longer clone for its
     # wall time, and the recipe from that clone: the main-job study (--recipe configs/libero_spatial_sil.json)
@@ -291,12 +294,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "its prior data for its wall time",
         "algo": "bc",
         "run": {k: SIL_RECIPE["run"][k] for k in ("policy", "init_policy", "max_minutes", "torch_threads")},
-        "bc": {
-            **LONGER_CLONE,
-            "demos": SIL_RECIPE["sil"]["prior_data"],
-            "ema_decay": 0.999,
-            "val_fraction": 0.0,
-        },
+        "bc": {**_FEW_DEMO_BC, "demos": SIL_RECIPE["sil"]["prior_data"]},
     },
     "sil-recipe-from-clone": {
         "about": "sil-recipe started from clone-sil-recipe of the same seed",

@@ -40,6 +40,7 @@ def pytest_configure(config):
             os.environ.setdefault(name, "1")
 
 
+@pytest.hookimpl(optionalhook=True)  # absent when xdist is off (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scheduler with one work unit per test file, and one for all the Ray files (see
     ``_RAY_FILES``). Done here because ``--dist loadgroup`` reads its groups from test ids that
