@@ -22,8 +22,8 @@ from trainers.datasets.demos import Demos
 from trainers.world_model.bundle import write_bundle
 from trainers.world_model.config import WorldModelConfig
 from trainers.world_model.cosmos_bundle import write_cosmos_bundle
-from trainers.world_model.cosmos_data import cosmos_clip_sets
-from trainers.world_model.cosmos_model import calibrate_fresh_vae, fresh_cosmos_networks, load_cosmos_bundle
+from trainers.world_model.cosmos_data import calibrate_fresh_vae, cosmos_clip_sets
+from trainers.world_model.cosmos_model import fresh_cosmos_networks, load_cosmos_bundle
 from trainers.world_model.cosmos_objective import CosmosObjective
 from trainers.world_model.data import EpisodeFrames, opensora_clip_sets
 from trainers.world_model.model import calibrate_latent_scale, fresh_networks, load_init_bundle

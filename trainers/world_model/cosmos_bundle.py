@@ -3,7 +3,8 @@
 
     libero-spatial-2b-19k.pt  the DiT as a Cosmos training checkpoint (what ``load_cosmos_dit`` reads):
                               ``net.*`` the bundle's weights (``bundle_weights``: the EMA or the trained
-                              ones; the env loads ``net.`` by default), ``net_ema.*`` the EMA weights
+                              ones, fp32; the env loads ``net.`` by default), ``net_ema.*`` the EMA
+                              weights in bf16 (prefix="net_ema." in the env)
     tokenizer/tokenizer.pth   the frozen Wan VAE, original Wan keys (the --init-from / --vae file as is)
     resnet_rm.pth             the reward model (given, the --init-from bundle's, or a placeholder)
     dataset/episode_*.npy     initial frames: the demos' episodes (trainers.datasets.world_model)
@@ -34,10 +35,13 @@ from trainers.world_model.model import REWARD_FILE, STATS_FILE, TRAINING_FILE
 
 
 def dit_checkpoint(weights: CosmosDiT, ema: CosmosDiT | None) -> dict[str, torch.Tensor]:
-    """A Cosmos training checkpoint's weights: ``net.*`` (fp32) and, given, ``net_ema.*``."""
+    """A Cosmos training checkpoint's weights: ``net.*`` fp32 and, given, ``net_ema.*`` bf16 (as the public
+    file: 6 bytes per parameter)."""
     state = {f"net.{k}": v.detach().float().cpu().clone() for k, v in weights.state_dict().items()}
     if ema is not None:
-        state.update({f"net_ema.{k}": v.detach().float().cpu().clone() for k, v in ema.state_dict().items()})
+        state.update(
+            {f"net_ema.{k}": v.detach().cpu().to(torch.bfloat16) for k, v in ema.state_dict().items()}
+        )
     return state
 
 

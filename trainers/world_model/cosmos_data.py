@@ -21,10 +21,12 @@ from nets.files import write_atomic
 from nets.safe_load import torch_load
 from nets.wan_vae import WanVAE
 from trainers.world_model.config import WorldModelConfig
+from trainers.world_model.cosmos_model import CosmosNetworks, calibrate_wan_latents
 from trainers.world_model.data import EpisodeFrames, clip_indices, frames_digest
 
 CACHE_FORMAT = "vla-gym-world-model-cosmos-latents"
 ENCODE_BATCH = 4  # clips per VAE call
+CALIBRATION_CLIPS = 32  # clips a fresh tiny VAE's latent scale is measured on
 
 
 def episode_clips(
@@ -99,8 +101,8 @@ class CosmosClipSet:
 
 
 def cosmos_clip_sets(
-    cfg: WorldModelConfig, nets, episodes: list[EpisodeFrames], splits: list[list[int]], cache_path: Path,
-    q01: torch.Tensor, q99: torch.Tensor,
+    cfg: WorldModelConfig, nets: CosmosNetworks, episodes: list[EpisodeFrames], splits: list[list[int]],
+    cache_path: Path, q01: torch.Tensor, q99: torch.Tensor,
 ) -> list[CosmosClipSet]:  # fmt: skip
     """One ``CosmosClipSet`` per list of episode indices in ``splits``; every clip encoded once
     (``cache_path``: loaded when it was computed from these clips and this VAE, else encoded and saved).
@@ -119,3 +121,14 @@ def cosmos_clip_sets(
         rows = np.flatnonzero(np.isin(owner, indices))
         sets.append(CosmosClipSet(cache.latents[rows], actions[rows]))
     return sets
+
+
+def calibrate_fresh_vae(cfg: WorldModelConfig, nets: CosmosNetworks, episodes: list[EpisodeFrames]) -> None:
+    """Calibrate a fresh tiny VAE (nothing else) on up to ``CALIBRATION_CLIPS`` clips spread over the
+    episodes (deterministic, so a resumed run rebuilds the same VAE and finds its latent cache)."""
+    if cfg.init_from or cfg.vae != "tiny":
+        return
+    frame_index, _, _ = episode_clips(episodes, nets.chunk)
+    picks = np.unique(np.linspace(0, len(frame_index) - 1, CALIBRATION_CLIPS).round().astype(np.int64))
+    frames = np.concatenate([ep.frames for ep in episodes])
+    calibrate_wan_latents(nets.vae, to_clip_pixels(frames[frame_index[picks]]).to(nets.vae.device))

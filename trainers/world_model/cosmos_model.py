@@ -5,7 +5,7 @@ The networks are ``nets``' (``nets.cosmos_dit``, ``nets.wan_vae``, loaded by ``l
 ``WanVAE.from_tokenizer`` as plain data unless ``--trust-pickle``): the code the env runs, so a bundle
 written from them loads there. A fresh model is a CosmosDiT of the configured size (action input 12 x 7,
 the v2 action DiT's global embedding) over a tiny random Wan VAE whose latents are calibrated on the demos
-(``calibrate_wan_latents``), or a given ``tokenizer.pth``.
+(``calibrate_wan_latents``, on clips ``cosmos_data.calibrate_fresh_vae`` picks), or a given ``tokenizer.pth``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from nets.cosmos_checkpoint import load_cosmos_dit
@@ -24,14 +23,12 @@ from nets.errors import BadInput
 from nets.opensora_checkpoint import load_action_stats
 from nets.wan_vae import LATENT_CHANNELS, WanVAE
 from trainers.world_model.config import WorldModelConfig
-from trainers.world_model.data import EpisodeFrames
 from trainers.world_model.model import REWARD_FILE, STATS_FILE, bundle_record
 
 DIT_FILE = "libero-spatial-2b-19k.pt"  # the names the env looks for (envs.world_models.bundles)
 TOKENIZER_FILE = "tokenizer/tokenizer.pth"
 ACTION_DIM, MODEL_ACTIONS = 7, 12  # 12 x 7 action values per clip (13 frames, 4 latents)
 RLINF_IMAGE_SIZE = (256, 320)  # the public bundle's frames (no training.json)
-CALIBRATION_CLIPS = 32
 
 
 @dataclass
@@ -125,16 +122,3 @@ def calibrate_wan_latents(vae: WanVAE, clips: torch.Tensor) -> dict[str, float]:
     p.bias -= (w * (b / a)[None]).sum(1).to(p.bias.dtype)
     p.weight /= a.view(1, -1, 1, 1, 1).to(p.weight.dtype)
     return {"latent_std_before": float(spread.mean()), "latent_std": float(vae.encode(clips).std())}
-
-
-def calibrate_fresh_vae(cfg: WorldModelConfig, nets: CosmosNetworks, episodes: list[EpisodeFrames]) -> None:
-    """Calibrate a fresh tiny VAE (nothing else) on up to ``CALIBRATION_CLIPS`` clips spread over the
-    episodes (deterministic, so a resumed run rebuilds the same VAE and finds its latent cache)."""
-    if cfg.init_from or cfg.vae != "tiny":
-        return
-    from trainers.world_model.cosmos_data import episode_clips, to_clip_pixels
-
-    frame_index, _, _ = episode_clips(episodes, nets.chunk)
-    picks = np.unique(np.linspace(0, len(frame_index) - 1, CALIBRATION_CLIPS).round().astype(np.int64))
-    frames = np.concatenate([ep.frames for ep in episodes])
-    calibrate_wan_latents(nets.vae, to_clip_pixels(frames[frame_index[picks]]).to(nets.vae.device))

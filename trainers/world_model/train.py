@@ -5,9 +5,10 @@ non-empty folder resumed or refused, atomic files): ``config.json``, ``metrics.j
 (TensorBoard), ``checkpoints/iter_NNNNNN.pt`` (weights, EMA, optimizer, random streams, counters;
 ``trainers.checkpoint``'s verified format) and ``checkpoints/latents.pt`` (the VAE posterior of every
 frame; Cosmos: the latents of every clip). The backend's own parts (networks, clips, objective, bundle)
-come from ``backends.BACKENDS[cfg.backend]``. ``--resume RUN`` continues from the newest checkpoint exactly: the clip order is drawn from
-(seed, epoch) alone and every other draw from one generator whose state is checkpointed, so a resumed
-run takes the same steps, and logs the same losses, as one that was never stopped.
+come from ``backends.BACKENDS[cfg.backend]``. ``--resume RUN`` continues from the newest checkpoint
+exactly: the clip order is drawn from (seed, epoch) alone and every other draw from one generator whose
+state is checkpointed, so a resumed run takes the same steps, and logs the same losses, as one that was
+never stopped.
 
 With ``vae_steps`` > 0 a VAE stage comes first (``trainers.world_model.vae``): its checkpoints are
 ``iter_NNNNNN.pt`` too, numbered by VAE step, and the world model's are numbered ``vae_steps`` + its step
