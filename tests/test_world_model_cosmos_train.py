@@ -275,3 +275,19 @@ def test_bad_frames_actions_episodes_and_init_bundle(tmp_path, no_training):
     public = write_tiny_bundle("cosmos", tmp_path / "public")  # no training.json: 256x320 frames
     refused(args(tmp_path, demos, "--init-from", str(public)), "32x48 frames, the model takes 256x320")
     refused(args(tmp_path, demos, "--init-from", str(tmp_path / "nowhere")), "no such bundle folder")
+
+
+def test_the_shipped_cosmos_configs_parse():
+    from trainers.config import parse_cli
+    from trainers.world_model import WorldModelConfig
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    tiny, gpu = (
+        parse_cli({"world_model": WorldModelConfig}, ["--config", str(root / name)])["world_model"]
+        for name in ("world_model_cosmos_tiny.json", "world_model_cosmos_2b_gpu.json")
+    )
+    assert (tiny.backend, tiny.chunk, tiny.condition_frames, tiny.vae) == ("cosmos", 12, 1, "tiny")
+    assert (
+        gpu.learning_rate == pytest.approx(2**-14.5) and gpu.max_grad_norm == 0.1 and gpu.weight_decay == 0.1
+    )
+    assert gpu.image_size == (256, 320) and gpu.sigma_shift == 5.0 and gpu.action_scaler == 20.0
