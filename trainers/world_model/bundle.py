@@ -11,7 +11,7 @@
 
 The folder appears complete or not at all (``nets.files.atomic_folder``). An existing ``--out`` is
 replaced only with ``--overwrite`` and only if it is a bundle this command wrote (its ``training.json``
-and nothing but bundle entries).
+and nothing but bundle entries, of either backend: ``cosmos_bundle`` writes the Cosmos one).
 """
 
 from __future__ import annotations
@@ -31,10 +31,21 @@ from nets.opensora_vae import SDXLVAE
 from nets.resnet_rm import ResnetRewardModel
 from trainers.datasets.demos import Demos
 from trainers.datasets.world_model import write_world_model_dataset
+from trainers.world_model.cosmos_model import DIT_FILE, TOKENIZER_FILE
 from trainers.world_model.model import BUNDLE_FORMAT, REWARD_FILE, STATS_FILE, TRAINING_FILE
 
-ENTRIES = {"config.json", "model.safetensors", "model.safetensors.index.json", "vae", "dataset", STATS_FILE,
-           REWARD_FILE, TRAINING_FILE}  # fmt: skip
+ENTRIES = {
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "vae",
+    "dataset",
+    STATS_FILE,
+    REWARD_FILE,
+    TRAINING_FILE,
+    DIT_FILE,
+    TOKENIZER_FILE.split("/")[0],
+}  # fmt: skip (either backend's)
 PLACEHOLDER_WIDTH = 8  # a small reward network that answers "no success" for every frame
 
 

@@ -8,7 +8,10 @@ from typing import Literal
 
 from nets.errors import BadInput
 
-BACKENDS = ("opensora",)
+BACKENDS = ("opensora", "cosmos")
+# the clip each backend trains on: (condition frames, chunk); Cosmos: 1 clean frame + 12 actions -> 13 frames,
+# 4 latents of the causal Wan VAE (what the DiT's action embedding takes)
+CLIP_DEFAULTS = {"opensora": (4, 8), "cosmos": (1, 12)}
 
 
 @dataclass
@@ -23,28 +26,34 @@ class WorldModelConfig:
     val_fraction: float = 0.1
     """held-out episodes for eval/loss (at least one when there are two or more; 0: none)"""
     # -- model
-    backend: Literal["opensora"] = "opensora"
-    """the world model to train (OpenSora STDiT3 + SDXL VAE; Cosmos is not trainable yet)"""
+    backend: Literal["opensora", "cosmos"] = "opensora"
+    """the world model to train: OpenSora (STDiT3 + SDXL VAE) or Cosmos Predict 2.5 (action DiT + frozen
+    Wan 2.1 VAE, action-conditioned post-training)"""
     init_from: str | None = None
-    """start from this bundle (RLinf's OpenSora bundle or one this command wrote): its STDiT3, VAE,
+    """start from this bundle (RLinf's or one this command wrote, of --backend's kind): its DiT, VAE,
     action statistics and reward model"""
+    trust_pickle: bool = False
+    """read an --init-from Cosmos bundle's .pt and tokenizer.pth with a full unpickler (files you trust
+    that are not plain data)"""
     image_size: tuple[int, int] | None = None
     """frame (height, width), multiples of 16: the demos' size unless given (an --init-from bundle fixes
     it: its training.json, or 256x256 for RLinf's)"""
-    chunk: int = 8
-    """frames (and actions) per step of the env (RLinf: 8)"""
-    condition_frames: int = 4
-    """context latents before the chunk (RLinf: 4; an --init-from model fixes it)"""
+    chunk: int | None = None
+    """frames (and actions) per clip after the context (None: the backend's; OpenSora: the env's step,
+    RLinf 8; Cosmos: 12, fixed by the DiT's action input)"""
+    condition_frames: int | None = None
+    """context frames before the chunk (None: the backend's; OpenSora: latents, RLinf 4, an --init-from
+    model fixes it; Cosmos: 1 clean frame, fixed)"""
     hidden_size: int = 64
-    """a fresh STDiT3's width (the published XL/2: 1152)"""
+    """a fresh DiT's width (OpenSora XL/2: 1152; Cosmos 2B: 2048)"""
     depth: int = 2
-    """a fresh STDiT3's spatial + temporal block pairs (XL/2: 28)"""
+    """a fresh DiT's blocks (OpenSora: spatial + temporal pairs, XL/2 28; Cosmos 2B: 28)"""
     num_heads: int = 2
-    """a fresh STDiT3's attention heads (XL/2: 16)"""
+    """a fresh DiT's attention heads (XL/2: 16; Cosmos 2B: 16)"""
     vae: str = "tiny"
-    """a fresh model's frozen VAE: a diffusers AutoencoderKL folder (e.g. the SDXL VAE), or "tiny" (a
-    random 16-channel one, its latent scale calibrated on the demos; its decoded frames mean little
-    unless vae_steps trains it)"""
+    """a fresh model's frozen VAE: "tiny" (random, its latent scale calibrated on the demos; its decoded
+    frames mean little unless vae_steps trains it), or OpenSora: a diffusers AutoencoderKL folder (e.g.
+    the SDXL VAE), Cosmos: a Wan 2.1 tokenizer.pth"""
     vae_steps: int = 0
     """optimizer steps that train the "tiny" VAE on the training episodes' frames before the world model
     (reconstruction + vae_kl_weight * KL), which then trains over it frozen; 0: keep it random, calibrated
@@ -65,11 +74,19 @@ class WorldModelConfig:
     reward_model: str | None = None
     """a resnet_rm.pth for the bundle (python -m trainers.reward_model trains one); default: the
     --init-from bundle's, else a placeholder that never reports success"""
-    # -- objective and optimization (RLinf/opensora's published settings, see configs/)
+    # -- objective and optimization (RLinf/opensora's and Cosmos' published settings, see configs/)
     timestep_sampling: Literal["uniform", "logit-normal"] = "logit-normal"
-    """how the noise level of each clip is drawn"""
+    """OpenSora: how the noise level of each clip is drawn"""
     timestep_transform: bool = True
-    """shift the drawn levels by the frame size (the identity at 256x256)"""
+    """OpenSora: shift the drawn levels by the frame size (the identity at 256x256)"""
+    sigma_shift: float = 5.0
+    """Cosmos: training noise levels sigma = sigma_shift * exp(N(0, 1)) (a shifted logit-normal time;
+    Predict2.5: 5, Predict2: 2)"""
+    action_scaler: float = 20.0
+    """Cosmos: the actions enter the DiT multiplied by this (the env's action_scaler, RLinf: 20)"""
+    clip_stride: int = 1
+    """Cosmos: train on the clips starting at every clip_stride-th frame of an episode (1: all; each clip
+    is encoded and cached once, 16 x 4 x H/8 x W/8 floats: about 330 kB at 256x320)"""
     steps: int = 300
     """optimizer steps in all (a resumed run continues to this many)"""
     batch_size: int = 8
@@ -126,10 +143,16 @@ class WorldModelConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise BadInput(f"backend: expected one of {BACKENDS}, got {self.backend!r}")
+        condition, chunk = CLIP_DEFAULTS[self.backend]
+        self.condition_frames = condition if self.condition_frames is None else self.condition_frames
+        self.chunk = chunk if self.chunk is None else self.chunk
+        if self.backend == "cosmos":
+            self._check_cosmos(condition, chunk)
         positive = {"chunk": self.chunk, "condition_frames": self.condition_frames, "steps": self.steps,
                     "batch_size": self.batch_size, "hidden_size": self.hidden_size, "depth": self.depth,
                     "num_heads": self.num_heads, "eval_clips": self.eval_clips,
-                    "log_every": self.log_every, "checkpoint_every": self.checkpoint_every}  # fmt: skip
+                    "log_every": self.log_every, "checkpoint_every": self.checkpoint_every,
+                    "clip_stride": self.clip_stride}  # fmt: skip
         for name, value in positive.items():
             if value < 1:
                 raise BadInput(f"{name}: expected >= 1, got {value}")
@@ -169,6 +192,23 @@ class WorldModelConfig:
                     f"image_size: expected [height, width], multiples of 16, got {self.image_size}"
                 )
             self.image_size = (int(size[0]), int(size[1]))
+
+    def _check_cosmos(self, condition: int, chunk: int) -> None:
+        if (self.condition_frames, self.chunk) != (condition, chunk):
+            raise BadInput(
+                f"--backend cosmos: the DiT takes {condition} condition frame and {chunk} actions per clip "
+                f"(13 frames, 4 latents of the Wan VAE), got condition_frames {self.condition_frames}, "
+                f"chunk {self.chunk} (leave them unset)"
+            )
+        if self.vae_steps:
+            raise BadInput(
+                f"vae_steps {self.vae_steps}: --backend cosmos keeps its Wan VAE frozen (vae_steps trains "
+                "OpenSora's tiny VAE only); use vae_steps 0"
+            )
+        if not (self.sigma_shift > 0 and self.action_scaler > 0):
+            raise BadInput(
+                f"sigma_shift and action_scaler must be > 0, got {self.sigma_shift}, {self.action_scaler}"
+            )
 
     def lr_at(self, step: int) -> float:
         """The step size of optimizer step ``step`` (from 0): ``(step + 1) / (warmup_steps + 1)`` of

@@ -27,6 +27,8 @@ from nets.files import write_atomic
 from nets.opensora_vae import SDXLVAE
 from nets.safe_load import torch_load
 from trainers.datasets.demos import Demos
+from trainers.world_model.config import WorldModelConfig
+from trainers.world_model.model import Networks
 
 CACHE_FORMAT = "vla-gym-world-model-latents"
 
@@ -120,13 +122,14 @@ def clip_indices(lengths: list[int], condition_frames: int, chunk: int) -> tuple
     return np.asarray(frame_rows, np.int64), np.asarray(action_rows, np.int64)
 
 
-def frames_digest(episodes: list[EpisodeFrames], vae: SDXLVAE) -> str:
-    """SHA-256 of every frame and of the VAE's weights: what a latent cache was computed from."""
-    digest = hashlib.sha256()
+def frames_digest(episodes: list[EpisodeFrames], vae: torch.nn.Module, layout: str = "") -> str:
+    """SHA-256 of every frame, of the VAE's weights (``vae``: the VAE module) and of ``layout`` (how the
+    frames are cut into what is encoded): what a latent cache was computed from."""
+    digest = hashlib.sha256(layout.encode())
     for ep in episodes:
         digest.update(f"{ep.frames.shape}".encode())
         digest.update(np.ascontiguousarray(ep.frames).data)
-    for name, value in vae.module.state_dict().items():
+    for name, value in vae.state_dict().items():
         digest.update(name.encode())
         digest.update(value.detach().cpu().float().contiguous().numpy().data)
     return digest.hexdigest()
@@ -216,3 +219,32 @@ class ClipSet:
         noise = torch.randn(mean.shape, generator=generator)
         latents = (mean + std * noise) * self.scaling_factor
         return latents.transpose(1, 2).contiguous(), self.actions[self.action_index[rows]]
+
+
+def episode_rows(episodes: list[EpisodeFrames], indices: list[int]) -> np.ndarray:
+    """The rows of episodes ``indices`` in the episodes' frames laid end to end."""
+    offsets = np.cumsum([0] + [len(ep.frames) for ep in episodes])
+    return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indices])
+
+
+def opensora_clip_sets(
+    cfg: WorldModelConfig, nets: Networks, episodes: list[EpisodeFrames], splits: list[list[int]],
+    cache_path: Path, q01: torch.Tensor, q99: torch.Tensor,
+) -> list[ClipSet]:  # fmt: skip
+    """One ``ClipSet`` per list of episode indices in ``splits``, over the posterior of every frame
+    (``cache_path``: loaded when it was computed from these frames and this VAE, else encoded and saved)."""
+    digest = frames_digest(episodes, nets.vae.module)
+    cache = LatentCache.load(cache_path, digest)
+    if cache is None:
+        cache = LatentCache.encode(episodes, nets.vae, digest, progress=cfg.progress)
+        cache.save(cache_path)
+    sets = []
+    for indices in splits:
+        keep = episode_rows(episodes, indices)
+        sub = LatentCache(cache.mean[keep], cache.std[keep], digest)
+        frame_index, action_index = clip_indices(
+            [len(episodes[i].frames) for i in indices], nets.condition_frames, nets.chunk
+        )
+        actions = np.concatenate([episodes[i].actions for i in indices])
+        sets.append(ClipSet(sub, actions, frame_index, action_index, q01, q99, nets.vae.scaling_factor))
+    return sets

@@ -106,3 +106,44 @@ def flow_loss(
         )
     prediction = velocity(noised_input(x0, noise, t, mask), t, mask)[:, : x0.shape[1]]
     return masked_mean((prediction.float() - (x0 - noise)) ** 2, mask)
+
+
+class OpenSoraObjective:
+    """The objective as the trainer uses it (``trainers.world_model.backends``): noise levels for training
+    and for the fixed held-out measurement, and the mean loss of a batch."""
+
+    def __init__(self, *, condition_frames: int, method: TimestepSampling, transform: bool,
+                 image_size: tuple[int, int]) -> None:  # fmt: skip
+        self.condition_frames, self.method, self.transform = condition_frames, method, transform
+        self.height, self.width = image_size
+
+    def prepare(self, dit: torch.nn.Module) -> None:
+        """Freeze what never trains: the fixed RoPE frequencies (learned_freq=False in the fork)."""
+        dit.rope.freqs.requires_grad_(False)
+
+    def levels(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        return sample_timesteps(batch, generator, method=self.method, transform=self.transform,
+                                height=self.height, width=self.width)  # fmt: skip
+
+    def eval_levels(self, batch: int) -> torch.Tensor:
+        """Levels spread evenly over (0, 1000), then shifted as in training."""
+        levels = (torch.arange(batch, dtype=torch.float32) + 0.5) / batch * NUM_TIMESTEPS
+        if self.transform:
+            levels = timestep_transform(levels, height=self.height, width=self.width)
+        return levels
+
+    def loss(self, dit: torch.nn.Module, latents: torch.Tensor, actions: torch.Tensor, t: torch.Tensor,
+             noise: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The mean ``flow_loss`` of a batch (all tensors on the model's device)."""
+        chunk = latents.shape[2] - self.condition_frames
+        mask = frame_mask(len(latents), self.condition_frames, chunk, latents.device)
+
+        def velocity(x: torch.Tensor, level: torch.Tensor, x_mask: torch.Tensor) -> torch.Tensor:
+            return dit(x, level, actions, x_mask, height=self.height, width=self.width)
+
+        return flow_loss(velocity, latents, noise, t, mask).mean()
+
+    def record(self) -> dict[str, object]:
+        """What ``training.json`` says of the objective."""
+        return {"timestep_sampling": self.method, "timestep_transform": self.transform,
+                "condition_timestep": CONDITION_TIMESTEP}  # fmt: skip

@@ -4,9 +4,11 @@ Run folder (``--run-dir``, default ``<out>.run``; the rules of ``trainers.run_fo
 non-empty folder resumed or refused, atomic files): ``config.json``, ``metrics.jsonl``, ``tb/``
 (TensorBoard), ``checkpoints/iter_NNNNNN.pt`` (weights, EMA, optimizer, random streams, counters;
 ``trainers.checkpoint``'s verified format) and ``checkpoints/latents.pt`` (the VAE posterior of every
-frame). ``--resume RUN`` continues from the newest checkpoint exactly: the clip order is drawn from
-(seed, epoch) alone and every other draw from one generator whose state is checkpointed, so a resumed
-run takes the same steps, and logs the same losses, as one that was never stopped.
+frame; Cosmos: the latents of every clip). The backend's own parts (networks, clips, objective, bundle)
+come from ``backends.BACKENDS[cfg.backend]``. ``--resume RUN`` continues from the newest checkpoint
+exactly: the clip order is drawn from (seed, epoch) alone and every other draw from one generator whose
+state is checkpointed, so a resumed run takes the same steps, and logs the same losses, as one that was
+never stopped.
 
 With ``vae_steps`` > 0 a VAE stage comes first (``trainers.world_model.vae``): its checkpoints are
 ``iter_NNNNNN.pt`` too, numbered by VAE step, and the world model's are numbered ``vae_steps`` + its step
@@ -37,17 +39,11 @@ from trainers.datasets import load_demos
 from trainers.datasets.demos import Demos
 from trainers.metrics import MetricsLogger
 from trainers.optim import BadUpdateGuard, step_optimizer
-from trainers.world_model.bundle import action_statistics, check_bundle_output, write_bundle
+from trainers.world_model.backends import BACKENDS, Objective
+from trainers.world_model.bundle import action_statistics, check_bundle_output
 from trainers.world_model.config import WorldModelConfig
-from trainers.world_model.data import ClipSet, LatentCache, clip_indices, frames_digest, read_episodes
-from trainers.world_model.model import (
-    BUNDLE_FORMAT,
-    Networks,
-    calibrate_latent_scale,
-    fresh_networks,
-    load_init_bundle,
-)
-from trainers.world_model.objective import flow_loss, frame_mask, sample_timesteps
+from trainers.world_model.data import read_episodes
+from trainers.world_model.model import BUNDLE_FORMAT, calibrate_latent_scale
 from trainers.world_model.vae import VaeTrainer, posterior_spread, train_vae
 
 ALGO = "world_model"
@@ -77,14 +73,15 @@ def clip_rows(step: int, batch: int, clips: int, seed: int) -> torch.Tensor:
 
 
 class Trainer:
-    """One run's model, data and optimizer; ``step()`` takes one optimizer step."""
+    """One run's model, data and optimizer; ``step()`` takes one optimizer step. ``nets``, the clip sets
+    and ``objective`` are the backend's (``backends``)."""
 
-    def __init__(self, cfg: WorldModelConfig, nets: Networks, train: ClipSet, held: ClipSet | None) -> None:
-        self.cfg, self.nets, self.train, self.held = cfg, nets, train, held
+    def __init__(self, cfg: WorldModelConfig, nets: Any, train: Any, held: Any | None,
+                 objective: Objective) -> None:  # fmt: skip
+        self.cfg, self.nets, self.train, self.held, self.objective = cfg, nets, train, held, objective
         self.device = torch.device(cfg.device)
         self.dit = nets.dit.to(self.device).train().requires_grad_(True)
-        self.dit.rope.freqs.requires_grad_(False)  # fixed RoPE frequencies (learned_freq=False in the fork)
-        self.height, self.width = nets.image_size or (0, 0)
+        objective.prepare(self.dit)
         trained = [p for p in self.dit.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
@@ -98,25 +95,18 @@ class Trainer:
     # ---- one step --------------------------------------------------------------------------------------
     def loss(self, dit: torch.nn.Module, latents: torch.Tensor, actions: torch.Tensor, t: torch.Tensor,
              noise: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """The mean rectified-flow loss of a batch (``objective.flow_loss``) under ``dit``."""
-        cond, chunk = self.nets.condition_frames, latents.shape[2] - self.nets.condition_frames
-        mask = frame_mask(len(latents), cond, chunk, self.device)
+        """The mean loss of a batch under ``dit`` (the backend's objective), ``t`` its noise levels."""
         latents, actions = latents.to(self.device), actions.to(self.device)
         t, noise = t.to(self.device), noise.to(self.device)
-
-        def velocity(x: torch.Tensor, level: torch.Tensor, x_mask: torch.Tensor) -> torch.Tensor:
-            return dit(x, level, actions, x_mask, height=self.height, width=self.width)
-
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            return flow_loss(velocity, latents, noise, t, mask).mean()
+            return self.objective.loss(dit, latents, actions, t, noise)
 
     def step(self) -> tuple[float, float]:
         """One optimizer step on the next batch; returns (loss, gradient norm)."""
         cfg, g = self.cfg, self.generator
         rows = clip_rows(self.step_index, cfg.batch_size, len(self.train), cfg.seed)
         latents, actions = self.train.batch(rows, g)
-        t = sample_timesteps(len(rows), g, method=cfg.timestep_sampling, transform=cfg.timestep_transform,
-                             height=self.height, width=self.width)  # fmt: skip
+        t = self.objective.levels(len(rows), g)
         noise = torch.randn(latents.shape, generator=g)
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr_at(self.step_index)
@@ -132,11 +122,11 @@ class Trainer:
 
     # ---- fixed held-out measurement -------------------------------------------------------------------
     @torch.no_grad()
-    def eval_loss(self, clips: ClipSet, dit: torch.nn.Module, other_actions: bool = False) -> float:
-        """The loss on a fixed set of clips: the first ``eval_clips`` of a seeded order, noise levels spread
-        evenly over (0, 1000) (then shifted as in training), noise and posterior samples from a generator
-        of their own (the training streams are not touched). ``other_actions``: each clip with the actions
-        of the clip half the batch away (the same loss when the model ignores its actions)."""
+    def eval_loss(self, clips: Any, dit: torch.nn.Module, other_actions: bool = False) -> float:
+        """The loss on a fixed set of clips: the first ``eval_clips`` of a seeded order, fixed noise levels
+        spread like the training ones (``objective.eval_levels``), noise and posterior samples from a
+        generator of their own (the training streams are not touched). ``other_actions``: each clip with
+        the actions of the clip half the batch away (the same loss when the model ignores its actions)."""
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed + 7919)
         order = torch.from_numpy(np.random.default_rng([cfg.seed, 7919]).permutation(len(clips)))
@@ -144,11 +134,7 @@ class Trainer:
         latents, actions = clips.batch(rows, g)
         if other_actions:
             actions = actions.roll(len(rows) // 2, dims=0)
-        levels = (torch.arange(len(rows), dtype=torch.float32) + 0.5) / len(rows) * 1000
-        if cfg.timestep_transform:
-            from nets.opensora_sampler import timestep_transform
-
-            levels = timestep_transform(levels, height=self.height, width=self.width)
+        levels = self.objective.eval_levels(len(rows))
         noise = torch.randn(latents.shape, generator=g)
         was_training = dit.training
         dit.eval()
@@ -221,11 +207,12 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
     """Every check that needs no writing, in order: demos, networks, demos against networks, outputs,
     the checkpoint to resume. Returns what the run is built from."""
     device = torch.device(cfg.device)
+    backend = BACKENDS[cfg.backend]
     demos = load_demos(cfg.demos)
     if not demos.episodes:
         raise BadInput(f"{cfg.demos}: no episodes to train on")
     action_dim = int(demos.episodes[0].actions.shape[-1])
-    nets = load_init_bundle(cfg, device) if cfg.init_from else fresh_networks(cfg, action_dim, device)
+    nets = backend.networks(cfg, action_dim, device)
     if nets.image_size is None:  # a fresh model takes the demos' frame size
         images = demos.episodes[0].obs.get(cfg.image_key)
         if images is not None and np.ndim(images) == 4:
@@ -241,13 +228,12 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
         condition_frames=nets.condition_frames,
         chunk=nets.chunk,
     )
-    if not cfg.init_from and cfg.vae == "tiny" and not cfg.vae_steps:  # a random VAE: unit-variance latents
-        calibrate_latent_scale(nets.vae, np.concatenate([ep.frames for ep in episodes]))
     h, w = nets.image_size
     if h % 16 or w % 16:
         raise BadInput(
             f"{cfg.demos}: frames of {h}x{w}; the model needs multiples of 16 (8x VAE, 2x2 patches)"
         )
+    backend.calibrate(cfg, nets, episodes)  # a fresh random VAE's latent scale
     stats_from = cfg.action_stats if cfg.action_stats != "auto" else ("init" if nets.init_stats else "demos")
     if stats_from == "init" and nets.init_stats is None:
         raise BadInput(
@@ -275,7 +261,7 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
     if folder.resolve() == out.resolve():
         raise BadInput(f"--run-dir {folder} is also --out: the run folder and the bundle are two folders")
     return {"demos": demos, "episodes": episodes, "nets": nets, "stats_from": stats_from, "reward": reward,
-            "out": out, "folder": folder, "resumed": resumed}  # fmt: skip
+            "out": out, "folder": folder, "resumed": resumed, "backend": backend}  # fmt: skip
 
 
 def run(cfg: WorldModelConfig) -> dict[str, Any]:
@@ -284,7 +270,7 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
         torch.set_num_threads(cfg.torch_threads)
     ckpt.seed_all(cfg.seed)  # a fresh model's initialization draws from torch's global stream
     p = prepare(cfg)
-    demos, episodes, nets, folder = p["demos"], p["episodes"], p["nets"], p["folder"]
+    demos, episodes, nets, folder, backend = p["demos"], p["episodes"], p["nets"], p["folder"], p["backend"]
     train_eps, held_eps = split_episodes(len(episodes), cfg.val_fraction, cfg.seed)
 
     # action normalization: the bundle's (what the model learned with) or the training demos'
@@ -339,25 +325,16 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
                 vae_record = dict(data["vae_record"])
             except (KeyError, TypeError, RuntimeError) as e:
                 raise BadInput(f"{path}: holds no VAE that fits this run ({type(e).__name__}: {e})") from None
-        nets.vae.module.eval().requires_grad_(False)
+        if cfg.vae_steps:
+            nets.vae.module.eval().requires_grad_(False)
 
-        digest = frames_digest(episodes, nets.vae)
-        cache = LatentCache.load(folder / "checkpoints" / CACHE_FILE, digest)
-        if cache is None:
-            cache = LatentCache.encode(episodes, nets.vae, digest, progress=cfg.progress)
-            cache.save(folder / "checkpoints" / CACHE_FILE)
-
-        def clips_of(indices: list[int]) -> ClipSet:
-            offsets = np.cumsum([0] + [len(ep.frames) for ep in episodes])
-            keep = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indices])
-            sub = LatentCache(cache.mean[keep], cache.std[keep], digest)
-            frame_index, action_index = clip_indices(
-                [len(episodes[i].frames) for i in indices], nets.condition_frames, nets.chunk
-            )
-            actions = np.concatenate([episodes[i].actions for i in indices])
-            return ClipSet(sub, actions, frame_index, action_index, q01, q99, nets.vae.scaling_factor)
-
-        trainer = Trainer(cfg, nets, clips_of(train_eps), clips_of(held_eps) if held_eps else None)
+        # every clip encoded once by the frozen VAE (cached in the run folder: a resume does not encode again)
+        splits = [train_eps] + ([held_eps] if held_eps else [])
+        clip_sets = backend.clip_sets(
+            cfg, nets, episodes, splits, folder / "checkpoints" / CACHE_FILE, q01, q99
+        )
+        held = clip_sets[1] if held_eps else None
+        trainer = Trainer(cfg, nets, clip_sets[0], held, backend.objective(cfg, nets))
         if stage == "world_model":
             trainer.load(data, path)
             print(f"resumed from {path} (step {trainer.step_index})")
@@ -371,9 +348,7 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
         record.update(_describe(cfg, p, trainer, train_eps, held_eps, folder))
         out = Path(cfg.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        weights = trainer.ema_model() if cfg.bundle_weights == "ema" else trainer.dit
-        write_bundle(out, dit=weights.eval(), vae=nets.vae, stats=stats, reward=p["reward"], demos=demos,
-                     record=record, seed=cfg.seed, progress=cfg.progress)  # fmt: skip
+        backend.write_bundle(out, cfg, nets, trainer, stats, p["reward"], demos, record)
         return record
     finally:
         if logger is not None:
@@ -474,23 +449,14 @@ def _describe(cfg: WorldModelConfig, p: dict[str, Any], trainer: Trainer, train_
         "chunk": nets.chunk,
         "condition_frames": nets.condition_frames,
         "action_dim": nets.action_dim,
-        "model": nets.dit.config.to_dict(),
+        **p["backend"].describe(cfg, nets),  # model, vae
         "parameters": sum(p.numel() for p in nets.dit.parameters()),
         "init_from": str(nets.init_from) if nets.init_from else None,
-        "vae": str(nets.init_from / "vae")
-        if nets.init_from
-        else (
-            f"tiny, trained {cfg.vae_steps} steps on the training episodes' frames"
-            if cfg.vae_steps
-            else cfg.vae
-        ),
         "action_stats": p["stats_from"],
         "reward_model": str(p["reward"]) if p["reward"] else "placeholder: never reports success",
         "weights": cfg.bundle_weights if cfg.ema_decay > 0 else "model",
         "objective": {
-            "timestep_sampling": cfg.timestep_sampling,
-            "timestep_transform": cfg.timestep_transform,
-            "condition_timestep": 15.0,
+            **trainer.objective.record(),
             "learning_rate": cfg.learning_rate,
             "ema_decay": cfg.ema_decay,
         },  # fmt: skip
