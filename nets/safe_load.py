@@ -84,6 +84,14 @@ def _no_hooks(rebuild: Any, hooks_at: int, layout: bool = False) -> Any:
     return checked
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()``, how protocol 2 writes an empty bytes object (the data of a zero-size numpy array).
+    Called with anything it is refused: ``bytes(n)`` would allocate n bytes for a few in the file."""
+    if args:
+        raise _NotPlainDataError(f"bytes() called with {len(args)} argument(s) (only the empty bytes object)")
+    return b""
+
+
 def _check_layout(size: Any, stride: Any) -> None:
     """Refuse a tensor whose elements share memory (a zero or overlapping stride): a few bytes in the
     file that read as gigabytes once any operation copies them."""
@@ -118,6 +126,7 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
         ("builtins", "frozenset"): frozenset,
         ("builtins", "complex"): complex,
         ("builtins", "bytearray"): bytearray,
+        ("builtins", "bytes"): _empty_bytes,  # protocol 2's empty bytes: a zero-size numpy array's data
         ("_codecs", "encode"): codecs.encode,  # how protocol 2 writes bytes
     }
     if hasattr(utils, "_rebuild_tensor_v3"):

@@ -169,6 +169,23 @@ def test_a_tensor_with_backward_hooks_is_refused(tmp_path):
         torch_load(tmp_path / "hooked.pt")
 
 
+def test_zero_size_numpy_arrays_load_and_bytes_with_a_size_is_refused(tmp_path):
+    """A zero-size array pickles its data as ``bytes()``: that alone is rebuilt; ``bytes(n)`` (n bytes
+    allocated for a few in the file) is refused."""
+    empty = {"obs": np.zeros((0, 3), np.float32), "flags": np.zeros(0, bool)}
+    torch.save(empty, tmp_path / "empty.pt")
+    back = torch_load(tmp_path / "empty.pt", numpy=True)
+    assert back["obs"].shape == (0, 3) and back["obs"].dtype == np.float32 and back["flags"].shape == (0,)
+
+    class Allocates:
+        def __reduce__(self):
+            return bytes, (2**40,)
+
+    torch.save({"x": Allocates()}, tmp_path / "big.pt")
+    with pytest.raises(UnsafeFileError, match="bytes"):
+        torch_load(tmp_path / "big.pt", numpy=True)
+
+
 # ---------------------------------------------------------------------- trainer checkpoints
 def test_resume_init_policy_and_load_policy_refuse_a_payload(tmp_path, marker):
     from trainers.__main__ import main

@@ -107,7 +107,7 @@ class SuccessRows:
         self.episodes += 1
 
     def state_dict(self) -> dict[str, Any]:
-        if not len(self):  # no arrays: the safe checkpoint loader refuses numpy's zero-size ones
+        if not len(self):  # nothing added yet: no arrays (their shapes come with the first episode)
             return {"episodes": self.episodes}
         return {"obs": self.obs, "actions": self.actions, "valid": self.valid, "episodes": self.episodes}
 
