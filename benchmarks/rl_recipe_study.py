@@ -275,6 +275,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY},
         "sil": _SIL,
     },
+    "sil-20demos-e6000-prior25": {
+        "about": "sil-20demos-e6000 with a quarter of each minibatch from the demos (its placebo then "
+        "imitates more of its own episodes, chosen without the reward)",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY},
+        "sil": {**_SIL, "prior_ratio": 0.25},
+    },
+    "sil-20demos-e6000-prior0": {
+        "about": "sil-20demos-e6000 imitating its own successes alone once it has one (the demos until then)",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY},
+        "sil": {**_SIL, "prior_ratio": 0.0},
+    },
     "clone-20demos-e6000-30min": {
         "about": "imitation alone from that first stage: BC, weight average 0.999, the same 20 demos, 30 min",
         "algo": "bc",

@@ -359,6 +359,8 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     root = Path(__file__).resolve().parents[1]
     for sil_name, clone_name in [("sil-20demos", "clone-20demos-30min"),
                                  ("sil-20demos-e6000", "clone-20demos-e6000-30min"),
+                                 ("sil-20demos-e6000-prior25", "clone-20demos-e6000-30min"),
+                                 ("sil-20demos-e6000-prior0", "clone-20demos-e6000-30min"),
                                  ("sil-recipe", "clone-sil-recipe")]:  # fmt: skip
         sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
         assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
