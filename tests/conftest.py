@@ -54,3 +54,33 @@ def pytest_xdist_make_scheduler(config, log):
             return "ray" if os.path.basename(path) in _RAY_FILES else path
 
     return FileScheduling(config, log)
+
+
+# The VLA tests' LIBERO recording: task 0 of LIBERO-Spatial, one action per step, both cameras at 64 px.
+LIBERO_CAMERA_RECORDING = {"task_state": True, "image_size": 64, "chunk_size": None,
+                           "cameras": ["agentview", "wrist"], "task_ids": [0]}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def libero_camera_demos(tmp_path_factory):
+    """4 scripted-expert episodes recorded with ``LIBERO_CAMERA_RECORDING`` (2 envs, seed 0: episodes
+    0-1 are what a 2-episode recording holds), once per test run: the xdist workers share the run's
+    folder and take turns through a file lock, so the second reads what the first recorded."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, shared by its workers
+    path = root / "libero_camera_demos.h5"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():  # trainers.demos writes the file whole or not at all
+            import json
+
+            from trainers.demos import main as demos_main
+
+            demos_main(
+                ["--env", "envs:Libero-Spatial-v0", "--policy", "libero_expert", "--env-kwargs",
+                 json.dumps(LIBERO_CAMERA_RECORDING), "--episodes", "4", "--num-envs", "2",
+                 "--out", str(path)]
+            )  # fmt: skip
+    return path

@@ -132,29 +132,15 @@ def test_cosmos_policy_cached_latents_give_the_same_loss(tmp_path):
         assert torch.equal(losses[0][0], losses[1][0]) and torch.equal(losses[0][1], losses[1][1])
 
 
-@pytest.fixture(scope="module")
-def libero_demos(tmp_path_factory):
-    from trainers.demos import main as demos_main
-
-    root = tmp_path_factory.mktemp("recipe_demos")
-    record = {"task_state": True, "image_size": 64, "chunk_size": None, "cameras": ["agentview", "wrist"],
-              "task_ids": [0]}  # fmt: skip
-    demos_main(
-        ["--env", "envs:Libero-Spatial-v0", "--policy", "libero_expert", "--env-kwargs", json.dumps(record)]
-        + ["--episodes", "4", "--num-envs", "2", "--out", str(root / "demos.h5")]
-    )
-    return root / "demos.h5"
-
-
 @pytest.mark.slow
 @requires_libero
 @pytest.mark.parametrize("policy", ["openvla_oft", "pi05", "cosmos_policy"])
-def test_tiny_vla_learns_with_bc_defaults(libero_demos, tmp_path, policy):
+def test_tiny_vla_learns_with_bc_defaults(libero_camera_demos, tmp_path, policy):
     """Issue 50's check, ``benchmarks.vla_fine_tune``'s path: 4 scripted-expert episodes at 64 px, 30
     epochs of ``trainers.bc`` with its defaults lower the epoch loss at least 3x (benchmarks/README.md:
     OpenVLA-OFT 3.7x, pi0.5 6.3x, Cosmos Policy 5.7x)."""
     from benchmarks.vla_fine_tune import fine_tune
 
     env = {"image_size": 64, "cameras": ["agentview", "wrist"], "chunk_size": 8, "task_ids": [0]}
-    result = fine_tune(policy, libero_demos, tmp_path, env, 30, 1, ["--no-progress"])
+    result = fine_tune(policy, libero_camera_demos, tmp_path, env, 30, 1, ["--no-progress"])
     assert result["ratio"] >= 3.0, result["losses"]

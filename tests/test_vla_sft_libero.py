@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import requires_libero
+from conftest import LIBERO_CAMERA_RECORDING, requires_libero
 from test_cosmos_policy_sft import overfit, rows_of
 
 from benchmarks import evaluate
@@ -39,13 +39,11 @@ from trainers import bc
 from trainers.__main__ import main as trainers_main
 from trainers.checkpoint import load_policy
 from trainers.datasets.demos import Episode, read_demos, write_demos
-from trainers.demos import main as demos_main
 
 pytestmark = [pytest.mark.slow, requires_libero, pytest.mark.usefixtures("one_torch_thread")]
 
 K = 8
-CAMERAS = ["agentview", "wrist"]  # recorded; each policy's env takes the ones it reads
-RECORD = {"task_state": True, "image_size": 64, "chunk_size": None, "cameras": CAMERAS, "task_ids": [0]}
+CAMERAS = LIBERO_CAMERA_RECORDING["cameras"]  # recorded; each policy's env takes the ones it reads
 ENV = {"image_size": 64, "chunk_size": K, "cameras": ["agentview"], "task_ids": [0], "envs_per_worker": 2}
 
 
@@ -75,13 +73,11 @@ def _resampled(src, out, k: int, chunks: bool):
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vla_sft")
-    demos_main(
-        ["--env", "envs:Libero-Spatial-v0", "--policy", "libero_expert", "--env-kwargs", json.dumps(RECORD)]
-        + ["--episodes", "2", "--num-envs", "2", "--out", str(root / "steps.h5")]
-    )
-    return root / "steps.h5"
+def recorded(libero_camera_demos, tmp_path_factory):
+    """The first 2 episodes of the shared recording (``conftest.LIBERO_CAMERA_RECORDING``)."""
+    source = read_demos(libero_camera_demos)
+    out = tmp_path_factory.mktemp("vla_sft") / "steps.h5"
+    return write_demos(out, source.episodes[:2], source.meta)
 
 
 @pytest.fixture(scope="module")
