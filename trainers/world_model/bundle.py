@@ -112,12 +112,28 @@ def write_bundle(
     with atomic_folder(out) as staging:  # an old bundle (checked before training) goes once this is complete
         save_stdit3(dit, staging, indexed=True)  # RLinf's bundles name the index (the env looks for it)
         vae.module.save_pretrained(staging / "vae")
-        (staging / STATS_FILE).write_text(json.dumps(stats, indent=2))
-        if reward is not None:
-            ResnetRewardModel.from_checkpoint(reward)  # refused here if it is no reward model
-            shutil.copyfile(reward, staging / REWARD_FILE)
-        else:
-            placeholder_reward_model(staging / REWARD_FILE, seed)
-        write_world_model_dataset(demos, staging, progress=progress)
-        write_atomic(staging / TRAINING_FILE, json.dumps(record, indent=2) + "\n")
+        write_shared_parts(staging, stats=stats, reward=reward, demos=demos, record=record, seed=seed,
+                           progress=progress)  # fmt: skip
     return out
+
+
+def write_shared_parts(
+    staging: Path,
+    *,
+    stats: dict[str, Any],
+    reward: Path | None,
+    demos: Demos,
+    record: dict[str, Any],
+    seed: int,
+    progress: bool = True,
+) -> None:
+    """What every backend's bundle holds beside its networks: ``dataset_statistics.json``, the reward
+    model (given, or a placeholder), the initial-frame ``dataset/`` and ``training.json``."""
+    (staging / STATS_FILE).write_text(json.dumps(stats, indent=2))
+    if reward is not None:
+        ResnetRewardModel.from_checkpoint(reward)  # refused here if it is no reward model
+        shutil.copyfile(reward, staging / REWARD_FILE)
+    else:
+        placeholder_reward_model(staging / REWARD_FILE, seed)
+    write_world_model_dataset(demos, staging, progress=progress)
+    write_atomic(staging / TRAINING_FILE, json.dumps(record, indent=2) + "\n")

@@ -16,7 +16,6 @@ The folder appears complete or not at all (``nets.files.atomic_folder``), as the
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,10 @@ import torch
 
 from nets.cosmos_dit import CosmosDiT
 from nets.cosmos_tiny import wan_vae_to_original
-from nets.files import atomic_folder, write_atomic
-from nets.resnet_rm import ResnetRewardModel
+from nets.files import atomic_folder
 from trainers.datasets.demos import Demos
-from trainers.datasets.world_model import write_world_model_dataset
-from trainers.world_model.bundle import placeholder_reward_model
+from trainers.world_model.bundle import write_shared_parts
 from trainers.world_model.cosmos_model import DIT_FILE, TOKENIZER_FILE, CosmosNetworks
-from trainers.world_model.model import REWARD_FILE, STATS_FILE, TRAINING_FILE
 
 
 def dit_checkpoint(weights: CosmosDiT, ema: CosmosDiT | None) -> dict[str, torch.Tensor]:
@@ -67,12 +63,6 @@ def write_cosmos_bundle(
         else:
             vae = {k: v.detach().float().cpu().clone() for k, v in nets.vae.vae.state_dict().items()}
             torch.save(wan_vae_to_original(vae), staging / TOKENIZER_FILE)
-        (staging / STATS_FILE).write_text(json.dumps(stats, indent=2))
-        if reward is not None:
-            ResnetRewardModel.from_checkpoint(reward)  # refused here if it is no reward model
-            shutil.copyfile(reward, staging / REWARD_FILE)
-        else:
-            placeholder_reward_model(staging / REWARD_FILE, seed)
-        write_world_model_dataset(demos, staging, progress=progress)
-        write_atomic(staging / TRAINING_FILE, json.dumps(record, indent=2) + "\n")
+        write_shared_parts(staging, stats=stats, reward=reward, demos=demos, record=record, seed=seed,
+                           progress=progress)  # fmt: skip
     return out

@@ -17,12 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nets.files import write_atomic
-from nets.safe_load import torch_load
 from nets.wan_vae import WanVAE
 from trainers.world_model.config import WorldModelConfig
 from trainers.world_model.cosmos_model import CosmosNetworks, calibrate_wan_latents
-from trainers.world_model.data import EpisodeFrames, clip_indices, frames_digest
+from trainers.world_model.data import EpisodeFrames, clip_indices, frames_digest, load_cache, save_cache
 
 CACHE_FORMAT = "vla-gym-world-model-cosmos-latents"
 ENCODE_BATCH = 4  # clips per VAE call
@@ -67,22 +65,13 @@ class ClipLatents:
         return cls(torch.cat(out), digest)
 
     def save(self, path: Path) -> None:
-        payload = {"format": CACHE_FORMAT, "digest": self.digest, "latents": self.latents}
-        write_atomic(path, lambda f: torch.save(payload, f))
+        save_cache(path, CACHE_FORMAT, self.digest, {"latents": self.latents})
 
     @classmethod
     def load(cls, path: Path, digest: str) -> ClipLatents | None:
         """The cache at ``path`` if it was computed from these clips and this VAE, else None."""
-        if not path.is_file():
-            return None
-        try:
-            data = torch_load(path, opt_in=None)
-        except (ValueError, OSError):
-            return None  # unreadable: encode again
-        ok = isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("digest") == digest
-        if not ok or not isinstance(data.get("latents"), torch.Tensor):
-            return None
-        return cls(data["latents"], digest)
+        data = load_cache(path, CACHE_FORMAT, digest, ("latents",))
+        return None if data is None else cls(data["latents"], digest)
 
 
 class CosmosClipSet:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -162,22 +163,32 @@ class LatentCache:
         return cls(torch.cat(means), torch.cat(stds), digest)
 
     def save(self, path: Path) -> None:
-        payload = {"format": CACHE_FORMAT, "digest": self.digest, "mean": self.mean, "std": self.std}
-        write_atomic(path, lambda f: torch.save(payload, f))
+        save_cache(path, CACHE_FORMAT, self.digest, {"mean": self.mean, "std": self.std})
 
     @classmethod
     def load(cls, path: Path, digest: str) -> LatentCache | None:
         """The cache at ``path`` if it was computed from these frames and this VAE, else None."""
-        if not path.is_file():
-            return None
-        try:
-            data = torch_load(path, opt_in=None)
-        except (ValueError, OSError):
-            return None  # unreadable: encode again
-        ok = isinstance(data, dict) and data.get("format") == CACHE_FORMAT and data.get("digest") == digest
-        if not ok or not all(isinstance(data.get(k), torch.Tensor) for k in ("mean", "std")):
-            return None
-        return cls(data["mean"], data["std"], digest)
+        data = load_cache(path, CACHE_FORMAT, digest, ("mean", "std"))
+        return None if data is None else cls(data["mean"], data["std"], digest)
+
+
+def save_cache(path: Path, kind: str, digest: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a latent cache atomically: its ``kind``, the ``digest`` of what it was computed from, tensors."""
+    payload = {"format": kind, "digest": digest, **tensors}
+    write_atomic(path, lambda f: torch.save(payload, f))
+
+
+def load_cache(path: Path, kind: str, digest: str, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """The cache at ``path`` (read as plain data) if it is a ``kind`` cache of ``digest`` holding the tensors
+    ``keys``; else None (missing, unreadable or stale: the caller encodes again)."""
+    if not path.is_file():
+        return None
+    try:
+        data = torch_load(path, opt_in=None)
+    except (ValueError, OSError):
+        return None
+    ok = isinstance(data, dict) and data.get("format") == kind and data.get("digest") == digest
+    return data if ok and all(isinstance(data.get(k), torch.Tensor) for k in keys) else None
 
 
 class ClipSet:
