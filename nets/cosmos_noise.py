@@ -46,17 +46,6 @@ def sample_sigma_logit_normal(
     return (t / (1 - t)).float()
 
 
-def sample_sigma_predict2p5(
-    n: int,
-    generator: torch.Generator | None = None,
-    device: torch.device | str = "cpu",
-    *,
-    shift: float = LOGIT_NORMAL_SHIFT,
-) -> torch.Tensor:
-    """Predict2.5's training sigmas: ``sample_sigma_logit_normal`` with shift 5."""
-    return sample_sigma_logit_normal(n, generator, device, shift=shift)
-
-
 def logit_normal_quantiles(n: int, shift: float = LOGIT_NORMAL_SHIFT) -> torch.Tensor:
     """``n`` evenly spaced quantiles (float32) of ``shift * exp(N(0, 1))``: fixed levels spread like the
     training draws (held-out measurements)."""

@@ -84,3 +84,15 @@ def libero_camera_demos(tmp_path_factory):
                  "--out", str(path)]
             )  # fmt: skip
     return path
+
+
+@pytest.fixture
+def no_world_model_training(monkeypatch):
+    """``python -m trainers.world_model``: any BadInput must come before the run folder is claimed
+    (nothing trained, nothing written)."""
+    import trainers.world_model.train as train_module
+
+    def refuse(*a, **k):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train_module.run_folder, "claim", refuse)

@@ -72,7 +72,7 @@ def test_predict2_hybrid_sigma_distribution():
 
 def test_predict2p5_logit_normal_times_with_shift_5():
     g = torch.Generator().manual_seed(1)
-    sigma = sft.sample_sigma_predict2p5(N, g).double()
+    sigma = sft.sample_sigma_logit_normal(N, g).double()
     t = sigma / (1 + sigma)  # back to rectified-flow times
     u = t / (5 - 4 * t)  # undo the shift t = 5u / (1 + 4u)
     logit = torch.log(u / (1 - u))

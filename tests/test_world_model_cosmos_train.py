@@ -12,11 +12,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from test_world_model_train import refused
 
-import trainers.world_model.train as train_module
 from nets.cosmos_noise import logit_normal_quantiles, sample_sigma_logit_normal
 from nets.cosmos_sampler import SIGMA_CONDITIONAL
-from nets.errors import BadInput
 from trainers.datasets.demos import Episode, write_demos
 from trainers.metrics import read_metrics
 from trainers.world_model.__main__ import main
@@ -223,21 +222,6 @@ def test_fine_tune_from_a_bundle_keeps_its_tokenizer_reward_model_and_size(tmp_p
 # ---- bad input: refused before training --------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_training(monkeypatch):
-    """Any BadInput must come before the run folder is claimed (nothing trained, nothing written)."""
-
-    def refuse(*a, **k):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(train_module.run_folder, "claim", refuse)
-
-
-def refused(argv: list[str], match: str) -> None:
-    with pytest.raises(BadInput, match=match):
-        main(argv)
-
-
 def edit_actions(path: Path, change) -> Path:
     with h5py.File(path, "a") as f:
         for g in f["episodes"].values():
@@ -247,7 +231,7 @@ def edit_actions(path: Path, change) -> Path:
     return path
 
 
-def test_bad_frames_actions_episodes_and_init_bundle(tmp_path, no_training):
+def test_bad_frames_actions_episodes_and_init_bundle(tmp_path, no_world_model_training):
     demos = synthetic_demos(tmp_path / "demos.h5", episodes=2, steps=13)
     refused(args(tmp_path, demos, "--image-size", "[32, 32]"), "32x48 frames, the model takes 32x32")
     odd = synthetic_demos(tmp_path / "odd.h5", episodes=2, steps=13, size=(40, 48))

@@ -192,22 +192,12 @@ def test_fine_tune_from_a_bundle_keeps_its_model_statistics_and_reward(tmp_path)
 # ---- bad input: refused before training --------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_training(monkeypatch):
-    """Any BadInput must come before the run folder is claimed (nothing trained, nothing written)."""
-
-    def refuse(*a, **k):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(train_module.run_folder, "claim", refuse)
-
-
 def refused(argv: list[str], match: str) -> None:
     with pytest.raises(BadInput, match=match):
         main(argv)
 
 
-def test_bad_frame_size_action_dim_and_chunk(tmp_path, no_training):
+def test_bad_frame_size_action_dim_and_chunk(tmp_path, no_world_model_training):
     demos = synthetic_demos(tmp_path / "demos.h5", episodes=2)
     refused(args(tmp_path, demos, "--image-size", "[64, 64]"), "32x32 frames, the model takes 64x64")
     init = tmp_path / "init"
@@ -235,7 +225,7 @@ def test_bad_frame_size_action_dim_and_chunk(tmp_path, no_training):
     refused(args(tmp_path, chunked), "one image per chunk of 8 actions")
 
 
-def test_short_episodes_nan_actions_and_existing_out(tmp_path, no_training):
+def test_short_episodes_nan_actions_and_existing_out(tmp_path, no_world_model_training):
     short = synthetic_demos(tmp_path / "short.h5", episodes=2, steps=11)
     refused(args(tmp_path, short), r"fewer frames than context \+ one chunk \(4 \+ 8 = 12\): 0 \(11\)")
 

@@ -115,15 +115,7 @@ def test_a_run_stopped_in_either_stage_resumes_exactly(tmp_path, monkeypatch):
             "was started with vae_steps 6")  # fmt: skip
 
 
-@pytest.fixture
-def no_training(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("training started")
-
-    monkeypatch.setattr(train_module.run_folder, "claim", refuse)
-
-
-def test_bad_vae_settings_are_refused_before_training(tmp_path, no_training):
+def test_bad_vae_settings_are_refused_before_training(tmp_path, no_world_model_training):
     demos = synthetic_demos(tmp_path / "demos.h5", episodes=2)
     refused(args(tmp_path, demos, "--vae-steps", "-1"), "vae_steps: expected >= 0, got -1")
     refused(args(tmp_path, demos, "--vae-steps", "5", "--vae-learning-rate", "0"), "vae_learning_rate")

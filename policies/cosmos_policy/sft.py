@@ -16,8 +16,8 @@ import torch
 from nets.cosmos_noise import (  # noqa: F401  (the recipe's pieces, re-exported)
     WEIGHTINGS,
     loss_weight,
+    sample_sigma_logit_normal,
     sample_sigma_predict2,
-    sample_sigma_predict2p5,
 )
 from nets.errors import BadInput
 
@@ -32,7 +32,7 @@ def sample_sigma(
     if kind == "predict2":
         return sample_sigma_predict2(n, generator, device)[0]
     if kind == "predict2.5":
-        return sample_sigma_predict2p5(n, generator, device)
+        return sample_sigma_logit_normal(n, generator, device)  # Predict2.5: shift 5
     raise BadInput(f"noise distribution must be one of {NOISE_KINDS}, got {kind!r}")
 
 
