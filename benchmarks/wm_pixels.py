@@ -1,6 +1,6 @@
-"""What a trained OpenSora world model learned, in pixels, on held-out episodes: the error of its imagined
-frames per horizon step on the pixels that actually change, against copying the last context frame, the
-untrained model and the bundle its training started from (issue 49).
+"""What a trained world model (OpenSora or Cosmos) learned, in pixels, on held-out episodes: the error of
+its imagined frames per horizon step on the pixels that actually change, against copying the last context
+frame, the untrained model and the bundle its training started from (issue 49).
 
     python -m benchmarks.wm_pixels --bundle runs/world_model_opensora_tiny/bundle \\
         --demos data/libero_spatial_expert_64px_steps.h5 --max-clips 64 --json runs/benchmarks/wm_pixels.json
@@ -10,8 +10,10 @@ Clips are cut from the held-out episodes as the trainer cuts them (``trainers.wo
 chunk of actions ``s .. s + chunk - 1`` and the frames they lead to); the held-out episodes are those of
 the bundle's ``training.json`` (``--episodes`` for a bundle without one, or demos it never saw), and
 ``--max-clips`` of their clips are taken evenly spaced, in order. Each model imagines the chunk through
-the env's own path (``OpenSoraWorldModel.generate``: RFLOW Euler steps, VAE decode, the env's rounding
-to uint8) from its VAE's encoding of the true context frames; every model sees the same context
+the env's own path (``benchmarks.wm_imagine``: ``OpenSoraWorldModel.generate``, RFLOW Euler steps, or
+``CosmosWorldModel.generate``, the 2AB solver; VAE decode; the env's rounding to uint8) from its VAE's
+encoding of the true context frames (OpenSora: ``condition_frames`` frames; Cosmos: the frame before the
+chunk, and a chunk of the 12 actions its DiT takes, as it was trained); every model sees the same context
 posterior samples (its VAE's, one seeded generator per batch) and the same sampling noise (another).
 
 The metric is the mean absolute error in uint8 units (0..255), over the pixels and their 3 channels,
@@ -25,13 +27,14 @@ imagined frame) and for all of them pooled ("pooled"):
 * ``changing px``: how many pixels the mask holds, summed over the clips.
 
 Rows: the bundle's model (``trained``); ``copy`` (the last true context frame, in pixels, never through
-the VAE); ``untrained`` (the bundle's STDiT3 configuration with a fresh initialization, the same VAE and
+the VAE); ``untrained`` (the bundle's DiT configuration with a fresh initialization, the same VAE and
 action statistics; drawn from the run's seed, as the trainer draws a fresh model); ``init-from`` (the
 bundle ``training.json`` says training started from, or why there is none); ``trained, other clips'
 actions`` (each clip imagined with the actions of the clip half the list away: equal to ``trained`` when
 the model ignores its actions); ``copy through the VAE`` (the last context latent decoded: copy as the
 model's decoder can show it); ``VAE round trip`` (the true target frames encoded and decoded: about the
-best a model decoding through this VAE can do).
+best a model decoding through this VAE can do; Cosmos's video VAE encodes the frame before the chunk and
+the chunk together, as the trainer encodes its clips).
 
 ``--reference decoded`` compares every row with the VAE round trip of the true frames instead (the mask
 still from the true frames): the model's error beyond what its VAE loses, for a VAE whose floor hides
@@ -54,14 +57,21 @@ import numpy as np
 import torch
 
 from benchmarks.report import table, write_json
+from benchmarks.wm_imagine import (
+    COSMOS_FILES,
+    OPENSORA_FILES,
+    CosmosImagination,
+    OpenSoraImagination,
+    backend_of,
+    load_imagination,
+    missing_files,
+)
 from nets.errors import BadInput, program_name, run_cli
 
 if TYPE_CHECKING:
-    from envs.world_models.opensora.model import OpenSoraWorldModel
-    from nets.opensora_vae import SDXLVAE
     from trainers.world_model.data import EpisodeFrames
 
-REQUIRED = ("config.json", "vae/config.json", "dataset_statistics.json")  # what a bundle needs here
+Imagination = OpenSoraImagination | CosmosImagination
 METRICS = ("mae_changing", "mae_all", "psnr_all")
 LABELS = {"mae_changing": "MAE changing", "mae_all": "MAE all", "psnr_all": "PSNR all"}
 
@@ -141,6 +151,7 @@ class Bundle:
     """A world-model bundle as this benchmark reads it."""
 
     root: Path
+    backend: str  # "opensora" or "cosmos" (benchmarks.wm_imagine)
     record: dict[str, Any]  # training.json ({} for RLinf's bundles)
     image_size: tuple[int, int]
     chunk: int
@@ -148,60 +159,33 @@ class Bundle:
 
 def read_bundle(root: str | Path, what: str = "--bundle") -> Bundle:
     """The bundle at ``root`` checked for what the benchmark loads (a ``BadInput`` naming what is missing)."""
+    from trainers.world_model.cosmos_model import MODEL_ACTIONS
+    from trainers.world_model.cosmos_model import RLINF_IMAGE_SIZE as COSMOS_IMAGE_SIZE
     from trainers.world_model.model import RLINF_CHUNK, RLINF_IMAGE_SIZE, bundle_record
 
     root = Path(root)
+    expected = f"{', '.join(OPENSORA_FILES)} (OpenSora) or {', '.join(COSMOS_FILES)} (Cosmos)"
     if not root.is_dir():
+        raise BadInput(f"{what} {root}: no such folder (expected a world-model bundle: {expected})")
+    backend = backend_of(root)
+    missing = missing_files(root, backend)
+    if backend is None or missing:
+        kind = {"cosmos": "a Cosmos", "opensora": "an OpenSora"}.get(backend or "", "a")
         raise BadInput(
-            f"{what} {root}: no such folder (expected a world-model bundle: {', '.join(REQUIRED)})"
+            f"{what} {root}: not {kind} world-model bundle (no {', '.join(missing)}; expected {expected})"
         )
-    missing = [rel for rel in REQUIRED if not (root / rel).is_file()]
-    if missing:
-        raise BadInput(f"{what} {root}: not an OpenSora world-model bundle (no {', '.join(missing)})")
     record = bundle_record(root)
-    size = tuple(record["image_size"]) if record else RLINF_IMAGE_SIZE
-    chunk = record["chunk"] if record else RLINF_CHUNK
-    return Bundle(root, record, (int(size[0]), int(size[1])), int(chunk))
+    default_size, default_chunk = {"opensora": (RLINF_IMAGE_SIZE, RLINF_CHUNK),
+                                   "cosmos": (COSMOS_IMAGE_SIZE, MODEL_ACTIONS)}[backend]  # fmt: skip
+    size = tuple(record["image_size"]) if record else default_size
+    chunk = record["chunk"] if record else default_chunk
+    return Bundle(root, backend, record, (int(size[0]), int(size[1])), int(chunk))
 
 
-def load_model(bundle: Bundle, *, num_steps: int, batch_size: int, device: str) -> OpenSoraWorldModel:
-    """The bundle's ``OpenSoraWorldModel``, as the env loads it (fp32)."""
-    from envs.world_models.opensora.model import OpenSoraWorldModel
-
-    root = bundle.root
-    return OpenSoraWorldModel.from_files(
-        root,
-        root / "vae",
-        root / "dataset_statistics.json",
-        device=device,
-        dtype=torch.float32,
-        image_size=bundle.image_size,
-        frames_per_step=bundle.chunk,
-        num_steps=num_steps,
-        batch_size=batch_size,
-    )
-
-
-def untrained_like(model: OpenSoraWorldModel, seed: int) -> OpenSoraWorldModel:
-    """A model of the same STDiT3 configuration with a fresh initialization (torch's defaults, as the
-    trainer draws a new model, from ``seed``), sharing ``model``'s VAE and action statistics."""
-    from envs.world_models.opensora.model import OpenSoraWorldModel
-    from nets.opensora_stdit3 import STDiT3
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        dit = STDiT3(model.dit.config)
-    return OpenSoraWorldModel(
-        dit.to(model.device),
-        model.vae,
-        q01=model.q01.cpu(),
-        q99=model.q99.cpu(),
-        image_size=model.image_size,
-        frames_per_step=model.frames_per_step,
-        condition_frames=model.condition_frames,
-        num_steps=model.num_steps,
-        batch_size=model.batch_size,
-    )
+def load_model(bundle: Bundle, *, num_steps: int, batch_size: int, device: str) -> Imagination:
+    """The bundle's model as its env loads it (fp32), through ``benchmarks.wm_imagine``."""
+    return load_imagination(bundle.root, bundle.backend, image_size=bundle.image_size, chunk=bundle.chunk,
+                            num_steps=num_steps, batch_size=batch_size, device=device)  # fmt: skip
 
 
 def held_out_episodes(bundle: Bundle, count: int, frames: int, episodes: str | None) -> tuple[list[int], str]:
@@ -294,46 +278,13 @@ def cut_clips(
 # ---- running the methods -----------------------------------------------------------------------------------
 
 
-def to_pixels(frames: torch.Tensor) -> np.ndarray:
-    """``[N, K, 3, H, W]`` in [-1, 1] -> uint8 ``[N, K, H, W, 3]``, rounded as the env rounds observations."""
-    from envs.world_models.env import _to_uint8  # the env's own conversion
-
-    n, k = frames.shape[:2]
-    return _to_uint8(frames.flatten(0, 1)).reshape(n, k, *frames.shape[3:], 3)
-
-
-def to_model(frames: np.ndarray) -> torch.Tensor:
-    """uint8 ``[..., H, W, 3]`` -> float ``[prod(...), 3, H, W]`` in [-1, 1] (the env's reset scaling)."""
-    x = torch.from_numpy(np.ascontiguousarray(frames.reshape(-1, *frames.shape[-3:])))
-    return x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
-def imagine(
-    model: OpenSoraWorldModel, context: np.ndarray, actions: np.ndarray, seed_encode: int, seed_noise: int
-) -> np.ndarray:
-    """The model's chunk from true ``context`` frames: encode them (posterior samples from ``seed_encode``),
-    then ``generate`` (noise from ``seed_noise``). uint8 ``[N, chunk, H, W, 3]``."""
-    n, cond = context.shape[:2]
-    latents = model.vae.encode(to_model(context), torch.Generator().manual_seed(seed_encode)).float()
-    state = {"latents": latents.unflatten(0, (n, cond)).transpose(1, 2).contiguous()}
-    frames, _ = model.generate(state, torch.from_numpy(actions), torch.Generator().manual_seed(seed_noise))
-    return to_pixels(frames)
-
-
-def through_vae(vae: SDXLVAE, frames: np.ndarray, seed: int) -> np.ndarray:
-    """``frames`` uint8 ``[N, K, H, W, 3]`` encoded (posterior samples from ``seed``) and decoded."""
-    with torch.no_grad():
-        decoded = vae.decode(vae.encode(to_model(frames), torch.Generator().manual_seed(seed)).float())
-    return to_pixels(decoded.unflatten(0, frames.shape[:2]))
-
-
 @dataclass
 class Method:
     """One row group: a model to sample, or a fixed prediction; ``note`` instead of numbers when absent."""
 
     key: str
     label: str
-    model: OpenSoraWorldModel | None = None
+    model: Imagination | None = None
     note: str | None = None
     sums: ErrorSums | None = None
 
@@ -351,8 +302,14 @@ def init_from_method(bundle: Bundle, override: str | None, **load: Any) -> Metho
         return Method("init_from", f"init-from {origin}", note="absent: no such folder here")
     try:
         start = read_bundle(origin, "init-from")
-        if (start.image_size, start.chunk) != (bundle.image_size, bundle.chunk):
-            return Method("init_from", f"init-from {origin}", note="unusable: another frame size or chunk")
+        same = (start.backend, start.image_size, start.chunk) == (
+            bundle.backend,
+            bundle.image_size,
+            bundle.chunk,
+        )
+        if not same:
+            note = "unusable: another world model, frame size or chunk"
+            return Method("init_from", f"init-from {origin}", note=note)
         return Method("init_from", f"init-from {origin}", model=load_model(start, **load))
     except (BadInput, FileNotFoundError) as e:
         return Method("init_from", f"init-from {origin}", note=f"unloadable: {e}")
@@ -361,7 +318,7 @@ def init_from_method(bundle: Bundle, override: str | None, **load: Any) -> Metho
 def evaluate(
     methods: list[Method],
     clips: Clips,
-    vae: SDXLVAE,
+    reference_model: Imagination,
     *,
     threshold: float,
     batch_size: int,
@@ -372,7 +329,7 @@ def evaluate(
     """Fill every method's ``sums`` over the clips, in batches; returns the changing-pixel counts per
     horizon (summed over clips). ``reference``: what the predictions are compared with, the true frames
     ("truth") or their VAE round trip ("decoded": the model's error beyond what its VAE loses; the
-    changing-pixel mask stays the true frames')."""
+    changing-pixel mask stays the true frames'). ``reference_model`` (the trained one) gives the VAE rows."""
     from tqdm.auto import tqdm
 
     n, chunk = clips.targets.shape[:2]
@@ -390,19 +347,22 @@ def evaluate(
             changing += mask.sum(axis=(0, 2, 3))
             # one seed pair per batch: every model sees the same posterior samples and sampling noise
             seeds = (seed * 1_000_003 + 2 * b, seed * 1_000_003 + 2 * b + 1)
-            compared = targets if reference == "truth" else through_vae(vae, targets, seeds[0])
+            last = context[:, -1]
+            compared = (
+                targets if reference == "truth" else reference_model.round_trip(last, targets, seeds[0])
+            )
             for m in methods:
                 if m.sums is None:
                     continue
                 if m.key == "copy":
                     predicted = np.repeat(context[:, -1:], chunk, axis=1)
                 elif m.key == "copy_through_vae":
-                    predicted = np.repeat(through_vae(vae, context[:, -1:], seeds[0]), chunk, axis=1)
+                    predicted = reference_model.copy_through_vae(last, chunk, seeds[0])
                 elif m.key == "vae_roundtrip":
-                    predicted = through_vae(vae, targets, seeds[0])
+                    predicted = reference_model.round_trip(last, targets, seeds[0])
                 else:
                     actions = clips.actions[other[rows] if m.key == "trained_other_actions" else rows]
-                    predicted = imagine(m.model, context, actions, *seeds)
+                    predicted = m.model.imagine(context, actions, *seeds)
                     bar.update(len(rows))
                 m.sums.add(predicted, compared, mask)
     finally:
@@ -467,7 +427,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="truth",
         help="compare with the true frames, or their VAE round trip (the error beyond the VAE's)",
     )
-    parser.add_argument("--num-steps", type=int, default=10, help="RFLOW Euler steps (the env's default: 10)")
+    parser.add_argument(
+        "--num-steps",
+        type=int,
+        default=10,
+        help="sampler steps: OpenSora's RFLOW Euler, Cosmos's 2AB (the envs' default: 10)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="clips per model call")
     parser.add_argument("--seed", type=int, default=0, help="sampling noise and posterior samples")
     parser.add_argument(
@@ -526,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     run_seed = bundle.record.get("config", {}).get("seed", 0) if bundle.record else 0
     untrained_seed = run_seed if args.untrained_seed is None else args.untrained_seed
-    untrained = untrained_like(model, untrained_seed)
+    untrained = model.fresh(untrained_seed)
     floor = "floor" if args.reference == "truth" else "the reference itself"
     methods = [
         Method("trained", "trained (the bundle)", model=model),
@@ -540,7 +505,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     changing = evaluate(
         methods,
         clips,
-        model.vae,
+        model,
         threshold=args.threshold,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -555,7 +520,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     against = "the true frames" if args.reference == "truth" else "the true frames' VAE round trip"
     title = (
         f"{bundle.root}: {len(clips.where)} clips of episodes {chosen} ({split}), "
-        f"{model.condition_frames} context frames + chunk {bundle.chunk}, {args.num_steps} Euler steps\n"
+        f"{model.condition_frames} context frames + chunk {bundle.chunk}, {args.num_steps} sampler steps\n"
         f"mean absolute error (0..255) against {against} per horizon step h; changing: a channel moves "
         f"> {args.threshold:g} from the last context frame (of {len(clips.where)} x {h * w} px per h)"
     )

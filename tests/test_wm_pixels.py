@@ -168,7 +168,7 @@ def test_bad_bundle_demos_and_flags(bundles, tmp_path):
     (tmp_path / "empty").mkdir()
     refused(
         ["--bundle", str(tmp_path / "empty"), "--demos", demos],
-        "not an OpenSora world-model bundle .*config.json",
+        "not a world-model bundle .*config.json.*tokenizer.pth",
     )
     refused(["--bundle", scratch, "--demos", str(tmp_path / "no.h5")], "no.h5: no such file")
     refused(["--bundle", scratch, "--demos", demos, "--max-clips", "0"], "--max-clips: expected >= 1")
@@ -200,3 +200,37 @@ def test_command_line_reports_bad_input_in_one_line(tmp_path):
         out.stderr.startswith("python -m benchmarks.wm_pixels: error: --bundle")
         and "Traceback" not in out.stderr
     )
+
+
+# ---- Cosmos bundles ----------------------------------------------------------------------------------------
+
+
+def test_cosmos_bundle_every_row_with_its_12_action_chunk(tmp_path):
+    """A tiny Cosmos bundle and one fine-tuned from it: every row has numbers over the 12 frames its DiT
+    predicts from the frame before them; the VAE rows go through the causal video VAE."""
+    from test_world_model_cosmos_train import args as cosmos_args
+    from test_world_model_cosmos_train import synthetic_demos as cosmos_demos
+
+    demos = cosmos_demos(tmp_path / "demos.h5", episodes=4, steps=16)
+    small = ["--hidden-size", "32", "--num-heads", "1", "--depth", "1", "--eval-clips", "2", "--steps", "2"]
+    train(cosmos_args(tmp_path, demos, *small, out="first"))
+    train(cosmos_args(tmp_path, demos, *small[-4:], "--init-from", str(tmp_path / "first"), out="second"))
+    out = main(["--bundle", str(tmp_path / "second"), "--max-clips", "3", *FAST])
+    held = json.loads((tmp_path / "second" / "training.json").read_text())["episodes"]["held_out"]
+    assert out["episodes"] == held and out["horizons"] == list(range(1, 13))
+    assert [c["step"] for c in out["clips"]] == [0, 2, 3]  # 4 clips of a 16-step episode, evenly spaced
+    for key, r in out["methods"].items():
+        assert r["note"] is None, (key, r["note"])
+        assert len(r["mae_all"]) == 12 and isinstance(r["mae_all_pooled"], float), key
+    assert out["methods"]["init_from"]["label"] == f"init-from {tmp_path / 'first'}"
+    assert "1 context frames + chunk 12" in out["table"].splitlines()[0]
+    decoded = main(
+        ["--bundle", str(tmp_path / "second"), "--max-clips", "1", "--reference", "decoded", *FAST]
+    )
+    assert decoded["methods"]["vae_roundtrip"]["mae_all_pooled"] == 0.0
+    # an OpenSora bundle is not a start for a Cosmos one
+    opensora = train_tiny(tmp_path, synthetic_demos(tmp_path / "os.h5", episodes=4, steps=16), "opensora")
+    other = main(
+        ["--bundle", str(tmp_path / "second"), "--max-clips", "1", "--init-from", str(opensora), *FAST]
+    )
+    assert other["methods"]["init_from"]["note"] == "unusable: another world model, frame size or chunk"
