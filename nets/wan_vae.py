@@ -62,6 +62,11 @@ class WanVAE(nn.Module):
         self.std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(shape)
 
     @property
+    def module(self) -> AutoencoderKLWan:
+        """The diffusers autoencoder (the name ``SDXLVAE`` gives its own): what a VAE stage trains."""
+        return self.vae
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.vae.quant_conv.weight.dtype
 

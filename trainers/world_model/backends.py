@@ -22,12 +22,19 @@ from trainers.datasets.demos import Demos
 from trainers.world_model.bundle import write_bundle
 from trainers.world_model.config import WorldModelConfig
 from trainers.world_model.cosmos_bundle import write_cosmos_bundle
-from trainers.world_model.cosmos_data import calibrate_fresh_vae, cosmos_clip_sets
+from trainers.world_model.cosmos_data import (
+    VAE_CLIP_FRAMES,
+    calibrate_fresh_vae,
+    calibrate_trained_vae,
+    cosmos_clip_sets,
+    vae_clips,
+)
 from trainers.world_model.cosmos_model import fresh_cosmos_networks, load_cosmos_bundle
 from trainers.world_model.cosmos_objective import CosmosObjective
 from trainers.world_model.data import EpisodeFrames, opensora_clip_sets
 from trainers.world_model.model import calibrate_latent_scale, fresh_networks, load_init_bundle
 from trainers.world_model.objective import OpenSoraObjective
+from trainers.world_model.vae import posterior_spread
 
 
 class Objective(Protocol):
@@ -54,6 +61,8 @@ class Backend:
     objective: Callable[[WorldModelConfig, Any], Objective]
     write_bundle: Callable[..., Path]  # (out, cfg, nets, trainer, stats, reward, demos, record)
     describe: Callable[[WorldModelConfig, Any], dict[str, Any]]  # training.json's model/vae entries
+    vae_samples: Callable[[list[EpisodeFrames]], np.ndarray]  # a VAE stage's samples: frames or clips
+    calibrate_trained: Callable[[Any, list[EpisodeFrames]], dict[str, Any]]  # the scale after a VAE stage
 
 
 # ---- OpenSora -----------------------------------------------------------------------------------------
@@ -66,6 +75,16 @@ def _opensora_networks(cfg: WorldModelConfig, action_dim: int, device: torch.dev
 def _opensora_calibrate(cfg: WorldModelConfig, nets: Any, episodes: list[EpisodeFrames]) -> None:
     if not cfg.init_from and cfg.vae == "tiny" and not cfg.vae_steps:  # a random VAE: unit-variance latents
         calibrate_latent_scale(nets.vae, np.concatenate([ep.frames for ep in episodes]))
+
+
+def _opensora_vae_samples(episodes: list[EpisodeFrames]) -> np.ndarray:
+    return np.concatenate([ep.frames for ep in episodes])  # an image VAE: single frames
+
+
+def _opensora_calibrate_trained(nets: Any, episodes: list[EpisodeFrames]) -> dict[str, Any]:
+    frames = _opensora_vae_samples(episodes)  # the learned posterior spread kept, scaled with the mean
+    scale = calibrate_latent_scale(nets.vae, frames, posterior_std=None)
+    return {"latent_scale_k": scale, **posterior_spread(nets.vae, frames)}
 
 
 def _opensora_objective(cfg: WorldModelConfig, nets: Any) -> Objective:
@@ -114,6 +133,9 @@ def _cosmos_bundle(out: Path, cfg: WorldModelConfig, nets: Any, trainer: Any, st
 def _cosmos_describe(cfg: WorldModelConfig, nets: Any) -> dict[str, Any]:
     if nets.tokenizer is not None:
         vae = f"{nets.tokenizer} (frozen)"
+    elif cfg.vae_steps:
+        vae = (f"tiny Wan 2.1 VAE (base_dim 8), trained {cfg.vae_steps} steps on the training episodes' "
+               f"{VAE_CLIP_FRAMES}-frame clips, latents calibrated, frozen")  # fmt: skip
     else:
         vae = "tiny random Wan 2.1 VAE (base_dim 8), latents calibrated on the demos, frozen"
     return {"model": dataclasses.asdict(nets.dit.config), "vae": vae,
@@ -123,7 +145,8 @@ def _cosmos_describe(cfg: WorldModelConfig, nets: Any) -> dict[str, Any]:
 
 BACKENDS: dict[str, Backend] = {
     "opensora": Backend(_opensora_networks, _opensora_calibrate, opensora_clip_sets, _opensora_objective,
-                        _opensora_bundle, _opensora_describe),
+                        _opensora_bundle, _opensora_describe, _opensora_vae_samples,
+                        _opensora_calibrate_trained),
     "cosmos": Backend(_cosmos_networks, calibrate_fresh_vae, cosmos_clip_sets, _cosmos_objective,
-                      _cosmos_bundle, _cosmos_describe),
+                      _cosmos_bundle, _cosmos_describe, vae_clips, calibrate_trained_vae),
 }  # fmt: skip

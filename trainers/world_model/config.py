@@ -56,13 +56,13 @@ class WorldModelConfig:
     the SDXL VAE), Cosmos: a Wan 2.1 tokenizer.pth"""
     vae_steps: int = 0
     """optimizer steps that train the "tiny" VAE on the training episodes' frames before the world model
-    (reconstruction + vae_kl_weight * KL), which then trains over it frozen; 0: keep it random, calibrated
-    in scale only. Only a fresh "tiny" VAE trains: a pretrained --vae and an --init-from bundle's stay
-    frozen"""
+    (reconstruction + vae_kl_weight * KL; OpenSora's image VAE on single frames, Cosmos's video VAE on
+    5-frame clips), which then trains over it frozen; 0: keep it random, calibrated in scale only. Only a
+    fresh "tiny" VAE trains: a pretrained --vae and an --init-from bundle's stay frozen"""
     vae_learning_rate: float = 1e-3
     """AdamW step size of the VAE stage"""
     vae_batch_size: int = 16
-    """frames per VAE optimizer step"""
+    """frames (OpenSora) or 5-frame clips (Cosmos) per VAE optimizer step"""
     vae_kl_weight: float = 1e-6
     """weight of the posterior's KL divergence (summed over the latent, per pixel value) against the
     per-pixel reconstruction error: the LDM autoencoders' 1e-6 on per-image sums"""
@@ -199,11 +199,6 @@ class WorldModelConfig:
                 f"--backend cosmos: the DiT takes {condition} condition frame and {chunk} actions per clip "
                 f"(13 frames, 4 latents of the Wan VAE), got condition_frames {self.condition_frames}, "
                 f"chunk {self.chunk} (leave them unset)"
-            )
-        if self.vae_steps:
-            raise BadInput(
-                f"vae_steps {self.vae_steps}: --backend cosmos keeps its Wan VAE frozen (vae_steps trains "
-                "OpenSora's tiny VAE only); use vae_steps 0"
             )
         if not (self.sigma_shift > 0 and self.action_scaler > 0):
             raise BadInput(

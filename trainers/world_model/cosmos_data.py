@@ -25,6 +25,7 @@ from trainers.world_model.data import EpisodeFrames, clip_indices, frames_digest
 CACHE_FORMAT = "vla-gym-world-model-cosmos-latents"
 ENCODE_BATCH = 4  # clips per VAE call
 CALIBRATION_CLIPS = 32  # clips a fresh tiny VAE's latent scale is measured on
+VAE_CLIP_FRAMES = 5  # a VAE stage's clips: the first-frame latent and one 4-frame temporal latent
 
 
 def episode_clips(
@@ -112,12 +113,32 @@ def cosmos_clip_sets(
     return sets
 
 
-def calibrate_fresh_vae(cfg: WorldModelConfig, nets: CosmosNetworks, episodes: list[EpisodeFrames]) -> None:
-    """Calibrate a fresh tiny VAE (nothing else) on up to ``CALIBRATION_CLIPS`` clips spread over the
-    episodes (deterministic, so a resumed run rebuilds the same VAE and finds its latent cache)."""
-    if cfg.init_from or cfg.vae != "tiny":
-        return
-    frame_index, _, _ = episode_clips(episodes, nets.chunk)
+def calibration_pixels(episodes: list[EpisodeFrames], chunk: int) -> torch.Tensor:
+    """Up to ``CALIBRATION_CLIPS`` clips of ``chunk + 1`` frames spread evenly over ``episodes`` (pixels
+    ``[B, 3, chunk + 1, H, W]``): what a VAE's latent scale is measured on (deterministic)."""
+    frame_index, _, _ = episode_clips(episodes, chunk)
     picks = np.unique(np.linspace(0, len(frame_index) - 1, CALIBRATION_CLIPS).round().astype(np.int64))
     frames = np.concatenate([ep.frames for ep in episodes])
-    calibrate_wan_latents(nets.vae, to_clip_pixels(frames[frame_index[picks]]).to(nets.vae.device))
+    return to_clip_pixels(frames[frame_index[picks]])
+
+
+def calibrate_fresh_vae(cfg: WorldModelConfig, nets: CosmosNetworks, episodes: list[EpisodeFrames]) -> None:
+    """Calibrate a fresh random tiny VAE (nothing else; a VAE stage's VAE is calibrated after it,
+    ``calibrate_trained_vae``) on clips spread over the episodes (deterministic, so a resumed run rebuilds
+    the same VAE and finds its latent cache)."""
+    if cfg.init_from or cfg.vae != "tiny" or cfg.vae_steps:
+        return
+    calibrate_wan_latents(nets.vae, calibration_pixels(episodes, nets.chunk).to(nets.vae.device))
+
+
+def vae_clips(episodes: list[EpisodeFrames]) -> np.ndarray:
+    """The VAE stage's samples: every clip of ``VAE_CLIP_FRAMES`` consecutive frames of ``episodes``, uint8
+    ``[M, VAE_CLIP_FRAMES, H, W, 3]``."""
+    frame_index, _, _ = episode_clips(episodes, VAE_CLIP_FRAMES - 1)
+    return np.concatenate([ep.frames for ep in episodes])[frame_index]
+
+
+def calibrate_trained_vae(nets: CosmosNetworks, episodes: list[EpisodeFrames]) -> dict[str, float]:
+    """After a VAE stage: normalized latents of unit standard deviation per channel on the training
+    episodes' clips (``calibrate_wan_latents``); returns the spread before and after."""
+    return calibrate_wan_latents(nets.vae, calibration_pixels(episodes, nets.chunk).to(nets.vae.device))

@@ -43,8 +43,8 @@ from trainers.world_model.backends import BACKENDS, Objective
 from trainers.world_model.bundle import action_statistics, check_bundle_output
 from trainers.world_model.config import WorldModelConfig
 from trainers.world_model.data import read_episodes
-from trainers.world_model.model import BUNDLE_FORMAT, calibrate_latent_scale
-from trainers.world_model.vae import VaeTrainer, posterior_spread, train_vae
+from trainers.world_model.model import BUNDLE_FORMAT
+from trainers.world_model.vae import VaeTrainer, train_vae
 
 ALGO = "world_model"
 CACHE_FILE = "latents.pt"  # in <run>/checkpoints/
@@ -306,16 +306,15 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
 
         # the VAE stage (vae_steps > 0): train the tiny VAE on the training episodes' frames, freeze it
         vae_record: dict[str, Any] | None = None
-        train_frames = np.concatenate([episodes[i].frames for i in train_eps])
         if cfg.vae_steps and stage in (None, "vae"):
-            held_frames = np.concatenate([episodes[i].frames for i in held_eps]) if held_eps else None
-            vae_trainer = VaeTrainer(cfg, nets.vae, train_frames, held_frames)
+            train_samples = backend.vae_samples([episodes[i] for i in train_eps])
+            held_samples = backend.vae_samples([episodes[i] for i in held_eps]) if held_eps else None
+            vae_trainer = VaeTrainer(cfg, nets.vae, train_samples, held_samples)
             if stage == "vae":
                 vae_trainer.load(data, path)
                 print(f"resumed from {path} (VAE step {vae_trainer.step_index})")
             vae_record = train_vae(cfg, vae_trainer, logger, save, config, ALGO)
-            scale = calibrate_latent_scale(nets.vae, train_frames, posterior_std=None)
-            vae_record.update({"latent_scale_k": scale, **posterior_spread(nets.vae, train_frames),
+            vae_record.update({**backend.calibrate_trained(nets, [episodes[i] for i in train_eps]),
                                "learning_rate": cfg.vae_learning_rate, "batch_size": cfg.vae_batch_size,
                                "kl_weight": cfg.vae_kl_weight, "loss": cfg.vae_loss,
                                "trained_on": "the training episodes' frames"})  # fmt: skip

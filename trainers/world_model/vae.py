@@ -1,5 +1,8 @@
-"""The VAE stage of a from-scratch tiny recipe: train the tiny ``AutoencoderKL`` on the training episodes'
-frames, then freeze it for the world model (``vae_steps`` > 0; issue 49: "keep the VAE frozen").
+"""The VAE stage of a from-scratch tiny recipe: train the tiny VAE on the training episodes' frames, then
+freeze it for the world model (``vae_steps`` > 0; issue 49: "keep the VAE frozen"). OpenSora's image VAE
+(``AutoencoderKL``) trains on single frames; Cosmos's causal video VAE (``AutoencoderKLWan``) on clips of
+consecutive frames (``cosmos_data.VAE_CLIP_FRAMES``), which train both its first-frame latent and a
+temporal one; the backend picks the samples (``backends.Backend.vae_samples``).
 
 The objective is the usual one of latent-diffusion autoencoders without their perceptual and adversarial
 terms (no model hub here): the reconstruction error of a posterior sample's decoding (L1 or MSE, the mean
@@ -7,12 +10,13 @@ over pixels and channels in [-1, 1]) plus ``kl_weight`` times the KL divergence 
 N(0, I) summed over the latent and divided by the pixel count, which is the LDM autoencoders' ``nll +
 kl_weight * kl`` (both summed per image, kl_weight 1e-6) divided by the pixels per image. Only the
 training episodes' frames are seen; the held-out ones are measured (reconstruction error in uint8 units,
-0..255, of the posterior mean's decoding), never trained on.
+0..255, of the posterior mean's decoding), never trained on. The KL is summed over every latent dimension
+(diffusers' ``DiagonalGaussianDistribution.kl`` sums only three, which misses one of a video latent's).
 
 Batches are drawn from one generator (frame rows and posterior noise) whose state is checkpointed with
 the weights and the optimizer, so a resumed stage takes the same steps as one never stopped. After the
-last step the latent scale is calibrated as a random tiny VAE's is (``calibrate_latent_scale``: scaled
-latents of unit standard deviation on the training frames), keeping the learned posterior spread.
+last step the backend calibrates the latent scale as a random tiny VAE's is (``Backend.calibrate_trained``:
+OpenSora's scaled latents, Cosmos's normalized ones, of unit standard deviation on the training frames).
 """
 
 from __future__ import annotations
@@ -27,36 +31,46 @@ import torch
 
 from nets.errors import BadInput
 from nets.opensora_vae import SDXLVAE
+from nets.wan_vae import WanVAE
 from trainers import checkpoint as ckpt
 from trainers.metrics import MetricsLogger
 from trainers.optim import BadUpdateGuard, step_optimizer
 from trainers.world_model.config import WorldModelConfig
 
 STAGE = "vae"
-EVAL_FRAMES = 128  # frames per reconstruction measurement (evenly spaced)
+EVAL_FRAMES = 128  # frames per reconstruction measurement (evenly spaced frames, or clips holding as many)
 
 
-def to_unit(frames: np.ndarray) -> torch.Tensor:
-    """uint8 ``[N, H, W, 3]`` -> float ``[N, 3, H, W]`` in [-1, 1] (the env's and the encoder's scaling)."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 127.5 - 1
+def to_unit(samples: np.ndarray) -> torch.Tensor:
+    """uint8 frames ``[N, H, W, 3]`` -> float ``[N, 3, H, W]``, or clips ``[N, T, H, W, 3]`` -> ``[N, 3, T, H,
+    W]``, in [-1, 1] (the env's and the encoder's scaling)."""
+    x = torch.from_numpy(np.ascontiguousarray(samples))
+    x = x.permute(0, 3, 1, 2) if x.ndim == 4 else x.permute(0, 4, 1, 2, 3)
+    return x.float() / 127.5 - 1
+
+
+def sample_frames(samples: np.ndarray) -> int:
+    """Frames per sample: 1 for frames ``[N, H, W, 3]``, T for clips ``[N, T, H, W, 3]``."""
+    return 1 if samples.ndim == 4 else int(samples.shape[1])
 
 
 @torch.no_grad()
-def reconstruction_mae(vae: SDXLVAE, frames: np.ndarray, batch: int = 64) -> float:
-    """Mean absolute error in uint8 units (0..255) of ``frames`` (uint8 ``[N, H, W, 3]``) against the
-    decoding of their posterior mean, rounded to uint8 as the env rounds its observations."""
+def reconstruction_mae(vae: SDXLVAE | WanVAE, samples: np.ndarray, batch: int = 64) -> float:
+    """Mean absolute error in uint8 units (0..255) of ``samples`` (uint8 frames or clips, ``to_unit``)
+    against the decoding of their posterior mean, rounded to uint8 as the env rounds its observations."""
     module, total = vae.module, 0.0
+    batch = max(1, batch // sample_frames(samples))
     was_training = module.training
     module.eval()
     try:
-        for start in range(0, len(frames), batch):
-            x = to_unit(frames[start : start + batch]).to(vae.device, vae.dtype)
+        for start in range(0, len(samples), batch):
+            x = to_unit(samples[start : start + batch]).to(vae.device, vae.dtype)
             y = module.decode(module.encode(x).latent_dist.mean).sample.float()
             pixels = ((y.clamp(-1, 1) + 1) * 127.5).round()
             total += float((pixels - (x.float() + 1) * 127.5).abs().sum())
     finally:
         module.train(was_training)
-    return total / frames[..., :3].size
+    return total / samples[..., :3].size
 
 
 def evenly(frames: np.ndarray, count: int) -> np.ndarray:
@@ -66,10 +80,11 @@ def evenly(frames: np.ndarray, count: int) -> np.ndarray:
 
 
 class VaeTrainer:
-    """The tiny VAE's training: ``step()`` takes one optimizer step on a batch of training frames."""
+    """The tiny VAE's training: ``step()`` takes one optimizer step on a batch of training samples (frames,
+    or clips for a video VAE: ``to_unit``)."""
 
     def __init__(
-        self, cfg: WorldModelConfig, vae: SDXLVAE, train: np.ndarray, held: np.ndarray | None
+        self, cfg: WorldModelConfig, vae: SDXLVAE | WanVAE, train: np.ndarray, held: np.ndarray | None
     ) -> None:
         if len(train) == 0:
             raise BadInput("vae_steps: no training frames to train the VAE on")
@@ -92,11 +107,13 @@ class VaeTrainer:
         y = self.module.decode(posterior.sample(generator=generator)).sample
         error = (y - x).abs() if self.cfg.vae_loss == "l1" else (y - x) ** 2
         reconstruction = error.mean()
-        kl = posterior.kl().mean() / x[0].numel()  # summed over the latent, per pixel value
+        dims = list(range(1, posterior.mean.ndim))  # KL to N(0, I) summed over the whole latent
+        kl = 0.5 * torch.sum(torch.pow(posterior.mean, 2) + posterior.var - 1.0 - posterior.logvar, dim=dims)
+        kl = kl.mean() / x[0].numel()  # per pixel value
         return reconstruction + self.cfg.vae_kl_weight * kl, reconstruction, kl
 
     def step(self) -> list[float]:
-        """One optimizer step on ``vae_batch_size`` training frames; returns [loss, rec, kl, grad norm]."""
+        """One optimizer step on ``vae_batch_size`` training samples; returns [loss, rec, kl, grad norm]."""
         g = self.generator
         rows = torch.randint(0, len(self.train_frames), (self.cfg.vae_batch_size,), generator=g)
         x = to_unit(self.train_frames[rows.numpy()]).to(self.vae.device)
@@ -106,10 +123,11 @@ class VaeTrainer:
         return [float(loss.detach()), float(reconstruction.detach()), float(kl.detach()), float(norm)]
 
     def evaluate(self) -> dict[str, float]:
-        """Reconstruction MAE (0..255) on fixed training frames and on the held-out episodes' frames."""
-        row = {"vae/train_mae": reconstruction_mae(self.vae, evenly(self.train_frames, EVAL_FRAMES))}
+        """Reconstruction MAE (0..255) on fixed training samples and on the held-out episodes'."""
+        count = max(1, EVAL_FRAMES // sample_frames(self.train_frames))
+        row = {"vae/train_mae": reconstruction_mae(self.vae, evenly(self.train_frames, count))}
         if self.held_frames is not None and len(self.held_frames):
-            row["vae/eval_mae"] = reconstruction_mae(self.vae, evenly(self.held_frames, EVAL_FRAMES))
+            row["vae/eval_mae"] = reconstruction_mae(self.vae, evenly(self.held_frames, count))
         return row
 
     def state(self, config: dict[str, Any], algo: str, iteration: int) -> dict[str, Any]:
