@@ -1,5 +1,6 @@
-"""The README's main job (the SAC recipe in configs/ and its prior data) and the GRPO recipe, through
-``python -m trainers``, on real LIBERO with the repository's BC checkpoints, cut to a tiny budget."""
+"""The README's main job (the self-imitation recipe in configs/, from the shipped 20-demo flow clone) and the
+other recipes (SAC with its prior data, DSRL, GRPO), through ``python -m trainers``, on real LIBERO with the
+repository's checkpoints, cut to a tiny budget."""
 
 from __future__ import annotations
 
@@ -106,8 +107,9 @@ def test_algo_flag_ignores_the_other_algorithms_section(tmp_path):
 
 @pytest.mark.slow
 @requires_libero
-def test_main_job_end_to_end(tmp_path):
-    """README's main job: the demos config, then the SAC recipe, cut to a tiny budget."""
+def test_sac_recipe_end_to_end(tmp_path):
+    """The SAC recipe (the main job until 2026-11-29): the demos config, then the recipe, cut to a tiny
+    budget."""
     from trainers import demos
 
     prior = tmp_path / "demos.h5"
@@ -115,7 +117,7 @@ def test_main_job_end_to_end(tmp_path):
     short = {"chunk_size": 8, "task_state": True, "max_episode_steps": 24}
     train_env = {**short, "cameras": [], "init_states": [0, 1]}
     eval_env = {**short, "cameras": ["agentview"], "image_size": 32, "init_states": [40]}
-    run_dir = tmp_path / "main"
+    run_dir = tmp_path / "sac"
     final = main(
         [
             "--config", str(SAC_RECIPE), "--run-dir", str(run_dir), "--total-steps", "1",
@@ -167,9 +169,9 @@ def test_dsrl_recipe_end_to_end(tmp_path):
 
 @pytest.mark.slow
 @requires_libero
-def test_sil_recipe_end_to_end(tmp_path):
-    """The self-imitation recipe, cut to a tiny budget: imitation updates on the shipped 20 demos from
-    the shipped clone, evaluated before and after on a held-out start."""
+def test_main_job_end_to_end(tmp_path):
+    """README's main job, the self-imitation recipe, cut to a tiny budget: imitation updates on the shipped
+    20 demos from the shipped clone, evaluated before and after on a held-out start."""
     short = {"chunk_size": 8, "task_state": True, "cameras": [], "max_episode_steps": 24}
     run_dir = tmp_path / "sil"
     final = main(

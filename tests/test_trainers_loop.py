@@ -196,7 +196,7 @@ def test_every_flag_says_what_it_means(algo, capsys):
     out = capsys.readouterr().out
     policy_help = " ".join(out.split("\n  --policy POLICY", 1)[1].split("--policy-kwargs", 1)[0].split())
     assert all(name in policy_help for name in POLICIES), policy_help
-    assert "\n    python -m trainers --config configs/libero_spatial_sac.json" in out
+    assert "\n    python -m trainers --config configs/libero_spatial_sil.json" in out  # the main job
 
 
 def test_every_command_lines_settings_have_docstrings():

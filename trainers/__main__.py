@@ -2,7 +2,8 @@
 other flag is a field of ``RunConfig`` or of the algorithm's config, and ``--config FILE`` (a run's
 ``config.json`` or a recipe under ``configs/``) gives the starting values.
 
-    python -m trainers --config configs/libero_spatial_sac.json         # the main job (README)
+    python -m trainers --config configs/libero_spatial_sil.json         # the main job (README)
+    python -m trainers --config configs/libero_spatial_sac.json         # SAC with prior data (RLPD)
     python -m trainers --config configs/libero_spatial_grpo.json --total-steps 100000 --device cuda
     python -m trainers --algo ppo --env CartPole-v1 --total-steps 100000
     python -m trainers --algo sac --env Pendulum-v1 --num-envs 1 --total-steps 20000
