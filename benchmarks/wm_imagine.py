@@ -64,45 +64,23 @@ def to_pixels(frames: torch.Tensor) -> np.ndarray:
 
 
 @dataclass
-class OpenSoraImagination:
-    """An ``OpenSoraWorldModel`` (the env's) seen by the benchmark."""
+class Imagination:
+    """A world model as the env loads it (``model``), seen by the benchmark."""
 
-    model: Any  # envs.world_models.opensora.model.OpenSoraWorldModel
-
-    @classmethod
-    def load(
-        cls,
-        root: Path,
-        *,
-        image_size: tuple[int, int],
-        chunk: int,
-        num_steps: int,
-        batch_size: int,
-        device: str,
-    ) -> OpenSoraImagination:
-        from envs.world_models.opensora.model import OpenSoraWorldModel
-
-        return cls(
-            OpenSoraWorldModel.from_files(
-                root,
-                root / "vae",
-                root / "dataset_statistics.json",
-                device=device,
-                dtype=torch.float32,
-                image_size=image_size,
-                frames_per_step=chunk,
-                num_steps=num_steps,
-                batch_size=batch_size,
-            )
-        )
-
-    @property
-    def condition_frames(self) -> int:
-        return self.model.condition_frames
+    model: Any
 
     @property
     def action_dim(self) -> int:
         return self.model.action_dim
+
+
+@dataclass
+class OpenSoraImagination(Imagination):
+    """An ``OpenSoraWorldModel`` (``envs.world_models.opensora.model``)."""
+
+    @property
+    def condition_frames(self) -> int:
+        return self.model.condition_frames
 
     def fresh(self, seed: int) -> OpenSoraImagination:
         """The same STDiT3 configuration freshly initialized (torch's defaults, as the trainer draws a new
@@ -156,41 +134,10 @@ class OpenSoraImagination:
 
 
 @dataclass
-class CosmosImagination:
-    """A ``CosmosWorldModel`` (the env's) seen by the benchmark; ``frames_per_step`` is the chunk."""
+class CosmosImagination(Imagination):
+    """A ``CosmosWorldModel`` (``envs.world_models.cosmos.model``); its ``frames_per_step`` is the chunk."""
 
-    model: Any  # envs.world_models.cosmos.model.CosmosWorldModel
     condition_frames: int = 1
-
-    @classmethod
-    def load(
-        cls,
-        root: Path,
-        *,
-        image_size: tuple[int, int],
-        chunk: int,
-        num_steps: int,
-        batch_size: int,
-        device: str,
-    ) -> CosmosImagination:
-        from envs.world_models.cosmos.model import CosmosWorldModel
-
-        return cls(
-            CosmosWorldModel.from_files(
-                root / COSMOS_FILES[0],
-                root / COSMOS_FILES[1],
-                device=device,
-                dtype=torch.float32,
-                image_size=image_size,
-                frames_per_step=chunk,
-                num_steps=num_steps,
-                batch_size=batch_size,
-            )
-        )
-
-    @property
-    def action_dim(self) -> int:
-        return self.model.action_dim
 
     def fresh(self, seed: int) -> CosmosImagination:
         """The same CosmosDiT configuration freshly initialized from ``seed``, sharing this model's VAE."""
@@ -249,13 +196,26 @@ class CosmosImagination:
         return self._video_round_trip(clip)[:, 1 : 1 + k]
 
 
-IMAGINATIONS = {"opensora": OpenSoraImagination, "cosmos": CosmosImagination}
+def load_imagination(
+    root: Path,
+    backend: str,
+    *,
+    image_size: tuple[int, int],
+    chunk: int,
+    num_steps: int,
+    batch_size: int,
+    device: str,
+) -> OpenSoraImagination | CosmosImagination:
+    """The bundle's model as its env loads it (fp32; ``chunk`` frames per ``generate``)."""
+    options = {"device": device, "dtype": torch.float32, "image_size": image_size, "frames_per_step": chunk,
+               "num_steps": num_steps, "batch_size": batch_size}  # fmt: skip
+    if backend == "opensora":
+        from envs.world_models.opensora.model import OpenSoraWorldModel
 
+        files = (root, root / "vae", root / "dataset_statistics.json")
+        return OpenSoraImagination(OpenSoraWorldModel.from_files(*files, **options))
+    if backend == "cosmos":
+        from envs.world_models.cosmos.model import CosmosWorldModel
 
-def load_imagination(root: Path, backend: str, **options: Any) -> OpenSoraImagination | CosmosImagination:
-    """The bundle's model through its backend's class (``options``: ``load``'s keywords)."""
-    if backend not in IMAGINATIONS:
-        raise BadInput(
-            f"{root}: unknown world-model backend {backend!r} (expected one of {list(IMAGINATIONS)})"
-        )
-    return IMAGINATIONS[backend].load(root, **options)
+        return CosmosImagination(CosmosWorldModel.from_files(*(root / f for f in COSMOS_FILES), **options))
+    raise BadInput(f"{root}: unknown world-model backend {backend!r} (expected 'opensora' or 'cosmos')")

@@ -60,8 +60,7 @@ from benchmarks.report import table, write_json
 from benchmarks.wm_imagine import (
     COSMOS_FILES,
     OPENSORA_FILES,
-    CosmosImagination,
-    OpenSoraImagination,
+    Imagination,
     backend_of,
     load_imagination,
     missing_files,
@@ -71,7 +70,6 @@ from nets.errors import BadInput, program_name, run_cli
 if TYPE_CHECKING:
     from trainers.world_model.data import EpisodeFrames
 
-Imagination = OpenSoraImagination | CosmosImagination
 METRICS = ("mae_changing", "mae_all", "psnr_all")
 LABELS = {"mae_changing": "MAE changing", "mae_all": "MAE all", "psnr_all": "PSNR all"}
 
