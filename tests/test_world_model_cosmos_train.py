@@ -234,6 +234,7 @@ def test_a_vae_stage_trains_the_wan_vae_on_clips_and_the_bundle_keeps_it(tmp_pat
     assert rows[-1]["vae/train_mae"] < 0.7 * rows[0]["vae/train_mae"], rows
     info = record["vae_training"]
     assert info["steps"] == 40 and info["latent_std"] == pytest.approx(1.0, abs=0.05)
+    assert info["trained_on"] == "the training episodes' 5-frame clips"
     assert record["vae"].startswith("tiny Wan 2.1 VAE (base_dim 8), trained 40 steps")
     # the bundle's tokenizer is the trained VAE: it reconstructs a clip as well as the stage measured
     vae = WanVAE.from_tokenizer(tmp_path / "bundle" / "tokenizer" / "tokenizer.pth", dtype=torch.float32)

@@ -314,10 +314,13 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
                 vae_trainer.load(data, path)
                 print(f"resumed from {path} (VAE step {vae_trainer.step_index})")
             vae_record = train_vae(cfg, vae_trainer, logger, save, config, ALGO)
+            trained_on = "the training episodes' " + (
+                "frames" if train_samples.ndim == 4 else f"{train_samples.shape[1]}-frame clips"
+            )
             vae_record.update({**backend.calibrate_trained(nets, [episodes[i] for i in train_eps]),
                                "learning_rate": cfg.vae_learning_rate, "batch_size": cfg.vae_batch_size,
                                "kl_weight": cfg.vae_kl_weight, "loss": cfg.vae_loss,
-                               "trained_on": "the training episodes' frames"})  # fmt: skip
+                               "trained_on": trained_on})  # fmt: skip
         elif cfg.vae_steps:  # resumed in the world-model stage: its trained, calibrated VAE
             try:
                 nets.vae.module.load_state_dict(data["vae"])
