@@ -1,22 +1,23 @@
-"""Where a SAC recipe's core-time goes: the env alone, the learner alone, the sync loop and the async
-actor-learner, side by side in one run.
+"""Where a SAC or self-imitation recipe's core-time goes: the env alone, the learner alone, the sync
+loop and the async actor-learner, side by side in one run.
 
-    python -m benchmarks.actor_learner                                  # the main job's recipe
+    python -m benchmarks.actor_learner --recipe configs/libero_spatial_sil.json   # the main job
     python -m benchmarks.actor_learner --recipe configs/libero_spatial_dsrl.json --seconds 120
     python -m benchmarks.actor_learner --rows updates                   # update cost only (no env)
-    python -m benchmarks.actor_learner --sac '{"gradient_steps": 32, "actor_every": 8}' \
+    python -m benchmarks.actor_learner --settings '{"gradient_steps": 32, "actor_every": 8}' \
         --async-variants '{"nice 19": {"sac": {"actor_nice": 19}}}'      # other settings, more rows
 
-Rows (the recipe's env, envs, start policy and SAC settings; ``--seconds`` of measurement each,
-after a warm-up that excludes start-up and ``learning_starts``):
+Rows (the recipe's env, envs, start policy and algorithm settings, its ``sac`` or ``sil`` entry;
+``--seconds`` of measurement each, after a warm-up that excludes start-up and ``learning_starts``):
 
 * ``env alone``: the recipe's vector env driven by its start policy (sampled chunks, no learning);
-* ``learner alone``: the recipe's SAC update on batches of its prior data (or of random rows when
-  it has none), on ``--learner-threads`` torch threads: milliseconds per update, also with the
-  actor stepped once per round of ``gradient_steps`` critic steps (``actor_every``);
+* ``learner alone``: the recipe's update on batches of its prior data (SAC: or of random rows when
+  it has none), on ``--learner-threads`` torch threads: milliseconds per update; for SAC also with
+  the actor stepped once per round of ``gradient_steps`` critic steps (``actor_every``);
 * ``sync loop`` / ``async loop``: ``python -m trainers --config RECIPE --loop sync|async``.
 
-Columns: env steps/s, updates/s, updates per stored chunk (in the window), and the share of the
+Columns: env steps/s, updates/s, updates per stored chunk (in the window: SAC's replay rows,
+self-imitation's kept chunk-steps of successful episodes), and the share of the
 machine's core-time (``cores x wall``) that the processes spent on the CPU (``/proc``: user + system
 time of the process tree): the learner's process, and everything that steps envs (the simulator
 workers, and the actor process in the async loop; in the sync loop the learner's process also
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from benchmarks.report import table, write_json
-from nets.errors import program_name, run_cli
+from nets.errors import BadInput, program_name, run_cli
 from trainers.callbacks import Callback
 
 CLOCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -217,6 +218,60 @@ def learner_alone(recipe: dict, seconds: float, threads: int, actor_every: int |
     return out
 
 
+def sil_learner_alone(recipe: dict, seconds: float, threads: int) -> dict[str, Any]:
+    """The recipe's self-imitation update, timed on batches of its prior data (no successes yet: the
+    whole batch from the prior, the same size and cost as a mixed one), or of kept rows of the
+    first observation with uniform actions when it has none."""
+    from trainers.checkpoint import build_policy
+    from trainers.env_contract import chunk_size
+    from trainers.optim import BadUpdateGuard, WeightEMA
+    from trainers.run_config import RunConfig
+    from trainers.sac.replay import obs_row
+    from trainers.sil.algorithm import SILConfig, SuccessRows, sil_update
+    from trainers.sil.train import load_prior
+
+    config = SILConfig(**recipe["sil"])
+    spec = recipe["run"]
+    run = RunConfig(env=spec["env"], env_kwargs=spec.get("env_kwargs", {}), num_envs=1)
+    env = run.make_env(1, autoreset="same_step")
+    try:
+        policy, _ = build_policy(
+            spec.get("policy", "auto"), spec.get("policy_kwargs", {}), env.single_observation_space,
+            env.single_action_space, init_policy=spec.get("init_policy"),
+        )  # fmt: skip
+        k = chunk_size(env) or 1
+        kept = SuccessRows(4096)
+        if config.prior_data:
+            prior = load_prior(config.prior_data, policy, env.single_observation_space, k)
+        else:
+            prior, (obs, _) = None, env.reset(seed=0)
+            space, rng = env.single_action_space, np.random.default_rng(0)
+            uniform = rng.uniform(space.low, space.high, (4096, *space.shape)).astype(np.float32)
+            kept.add([(obs_row(obs, 0), a.reshape(k, -1), np.ones(k, bool), 0) for a in uniform])
+    finally:
+        env.close()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
+    ema = WeightEMA(policy, config.ema_decay) if config.ema_decay else None
+    rng, guard = np.random.default_rng(0), BadUpdateGuard()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    policy.train()
+    try:
+        for _ in range(5):
+            sil_update(policy, optimizer, prior, kept, config, rng, guard, ema)
+        window, count = Window(), 0
+        window.start()
+        while time.perf_counter() - window.t0 < seconds:
+            sil_update(policy, optimizer, prior, kept, config, rng, guard, ema)
+            count += 1
+        w = window.stop()
+    finally:
+        torch.set_num_threads(previous)
+    out = _row(f"learner alone, {threads} thread{'s' * (threads > 1)}", w, 0, count, 0)
+    out["ms_per_update"] = 1000 * w["wall_s"] / count
+    return out
+
+
 class Meter(Callback):
     """The window from the end of iteration ``skip`` to the last iteration: CPU times and the
     counters (env steps, updates, stored chunks) at both ends."""
@@ -225,7 +280,8 @@ class Meter(Callback):
         self.skip, self.window, self.first, self.last = skip, Window(), None, None
 
     def on_iteration_end(self, run: Any, row: dict[str, Any]) -> None:
-        point = (run.counters["env_steps"], row.get("train/updates", 0.0), row.get("train/buffer_size", 0.0))
+        stored = row.get("train/buffer_size", row.get("train/success_rows", 0.0))
+        point = (run.counters["env_steps"], row.get("train/updates", 0.0), stored)
         if run.counters["iteration"] == self.skip:
             self.window.start()
             self.first = point
@@ -243,11 +299,21 @@ def loop(
     changes: dict | None = None,
 ) -> dict[str, Any]:
     """The recipe's trainer with ``loop`` ``mode`` for ``skip + iterations`` iterations; ``changes``:
-    ``{"run": {...}, "sac": {...}}`` settings over the recipe's."""
+    ``{"run": {...}, "sac" or "sil": {...}}`` settings over the recipe's."""
     changes = changes or {}
     from trainers.run_config import RunConfig
-    from trainers.sac.algorithm import SACConfig
-    from trainers.sac.train import train
+
+    algo = algo_of(recipe)
+    if algo == "sil":
+        from trainers.sil.algorithm import SILConfig as Config
+        from trainers.sil.train import train
+
+        settings = {**recipe["sil"], **changes.get("sil", {})}
+    else:
+        from trainers.sac.algorithm import SACConfig as Config
+        from trainers.sac.train import train
+
+        settings = {**recipe["sac"], "offline_steps": 0, "steps_per_iteration": 4, **changes.get("sac", {})}
 
     cb = Meter(skip)
     run = {
@@ -265,10 +331,17 @@ def loop(
         "overwrite": True,
         **changes.get("run", {}),
     }
-    settings = {**recipe["sac"], "offline_steps": 0, "steps_per_iteration": 4, **changes.get("sac", {})}
-    train(RunConfig(**run), SACConfig(**settings), [cb])
+    train(RunConfig(**run), Config(**settings), [cb])
     (s0, u0, c0), (s1, u1, c1) = cb.first, cb.last
     return _row(f"{mode} loop{name}", cb.result, s1 - s0, u1 - u0, c1 - c0)
+
+
+def algo_of(recipe: dict) -> str:
+    """``sil`` or ``sac``: the recipe's algorithm settings entry."""
+    found = [name for name in ("sac", "sil") if name in recipe]
+    if len(found) != 1:
+        raise BadInput(f"the recipe must have one of the entries 'sac' or 'sil', got {sorted(recipe)}")
+    return found[0]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -276,40 +349,48 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--recipe", default="configs/libero_spatial_sac.json")
     parser.add_argument("--seconds", type=float, default=60.0, help="measurement per alone-row")
     parser.add_argument(
-        "--iterations", type=int, default=10, help="measured iterations (4 vector steps each)"
+        "--iterations", type=int, default=10, help="measured iterations (SAC: 4 vector steps each)"
     )
     parser.add_argument("--rows", nargs="+", default=["env", "updates", "sync", "async"],
                         choices=["env", "updates", "sync", "async"])  # fmt: skip
     parser.add_argument("--learner-threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument(
-        "--sac", type=json.loads, default={}, help="SAC settings over the recipe's, for every row (JSON)"
+        "--settings",
+        "--sac",
+        type=json.loads,
+        default={},
+        help="the algorithm's settings over the recipe's, for every row (JSON)",
     )
     parser.add_argument(
         "--async-variants",
         type=json.loads,
         default={},
-        help='more async rows: JSON {"name": {"run": {...}, "sac": {...}}} over the recipe\'s settings, e.g. '
-        '{"nice 19": {"sac": {"actor_nice": 19}}}',
+        help='more async rows: JSON {"name": {"run": {...}, "sac" or "sil": {...}}} over the recipe\'s '
+        'settings, e.g. {"nice 19": {"sac": {"actor_nice": 19}}}',
     )
     parser.add_argument("--out", default="runs/benchmarks/actor_learner")
     args = parser.parse_args(argv)
     import envs  # noqa: F401  (registers the ids)
 
     recipe = json.loads(Path(args.recipe).read_text())
-    recipe["sac"] = {**recipe["sac"], **args.sac}
+    algo = algo_of(recipe)
+    recipe[algo] = {**recipe[algo], **args.settings}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     if "env" in args.rows:
         rows.append(env_alone(recipe, args.seconds))
-    if "updates" in args.rows:
+    if "updates" in args.rows and algo == "sil":
+        for threads in args.learner_threads:
+            rows.append(sil_learner_alone(recipe, args.seconds / 2, threads))
+    elif "updates" in args.rows:
         g = recipe["sac"].get("gradient_steps", 1)
         for threads in args.learner_threads:
             for every in sorted({recipe["sac"].get("actor_every", 1), g}):
                 rows.append(learner_alone(recipe, args.seconds / 2, threads, every))
-    # enough vector steps first for the buffer to reach learning_starts
+    # enough vector steps first for the buffer to reach learning_starts (SAC)
     per_step = recipe["run"]["num_envs"]
-    skip = -(-recipe["sac"].get("learning_starts", 100) // (per_step * 4)) + 2
+    skip = 2 if algo == "sil" else -(-recipe["sac"].get("learning_starts", 100) // (per_step * 4)) + 2
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         for mode in ("sync", "async"):
             if mode in args.rows:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nets.files import write_atomic
 from trainers.metrics import fmt
 
 
@@ -26,11 +27,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], title: str | Non
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Write a benchmark's results next to its table."""
+    """Write a benchmark's results next to its table (atomically: a reader, or a benchmark run
+    beside this one, sees the old file or the new one, never half of one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
-    return path
+    return write_atomic(path, json.dumps(data, indent=1))
 
 
 def plot_lines(

@@ -455,6 +455,32 @@ def test_actor_learner_table_rows_and_core_time(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "actor_learner.json").read_text())["rows"][3]["row"] == "sync loop"
 
 
+def test_actor_learner_rows_of_a_self_imitation_recipe(tmp_path):
+    """The same rows for a recipe with a ``sil`` entry: its update timed alone, and both loops
+    counting updates per kept chunk-step (on SacClock every episode succeeds, so every chunk-step
+    is kept: sync does 6 updates per 12)."""
+    import sac_envs  # noqa: F401
+
+    from benchmarks.actor_learner import main
+
+    recipe = {
+        "run": {"env": "sac_envs:SacClock-v0", "num_envs": 2, "policy": "gaussian", "torch_threads": 1,
+                "policy_kwargs": {"hidden_sizes": [16], "squash": True}},
+        "sil": {"steps_per_iteration": 6, "updates_per_iteration": 6, "batch_size": 16},
+    }  # fmt: skip
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    rows = main(["--recipe", str(path), "--seconds", "1", "--iterations", "3", "--learner-threads", "1",
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    assert [r["row"] for r in rows] == ["env alone", "learner alone, 1 thread", "sync loop", "async loop"]
+    assert rows[1]["ms_per_update"] > 0
+    assert rows[2]["updates_per_chunk"] == pytest.approx(0.5)
+    assert 0 < rows[3]["updates_per_chunk"] <= 0.5 and rows[3]["env_steps_per_s"] > 0
+    with pytest.raises(ValueError, match="one of the entries 'sac' or 'sil'"):
+        (tmp_path / "bad.json").write_text(json.dumps({"run": recipe["run"]}))
+        main(["--recipe", str(tmp_path / "bad.json"), "--out", str(tmp_path / "out")])
+
+
 @requires_libero
 def test_evaluate_sweeps_libero_pro_categories_resumes_and_compares(tmp_path, capsys, monkeypatch):
     import benchmarks.evaluate as evaluate

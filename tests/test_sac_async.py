@@ -1,6 +1,6 @@
-"""The asynchronous actor-learner of SAC (``--loop async``, trainers/sac/actors.py): the same data
-as the sync loop with the same number of updates, the policy lag bound, kill and resume without
-orphans, and the bad input it refuses before anything starts."""
+"""The asynchronous actor-learner of SAC (``--loop async``, trainers/actors/, trainers/sac/actors.py):
+the same data as the sync loop with the same number of updates, the policy lag bound, kill and
+resume without orphans, and the bad input it refuses before anything starts."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_async_bad_input_is_refused_before_anything_starts(tmp_path, monkeypatch
     from trainers.ppo.train import main as ppo_main
 
     with pytest.raises(
-        ValueError, match="loop 'async' .* is built for --algo sac; --algo ppo runs with loop 'sync'"
+        ValueError, match="loop 'async' .* is built for --algo sac and sil; --algo ppo runs with loop 'sync'"
     ):
         ppo_main(["--env", "CartPole-v1", "--loop", "async", "--run-dir", str(tmp_path / "b"), *FAST])
     for device, why in (("cuda:3", "CUDA is not available|has 1 CUDA"), ("meta", "cpu, cuda or cuda:N"),

@@ -64,13 +64,14 @@ def test_success_rows_keep_the_newest_and_round_trip():
 
     def episode(n, start):
         return [({"proprio": np.full(2, start + t, np.float32), "instruction": f"s{start + t}"},
-                 np.zeros((2, 2), np.float32), np.ones(2, bool)) for t in range(n)]  # fmt: skip
+                 np.zeros((2, 2), np.float32), np.ones(2, bool), t) for t in range(n)]  # fmt: skip
 
     rows.add(episode(3, 0))
     rows.add(episode(4, 10))
     assert len(rows) == 5 and rows.episodes == 2
     assert rows.obs["proprio"][:, 0].tolist() == [2, 10, 11, 12, 13]
     assert rows.obs["instruction"] == ["s2", "s10", "s11", "s12", "s13"]
+    assert rows.lags.tolist() == [2, 0, 1, 2, 3] and rows.rows_added == 7
     empty = SuccessRows(capacity=5)
     empty.load_state_dict(SuccessRows(capacity=5).state_dict())
     assert len(empty) == 0 and empty.episodes == 0
@@ -121,8 +122,8 @@ def test_bad_settings_are_refused_before_any_env_step(tmp_path):
         SILConfig(prior_ratio=1.0)
     with pytest.raises(BadInput, match="ema_decay"):
         SILConfig(ema_decay=1.0)
-    with pytest.raises(BadInput, match="sync loop only"):
-        _sil(tmp_path / "a", "--loop", "async")
+    with pytest.raises(BadInput, match="max_policy_lag must be >= 0"):
+        SILConfig(max_policy_lag=-1)
     with pytest.raises(BadInput, match="demonstrated chunks are 2 x 3"):
         _sil(tmp_path / "b", "--prior-data", str(_demos(tmp_path, action_dim=3)))
     assert not (tmp_path / "b" / "checkpoints").exists()

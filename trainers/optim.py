@@ -146,6 +146,16 @@ class WeightEMA:
             self.average[name] = held
         self.swapped = not self.swapped
 
+    @torch.no_grad()
+    def averaged_state(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``module``'s state dict as CPU copies, with the average in place of the trained
+        parameters (whichever side of the swap the module holds now)."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        if not self.swapped:
+            for name, average in self.average.items():
+                state[name] = average.to("cpu", state[name].dtype, copy=True)
+        return state
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """What is not in the module now: the average, or the trained weights while swapped."""
         return {n: t.clone() for n, t in self.average.items()}

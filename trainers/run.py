@@ -81,10 +81,10 @@ class Run:
     ) -> None:
         self.algo, self.config, self.algo_config = algo, run_config, algo_config
         cfg = run_config
-        if cfg.loop != "sync" and algo != "sac":
+        if cfg.loop != "sync" and algo not in ("sac", "sil"):
             raise BadInput(
                 f"loop {cfg.loop!r} (an actor process stepping the envs while the learner updates) is "
-                f"built for --algo sac; --algo {algo} runs with loop 'sync'"
+                f"built for --algo sac and sil; --algo {algo} runs with loop 'sync'"
             )
         self._config_saved = False  # config.json: written by restore (new run) or the first iteration
         # on resume: (path, content) of the checkpoint, read and checked before anything is written

@@ -55,8 +55,8 @@ class RunConfig:
     """where the policy trains (cpu, cuda, cuda:N); cuda with several ranks: cuda:LOCAL_RANK"""
     loop: Literal["sync", "async"] = "sync"
     """sync: step the envs, then update, in turn (exact; resumes bit for bit where the algorithm does);
-    async (--algo sac only): an actor process steps the envs with a snapshot of the policy while the
-    learner updates (trainers/sac/actors.py; runs are not bit-exact)"""
+    async (--algo sac and sil): an actor process steps the envs with a snapshot of the policy while
+    the learner updates (trainers/actors/; runs are not bit-exact)"""
     torch_threads: int = 0
     """0: torch's default"""
     run_dir: str | None = None

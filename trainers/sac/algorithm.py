@@ -104,7 +104,7 @@ class SACConfig:
     """clip each loss's gradient norm (None: no clipping, as SB3)"""
     max_bad_updates: int = 10
     """non-finite updates in a row before the run stops"""
-    # -- the async loop (run.loop "async", trainers/sac/actors.py)
+    # -- the async loop (run.loop "async": trainers/actors/, trainers/sac/actors.py)
     max_policy_lag: int = 32
     """async: a chunk is chosen with weights at most this many learner updates old (0: the newest)"""
     weight_sync_every: int = 8

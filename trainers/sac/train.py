@@ -14,13 +14,15 @@ with several ranks is refused.
 
 ``--loop async``: an actor process steps the envs while this process (the learner) updates; the
 transitions come through a queue and the weights go back every ``weight_sync_every`` updates
-(``trainers/sac/actors.py``). The run keeps ``gradient_steps`` updates per vector step and records
-each transition's policy lag; its checkpoints resume it (buffer, learner, counters), but the order in
-which data and updates meet depends on timing, so an async run is not bit-exact.
+(``trainers/actors/``, ``trainers/sac/actors.py``). The run keeps ``gradient_steps`` updates per
+vector step and records each transition's policy lag; its checkpoints resume it (buffer, learner,
+counters), but the order in which data and updates meet depends on timing, so an async run is not
+bit-exact.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
@@ -32,12 +34,19 @@ from nets.errors import BadInput
 from policies.base import ActionChunkPolicy
 from policies.gaussian import SAC_ACTOR
 from policies.torso_policy import box_chunk_shape
+from trainers.actors import EnvActor, module_weights
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
 from trainers.optim import BadUpdateGuard
 from trainers.rollout import Collector
 from trainers.run import Run, RunConfig
-from trainers.sac.actors import RESUME_SEED_STRIDE, ActorSpec, EnvActor, UniformPolicy, step_transitions
+from trainers.sac.actors import (
+    RESUME_SEED_STRIDE,
+    SACActorSpec,
+    UniformPolicy,
+    sac_actor_loop,
+    step_transitions,
+)
 from trainers.sac.algorithm import Learner, SACConfig, make_optimizer, sac_update, shuffle_outcomes
 from trainers.sac.prior import load_prior
 from trainers.sac.replay import Batch, NStepWriter, ReplayBuffer
@@ -54,7 +63,7 @@ def train(
     env = actor = None
     try:
         if asynchronous:  # the envs live in the actor process, which reports their spaces
-            actor = EnvActor(run_config, config.actor_nice)
+            actor = EnvActor(run_config, sac_actor_loop, "sac-actor", config.actor_nice)
         else:
             env = run.make_env(autoreset="same_step")
         spaces = actor if asynchronous else env
@@ -191,6 +200,7 @@ def train(
                 end_iteration(env_steps, episodes, steps_metrics)
         else:  # the actor process steps the envs; here: store, update, publish the weights
             actor.start(_actor_spec(config, policy, env_seed, buffer), done["updates"])
+            weights = functools.partial(module_weights, policy)  # what the actor acts with
             online = 0  # gradient steps done for the vector steps received from this actor
             owed = 0  # gradient steps due for the vector steps received, not done yet
             while not run.finished:
@@ -206,9 +216,9 @@ def train(
                     if owed:
                         steps_metrics.append(update())
                         owed, online = owed - 1, online + 1
-                        actor.link.updated(policy, done["updates"], online, config.weight_sync_every)
+                        actor.link.updated(weights, done["updates"], online, config.weight_sync_every)
                     else:
-                        actor.link.serve(policy, done["updates"])
+                        actor.link.serve(weights, done["updates"])
                 end_iteration(env_steps, episodes, steps_metrics)
             actor.close()
         if env is not None:
@@ -222,8 +232,10 @@ def train(
         run.close()  # after an error too: the folder's lock is released
 
 
-def _actor_spec(config: SACConfig, policy: ActionChunkPolicy, seed: int, buffer: ReplayBuffer) -> ActorSpec:
-    return ActorSpec(
+def _actor_spec(
+    config: SACConfig, policy: ActionChunkPolicy, seed: int, buffer: ReplayBuffer
+) -> SACActorSpec:
+    return SACActorSpec(
         policy=policy,
         seed=seed,
         n_step=config.n_step,

@@ -28,7 +28,8 @@ class SILConfig:
     steps_per_iteration: int = 16
     """vector steps collected per iteration (each env chooses and executes one chunk per step)"""
     updates_per_iteration: int = 16
-    """gradient steps after each iteration's collection"""
+    """gradient steps after each iteration's collection (async: at most this many while the
+    iteration's vector steps are stepped; fewer when the envs are faster than the learner)"""
     learning_starts: int = 0
     """successful chunk-steps collected before the first update (0: update from the first iteration)"""
     batch_size: int = 512
@@ -49,6 +50,14 @@ class SILConfig:
     (same number kept, chosen without the reward)"""
     max_bad_updates: int = 10
     """stop after this many non-finite updates in a row"""
+    # -- the async loop (run.loop "async": trainers/actors/, trainers/sil/actors.py)
+    max_policy_lag: int = 64
+    """async: a chunk is chosen with weights at most this many learner updates old (0: the newest)"""
+    weight_sync_every: int = 8
+    """async: learner updates between two copies of the weights (the average) to the actor process"""
+    actor_nice: int = 19
+    """async: niceness (0-19) added to the actor process and its env workers, so the learner has its
+    core whenever it can use it and the envs take every cycle it leaves"""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prior_ratio < 1.0:
@@ -62,24 +71,34 @@ class SILConfig:
             raise BadInput("sil learning_rate must be > 0 and max_grad_norm >= 0")
         if not 0.0 <= self.ema_decay < 1.0:
             raise BadInput(f"sil ema_decay must be in [0, 1) (0: no averaging), got {self.ema_decay}")
+        if self.max_policy_lag < 0:
+            raise BadInput(f"sil max_policy_lag must be >= 0, got {self.max_policy_lag}")
+        if self.weight_sync_every < 1:
+            raise BadInput(f"sil weight_sync_every must be >= 1, got {self.weight_sync_every}")
+        if not 0 <= self.actor_nice <= 19:
+            raise BadInput(f"sil actor_nice must be in [0, 19], got {self.actor_nice}")
 
 
 class SuccessRows:
     """Chunk-steps of successful episodes, as imitation data: ``obs`` (``{key: [M, ...]}``, text keys
-    as lists), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``; at most ``capacity`` rows (FIFO)."""
+    as lists), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``, and ``lags`` ``[M]`` (the learner
+    updates between the weights that chose each chunk and the choice: 0 in the sync loop); at most
+    ``capacity`` rows (FIFO)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.obs: dict[str, Any] = {}
         self.actions = np.zeros((0, 0, 0), np.float32)
         self.valid = np.zeros((0, 0), bool)
+        self.lags = np.zeros(0, np.int64)
         self.episodes = 0  # successful episodes added, over the whole run
+        self.rows_added = 0  # chunk-steps added, over the whole run
 
     def __len__(self) -> int:
         return len(self.actions)
 
-    def add(self, rows: list[tuple[dict[str, Any], np.ndarray, np.ndarray]]) -> None:
-        """One successful episode's chunk-steps: ``(obs_row, action [K, D], valid [K])`` each."""
+    def add(self, rows: list[tuple[dict[str, Any], np.ndarray, np.ndarray, int]]) -> None:
+        """One successful episode's chunk-steps: ``(obs_row, action [K, D], valid [K], lag)`` each."""
         if not rows:
             return
         keys = list(rows[0][0])
@@ -91,8 +110,9 @@ class SuccessRows:
         }
         actions = np.stack([r[1] for r in rows]).astype(np.float32)
         valid = np.stack([r[2] for r in rows]).astype(bool)
+        lags = np.array([r[3] for r in rows], np.int64)
         if not len(self):
-            self.obs, self.actions, self.valid = new_obs, actions, valid
+            self.obs, self.actions, self.valid, self.lags = new_obs, actions, valid, lags
         else:
             self.obs = {
                 k: (self.obs[k] + v) if isinstance(v, list) else np.concatenate([self.obs[k], v])
@@ -100,27 +120,34 @@ class SuccessRows:
             }
             self.actions = np.concatenate([self.actions, actions])
             self.valid = np.concatenate([self.valid, valid])
+            self.lags = np.concatenate([self.lags, lags])
         drop = len(self) - self.capacity
         if drop > 0:
             self.obs = {k: v[drop:] for k, v in self.obs.items()}
-            self.actions, self.valid = self.actions[drop:], self.valid[drop:]
+            self.actions, self.valid, self.lags = self.actions[drop:], self.valid[drop:], self.lags[drop:]
         self.episodes += 1
+        self.rows_added += len(rows)
 
     def state_dict(self) -> dict[str, Any]:
+        counts = {"episodes": self.episodes, "rows_added": self.rows_added}
         if not len(self):  # nothing added yet: no arrays (their shapes come with the first episode)
-            return {"episodes": self.episodes}
-        return {"obs": self.obs, "actions": self.actions, "valid": self.valid, "episodes": self.episodes}
+            return counts
+        return {"obs": self.obs, "actions": self.actions, "valid": self.valid, "lags": self.lags, **counts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "actions" not in state:  # saved empty
             self.__init__(self.capacity)
             self.episodes = int(state["episodes"])
+            self.rows_added = int(state.get("rows_added", 0))
             return
         n = len(state["actions"])
-        if len(state["valid"]) != n or any(len(v) != n for v in state["obs"].values()):
-            raise BadInput("self-imitation buffer state: obs, actions and valid differ in length")
+        lags = state.get("lags", np.zeros(n, np.int64))  # (saved before lags were kept: sync, 0)
+        if len(state["valid"]) != n or len(lags) != n or any(len(v) != n for v in state["obs"].values()):
+            raise BadInput("self-imitation buffer state: obs, actions, valid and lags differ in length")
         self.obs, self.actions, self.valid = dict(state["obs"]), state["actions"], state["valid"]
+        self.lags = np.asarray(lags, np.int64)
         self.episodes = int(state["episodes"])
+        self.rows_added = int(state.get("rows_added", n))
 
 
 def chosen(successes: list[bool], placebo: bool, generator: torch.Generator) -> list[bool]:

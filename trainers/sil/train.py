@@ -11,10 +11,20 @@ termination), then ``updates_per_iteration`` gradient steps of the imitation los
 (``trainers/sil/algorithm.py``). A checkpoint holds the policy (the average), the trained weights,
 the optimizer, the random streams and the success buffer; on resume the envs start new episodes (the
 unfinished ones are dropped), as SAC's and PPO's do. One process only.
+
+``--loop async``: an actor process steps the envs with the weight average while this process (the
+learner) updates (``trainers/actors/``, ``trainers/sil/actors.py``): the ended episodes come through
+a queue, and the average goes back every ``weight_sync_every`` updates. An iteration is still
+``steps_per_iteration`` vector steps, whose successes join the buffer when the iteration ends (the
+placebo shuffles among them as in the sync loop); the learner does up to ``updates_per_iteration``
+updates while they are stepped, on the data of the iterations before, so the envs and the updates
+overlap. Each kept chunk-step records its policy lag. Its checkpoints resume it (buffer, learner,
+counters); how many updates an iteration gets depends on timing, so an async run is not bit-exact.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -22,14 +32,15 @@ import numpy as np
 import torch
 
 from nets.errors import BadInput
+from trainers.actors import EnvActor, module_weights
 from trainers.bc import check_compatible, check_observation_keys
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
-from trainers.env_contract import chunk_size, episode_success
+from trainers.env_contract import chunk_size
 from trainers.optim import EMA_KEY, BadUpdateGuard, restore_ema
-from trainers.rollout import RESUME_SEED_STRIDE, Collector, Rollout
+from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
-from trainers.sac.replay import obs_row
+from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop
 from trainers.sil.algorithm import SILConfig, SuccessRows, chosen, sil_update
 
 
@@ -48,51 +59,30 @@ def load_prior(path: str, policy: Any, obs_space: Any, k: int) -> dict[str, Any]
     return rows
 
 
-class EpisodeRows:
-    """Each env's chunk-steps of its unfinished episode; ``close`` hands them over when it ends."""
-
-    def __init__(self, num_envs: int) -> None:
-        self.open: list[list[tuple[dict[str, Any], np.ndarray, np.ndarray]]] = [[] for _ in range(num_envs)]
-
-    def push(self, rollout: Rollout) -> list[tuple[list, bool]]:
-        """Take one collected vector step; returns ``(rows, success)`` of every episode it ended."""
-        ended = []
-        stats = {int(ep["env"]): ep for ep in rollout.episodes}
-        for i in range(rollout.num_envs):
-            valid = rollout.valid[0, i].numpy()
-            if valid.any():
-                self.open[i].append(
-                    (obs_row(rollout.observations[0], i), rollout.actions[0, i].numpy(), valid)
-                )
-            term = bool(rollout.terminated[0, i])
-            if term or bool(rollout.truncated[0, i]):
-                ended.append((self.open[i], episode_success(stats.get(i, {}), term)))
-                self.open[i] = []
-        return ended
-
-
 def train(
     run_config: RunConfig, config: SILConfig, callbacks: list[Callback] | None = None
 ) -> dict[str, float]:
     """Train by self-imitation until ``run_config.total_steps`` env steps; returns the final metrics."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise BadInput("--algo sil runs in one process; start it without torchrun (or --nproc-per-node 1)")
-    if run_config.loop != "sync":
-        raise BadInput(
-            f"--algo sil has the sync loop only (--loop async is SAC's), got --loop {run_config.loop}"
-        )
     run = Run("sil", run_config, config, callbacks)
-    env = None
+    asynchronous = run_config.loop == "async"
+    env = actor = None
     try:
-        env = run.make_env(autoreset="same_step")
-        policy = run.make_policy(env, use_critic=False)
+        if asynchronous:  # the envs live in the actor process, which reports their spaces
+            actor = EnvActor(run_config, sil_actor_loop, "sil-actor", config.actor_nice)
+        else:
+            env = run.make_env(autoreset="same_step")
+        spaces = actor if asynchronous else env
+        policy = run.make_policy(spaces, use_critic=False)
         if not callable(getattr(policy, "imitation_loss", None)):
             raise BadInput(
                 f"self-imitation trains a policy's imitation_loss; {type(policy).__name__} has none"
             )
         prior = None
         if config.prior_data:  # read and checked before any env step
-            prior = load_prior(config.prior_data, policy, env.single_observation_space, chunk_size(env) or 1)
+            obs_space = spaces.single_observation_space
+            prior = load_prior(config.prior_data, policy, obs_space, chunk_size(spaces) or 1)
         optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
         sampler = torch.Generator().manual_seed(run_config.seed + 1)  # the placebo's shuffles
         extra = run.restore(policy, optimizer, {"sampler": sampler})
@@ -102,38 +92,31 @@ def train(
         if extra.get("successes") is not None:
             successes.load_state_dict(extra["successes"])
         guard = BadUpdateGuard(config.max_bad_updates)
-        collector = Collector(env, policy)
-        collector.reset(seed=run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"])
-        episodes_rows = EpisodeRows(env.num_envs)
-        if ema is not None:
-            ema.swap()  # the average collects (and is evaluated and saved)
-        while not run.finished:
-            env_steps, episodes, ended = 0, [], []
-            for _ in range(config.steps_per_iteration):
-                rollout = collector.collect(1, deterministic=config.deterministic_collect, record_obs=True)
-                env_steps += int(rollout.valid.sum())
-                episodes += rollout.episodes
-                ended += episodes_rows.push(rollout)
-            flags = chosen([success for _, success in ended], config.placebo, sampler)
-            for (rows, _), keep in zip(ended, flags):
-                if keep:
-                    successes.add(rows)
-            if ema is not None:
-                ema.swap()  # train the trained weights
-            steps = []
+        done = {"updates": int(extra.get("updates", 0))}
+
+        def can_update() -> bool:
             has_data = len(successes) > 0 or prior is not None
-            if has_data and len(successes) >= config.learning_starts:
-                rng = np.random.default_rng([run_config.seed, run.counters["iteration"]])
-                policy.train()
-                steps = [
-                    sil_update(policy, optimizer, prior, successes, config, rng, guard, ema)
-                    for _ in range(config.updates_per_iteration)
-                ]
-                policy.eval()
-            run.checkpoints.extra = {"successes": successes.state_dict()}
-            if ema is not None:  # the average is collected with, evaluated and saved as the policy
-                ema.swap()
+            return has_data and len(successes) >= config.learning_starts
+
+        def update(rng: np.random.Generator) -> dict[str, torch.Tensor]:
+            done["updates"] += 1
+            return sil_update(policy, optimizer, prior, successes, config, rng, guard, ema)
+
+        def keep(ended: list[tuple[list, bool]]) -> int:
+            """The successes among ``ended`` join the buffer (the placebo: as many episodes chosen
+            without the reward); returns how many episodes joined."""
+            flags = chosen([success for _, success in ended], config.placebo, sampler)
+            for (rows, _), kept in zip(ended, flags):
+                if kept:
+                    successes.add(rows)
+            return int(sum(flags))
+
+        def end_iteration(env_steps: int, episodes: list, kept: int, steps: list) -> None:
+            """Save, evaluate and log (the average, swapped in, is the policy)."""
+            run.checkpoints.extra = {"successes": successes.state_dict(), "updates": done["updates"]}
+            if ema is not None:  # the trained weights travel beside the average
                 run.checkpoints.extra[EMA_KEY] = ema.state_dict()
+            policy.eval()
             metrics = (
                 {f"train/{k}": float(torch.stack([s[k] for s in steps]).mean()) for k in steps[0]}
                 if steps
@@ -141,16 +124,92 @@ def train(
             )
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
-                "train/kept_this_iteration": int(sum(flags)),
+                "train/kept_this_iteration": kept, "train/updates": done["updates"],
+                # gradient steps per chunk-step kept (over the whole run: the buffer's rows added)
+                "train/updates_per_chunk": done["updates"] / max(successes.rows_added, 1),
             })  # fmt: skip
+            if asynchronous and len(successes):
+                metrics.update({
+                    "train/policy_lag_mean": float(successes.lags.mean()),
+                    "train/policy_lag_max": float(successes.lags.max()),
+                })  # fmt: skip
             run.end_iteration(env_steps, episodes, metrics)
-        env.close()
-        env = None
+
+        env_seed = run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"]
+        if ema is not None:
+            ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
+        if not asynchronous:  # collect, then update, in turn
+            collector = Collector(env, policy)
+            collector.reset(seed=env_seed)
+            episodes_rows = EpisodeRows(env.num_envs)
+            while not run.finished:
+                env_steps, episodes, ended = 0, [], []
+                for _ in range(config.steps_per_iteration):
+                    rollout = collector.collect(
+                        1, deterministic=config.deterministic_collect, record_obs=True
+                    )
+                    env_steps += int(rollout.valid.sum())
+                    episodes += rollout.episodes
+                    ended += episodes_rows.push(rollout)
+                if ema is not None:
+                    ema.swap()  # train the trained weights
+                kept = keep(ended)  # the successes of this iteration join before its updates
+                steps = []
+                if can_update():
+                    rng = np.random.default_rng([run_config.seed, run.counters["iteration"]])
+                    policy.train()
+                    steps = [update(rng) for _ in range(config.updates_per_iteration)]
+                if ema is not None:
+                    ema.swap()  # the average again
+                end_iteration(env_steps, episodes, kept, steps)
+        else:  # the actor process steps the envs; here: keep, update, publish the average
+            weights = functools.partial(_acting_weights, policy, ema)
+            spec = SILActorSpec(
+                policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
+                deterministic=config.deterministic_collect, keep_failures=config.placebo,
+            )  # fmt: skip
+            actor.start(spec, done["updates"], weights())
+            while not run.finished:
+                env_steps, episodes, ended, steps, received = 0, [], [], [], 0
+                rng = np.random.default_rng([run_config.seed, run.counters["iteration"]])
+                if ema is not None:
+                    ema.swap()  # train the trained weights
+                policy.train()
+                while received < config.steps_per_iteration:
+                    busy = can_update() and len(steps) < config.updates_per_iteration
+                    message = actor.receive(timeout=0.0 if busy else 0.05)
+                    if message is not None:
+                        new_ended, new_steps, new_episodes = message
+                        ended, env_steps = ended + new_ended, env_steps + new_steps
+                        episodes += new_episodes
+                        received += 1
+                    if busy:
+                        steps.append(update(rng))
+                        n = done["updates"]
+                        actor.link.updated(weights, n, n, config.weight_sync_every)
+                    else:
+                        actor.link.serve(weights, done["updates"])
+                if ema is not None:
+                    ema.swap()  # the average again
+                end_iteration(env_steps, episodes, keep(ended), steps)
+            actor.close()
+        if env is not None:
+            env.close()
+            env = None
         return run.finish()
     finally:
+        if actor is not None:
+            actor.close()
         if env is not None:
             env.close()
         run.close()
+
+
+def _acting_weights(policy: torch.nn.Module, ema: Any) -> dict[str, torch.Tensor]:
+    """What the actor acts with: the weight average when there is one, else the trained weights."""
+    if ema is not None:
+        return ema.averaged_state(policy)
+    return module_weights(policy)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
