@@ -282,6 +282,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY},
         "sil": {**_SIL, "prior_ratio": 0.25},
     },
+    "sil-20demos-e6000-prior25-async": {
+        "about": "sil-20demos-e6000-prior25 on the async actor-learner with up to 256 updates per iteration "
+        "(4x the sync loop's; compare runs alone on the machine: the learner takes a core of its own)",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY, "loop": "async"},
+        "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256},
+    },
     "sil-20demos-e6000-prior0": {
         "about": "sil-20demos-e6000 imitating its own successes alone once it has one (the demos until then)",
         "algo": "sil",

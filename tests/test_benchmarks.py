@@ -361,6 +361,7 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
                                  ("sil-20demos-e6000", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior25", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior0", "clone-20demos-e6000-30min"),
+                                 ("sil-20demos-e6000-prior25-async", "clone-20demos-e6000-30min"),
                                  ("sil-recipe", "clone-sil-recipe")]:  # fmt: skip
         sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
         assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
@@ -373,6 +374,7 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
         BCConfig(**clone["bc"])
         assert placebo_of(sil)["sil"] == {**sil["sil"], "placebo": True}
     shipped = json.loads((root / "configs" / "libero_spatial_sil.json").read_text())
+    assert VARIANTS["sil-20demos-e6000-prior25-async"]["run"]["loop"] == "async"
     assert VARIANTS["sil-recipe"]["sil"] == shipped["sil"]
     assert all(shipped["run"][k] == v for k, v in VARIANTS["sil-recipe"]["run"].items())
     from_clone = VARIANTS["sil-recipe-from-clone"]
