@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import sac_envs  # noqa: F401  (registers SacReach-v0, SacClock-v0)
 import torch
+from learner_kill import kill_learner_midway, subprocess_env
 
 from trainers import checkpoint as ckpt
 from trainers.metrics import read_metrics
@@ -24,7 +21,6 @@ from trainers.sac.algorithm import SACConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FAST = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
-TESTS = Path(__file__).parent
 CLOCK = "sac_envs:SacClock-v0"
 
 
@@ -88,25 +84,6 @@ def test_async_learner_that_fails_stops_its_actor(tmp_path, monkeypatch):
     assert not _actor_processes()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_async_run_killed_leaves_no_orphan_and_resumes(tmp_path):
     """SIGKILL the learner's process mid-run: its actor process dies with it; ``--resume`` then
@@ -115,31 +92,14 @@ def test_async_run_killed_leaves_no_orphan_and_resumes(tmp_path):
     args = _args(run, "sac_envs:SacReach-v0", "--loop", "async")
     args[args.index("--total-steps") + 1] = "4000"
     args[args.index("--checkpoint-every") + 1] = "1"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    learner = subprocess.Popen([sys.executable, "-m", "trainers", "--algo", "sac", *args], env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(ckpt.checkpoint_paths(run)) < 2:
-            assert learner.poll() is None, "the run ended before it was killed"
-            time.sleep(0.2)
-        actors = _children(learner.pid)
-        assert actors, "no actor process"
-        learner.send_signal(signal.SIGKILL)
-        learner.wait(timeout=30)
-    finally:
-        learner.kill()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in actors):
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in actors), "the actor outlived its learner"
+    kill_learner_midway(["--algo", "sac", *args], run)
 
     saved = ckpt.latest_checkpoint(run)[1]
     assert saved["extra"]["buffer"]["size"] > 0
-    (run / ".lock").unlink(missing_ok=True)  # the killed process could not release it
     resumed = subprocess.run(
         [sys.executable, "-m", "trainers", "--resume", str(run), "--env", "sac_envs:SacReach-v0",
          "--total-steps", str(saved["counters"]["env_steps"] + 200), *FAST],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=subprocess_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = ckpt.latest_checkpoint(run)[1]

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sac_envs  # noqa: F401  (registers SacClock-v0, SacReach-v0 here and in the actor process)
+from learner_kill import kill_learner_midway, subprocess_env
 
 from nets.errors import BadInput
 from trainers import checkpoint as ckpt
@@ -25,7 +22,6 @@ from trainers.sil import train as sil_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FAST = ["--no-progress", "--no-tensorboard", "--no-video", "--torch-threads", "1"]
-TESTS = Path(__file__).parent
 
 
 def _args(run_dir, *extra):
@@ -86,25 +82,6 @@ def test_async_learner_that_fails_stops_its_actor(tmp_path, monkeypatch):
     assert not _actor_processes()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_async_run_killed_leaves_no_orphan_and_resumes(tmp_path):
     """SIGKILL the learner mid-run: its actor process dies with it; ``--resume`` continues from the
@@ -113,32 +90,15 @@ def test_async_run_killed_leaves_no_orphan_and_resumes(tmp_path):
     args = _args(run, "--loop", "async")
     args[args.index("--total-steps") + 1] = "6000"
     args[args.index("--checkpoint-every") + 1] = "1"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    learner = subprocess.Popen([sys.executable, "-m", "trainers", "--algo", "sil", *args], env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(ckpt.checkpoint_paths(run)) < 2:
-            assert learner.poll() is None, "the run ended before it was killed"
-            time.sleep(0.2)
-        actors = _children(learner.pid)
-        assert actors, "no actor process"
-        learner.send_signal(signal.SIGKILL)
-        learner.wait(timeout=30)
-    finally:
-        learner.kill()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in actors):
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in actors), "the actor outlived its learner"
+    kill_learner_midway(["--algo", "sil", *args], run)
 
     saved = ckpt.latest_checkpoint(run)[1]
     kept = saved["extra"]["successes"]
     assert kept["rows_added"] > 0
-    (run / ".lock").unlink(missing_ok=True)  # the killed process could not release it
     resumed = subprocess.run(
         [sys.executable, "-m", "trainers", "--resume", str(run), "--env", "sac_envs:SacClock-v0",
          "--total-steps", str(saved["counters"]["env_steps"] + 60), *FAST],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=subprocess_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = ckpt.latest_checkpoint(run)[1]
