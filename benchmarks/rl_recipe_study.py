@@ -437,11 +437,12 @@ def train_variant(
 
 def ran_with(run_dir: Path, algo: str, run: dict[str, Any], algo_settings: dict[str, Any]) -> bool:
     """Whether the run in ``run_dir`` used these settings (its ``config.json``; evaluation and
-    checkpoint settings, which the study sets itself, are not compared)."""
+    checkpoint settings, which the study sets itself, are not compared, nor a BC run's
+    ``total_steps``, which ``trainers.bc`` writes as the samples its epochs take)."""
     config = _set(json.loads((run_dir / "config.json").read_text()))
     if algo not in config:
         return False
-    skip = {"run_dir", "video", "checkpoint_every", "resume"}
+    skip = {"run_dir", "video", "checkpoint_every", "resume"} | ({"total_steps"} if algo == "bc" else set())
     return all(config[algo].get(k) == v for k, v in _set(algo_settings).items()) and all(
         config["run"].get(k) == v for k, v in _set(run).items() if k not in skip and not k.startswith("eval")
     )

@@ -532,3 +532,20 @@ def test_an_interrupted_sweep_resumes_episode_by_episode_and_sweeps_libero_plus(
     assert "by LIBERO-Plus category" in capsys.readouterr().out and "partial" not in json.loads(
         Path(out).read_text()
     )
+
+
+def test_rl_recipe_study_knows_a_finished_clone(tmp_path):
+    """A BC variant's finished run is recognised by its settings (``trainers.bc`` writes
+    ``total_steps`` as the samples its epochs take), so a variant started from it does not train it
+    again; another BC setting still counts as another run."""
+    from benchmarks.rl_recipe_study import VARIANTS, ran_with, recipe_variant
+
+    recipe = json.loads(
+        (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sil.json").read_text()
+    )
+    algo, run, settings = recipe_variant(recipe, VARIANTS["clone-sil-recipe"])
+    run.update(seed=0)
+    saved = {"run": {**run, "total_steps": 1_651_200_000}, "bc": {**settings, "weight_decay": 0.0}}
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert algo == "bc" and ran_with(tmp_path, algo, run, settings)
+    assert not ran_with(tmp_path, algo, run, {**settings, "learning_rate": 3e-4})
