@@ -127,3 +127,34 @@ def test_bad_settings_are_refused_before_any_env_step(tmp_path):
     with pytest.raises(BadInput, match="demonstrated chunks are 2 x 3"):
         _sil(tmp_path / "b", "--prior-data", str(_demos(tmp_path, action_dim=3)))
     assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_warm_up_clones_the_prior_before_any_env_step_and_is_not_redone_on_resume(tmp_path):
+    """``warmup_updates`` are behaviour cloning on the prior data alone, after the evaluation at start
+    and before any env step: with no update after them the policy walks like the forward-walking
+    demos. They are logged once, and a resumed run does not repeat them."""
+    demos = _demos(tmp_path)
+    args = ["--prior-data", str(demos), "--warmup-updates", "60", "--updates-per-iteration", "0",
+            "--batch-size", "16", "--learning-rate", "3e-3", "--ema-decay", "0", "--steps-per-iteration", "5",
+            "--checkpoint-every", "1"]  # fmt: skip
+    first = _sil(tmp_path / "run", *args, "--total-steps", "40", "--eval-at-start")
+    assert first["train/updates"] == 60 and first["train/updates_per_chunk"] == 0
+    assert first["eval/success"] >= 0.7, first
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    warm = [r for r in rows if "train/warmup_updates" in r]
+    assert (
+        len(warm) == 1 and warm[0]["train/warmup_updates"] == 60 and np.isfinite(warm[0]["train/warmup_loss"])
+    )
+    start = [i for i, r in enumerate(rows) if "eval/success" in r][0]  # the new policy, before it
+    assert start < rows.index(warm[0]) and rows[start]["eval/episode_len"] > first["eval/episode_len"]
+    again = _sil(tmp_path / "run", *args, "--total-steps", "80", "--resume", str(tmp_path / "run"))
+    assert again["train/updates"] == 60
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert sum("train/warmup_updates" in line for line in rows) == 1
+
+
+def test_warm_up_needs_prior_data():
+    with pytest.raises(BadInput, match="warmup_updates"):
+        SILConfig(warmup_updates=10)
+    with pytest.raises(BadInput, match="warmup_updates must be >= 0"):
+        SILConfig(warmup_updates=-1, prior_data="demos.h5")

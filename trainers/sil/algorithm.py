@@ -32,6 +32,10 @@ class SILConfig:
     iteration's vector steps are stepped; fewer when the envs are faster than the learner)"""
     learning_starts: int = 0
     """successful chunk-steps collected before the first update (0: update from the first iteration)"""
+    warmup_updates: int = 0
+    """updates on the prior data alone before the first env step (0: none): imitation of the demos,
+    which costs no env steps, so that self-imitation starts from a longer clone within the same
+    budget (their time counts in ``max_minutes``)"""
     batch_size: int = 512
     """chunk-steps per minibatch"""
     learning_rate: float = 1e-3
@@ -65,8 +69,10 @@ class SILConfig:
         for name in ("steps_per_iteration", "batch_size", "buffer_size"):
             if getattr(self, name) < 1:
                 raise BadInput(f"sil {name} must be >= 1, got {getattr(self, name)}")
-        if self.updates_per_iteration < 0 or self.learning_starts < 0:
-            raise BadInput("sil updates_per_iteration and learning_starts must be >= 0")
+        if self.updates_per_iteration < 0 or self.learning_starts < 0 or self.warmup_updates < 0:
+            raise BadInput("sil updates_per_iteration, learning_starts and warmup_updates must be >= 0")
+        if self.warmup_updates and not self.prior_data:
+            raise BadInput(f"sil warmup_updates ({self.warmup_updates}) imitate prior_data: set it")
         if not self.learning_rate > 0 or self.max_grad_norm < 0:
             raise BadInput("sil learning_rate must be > 0 and max_grad_norm >= 0")
         if not 0.0 <= self.ema_decay < 1.0:

@@ -4,7 +4,9 @@
         --init-policy checkpoints/flow_libero_spatial_state.pt \\
         --prior-data data/libero_spatial_expert_train.h5
 
-Each iteration the envs run ``steps_per_iteration`` vector steps with the policy (the weight average
+With ``warmup_updates`` the run first imitates the prior data alone for that many updates (after the
+evaluation at start, before any env step; within ``max_minutes``). Each iteration the envs run
+``steps_per_iteration`` vector steps with the policy (the weight average
 when ``ema_decay`` > 0; sampled actions unless ``deterministic_collect``), autoresetting; every
 episode that ends is kept, chunk-step by chunk-step, if it succeeded (the env's ``success``, else
 termination), then ``updates_per_iteration`` gradient steps of the imitation loss follow
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from nets.errors import BadInput
 from trainers.actors import EnvActor, module_weights
@@ -125,8 +129,9 @@ def train(
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
                 "train/kept_this_iteration": kept, "train/updates": done["updates"],
-                # gradient steps per chunk-step kept (over the whole run: the buffer's rows added)
-                "train/updates_per_chunk": done["updates"] / max(successes.rows_added, 1),
+                # gradient steps per chunk-step kept, the warm-up's aside (over the whole run)
+                "train/updates_per_chunk": (done["updates"] - min(done["updates"], config.warmup_updates))
+                / max(successes.rows_added, 1),
             })  # fmt: skip
             if asynchronous and len(successes):
                 metrics.update({
@@ -135,6 +140,8 @@ def train(
                 })  # fmt: skip
             run.end_iteration(env_steps, episodes, metrics)
 
+        if not resumed and config.warmup_updates:  # a longer clone first: the prior data alone
+            warm_up(policy, config, np.random.default_rng([run_config.seed, 0, 0]), update, run)
         env_seed = run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"]
         if ema is not None:
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
@@ -203,6 +210,28 @@ def train(
         if env is not None:
             env.close()
         run.close()
+
+
+def warm_up(
+    policy: torch.nn.Module,
+    config: SILConfig,
+    rng: np.random.Generator,
+    update: Callable[[np.random.Generator], dict[str, torch.Tensor]],
+    run: Run,
+) -> None:
+    """``config.warmup_updates`` updates before the first env step; with no successes yet each
+    minibatch is all prior data, so this is behaviour cloning with the run's optimizer and average."""
+    policy.train()
+    losses = []
+    bar = tqdm(
+        range(config.warmup_updates), desc="warm-up on the prior data", unit="update", mininterval=1.0,
+        disable=not run.config.progress,
+    )  # fmt: skip
+    for _ in bar:
+        losses.append(update(rng)["sil_loss"])
+    policy.eval()
+    tail = float(torch.stack(losses[-100:]).mean())  # non-finite updates: BadUpdateGuard stops the run
+    run.log({"train/warmup_loss": tail, "train/warmup_updates": len(losses)})
 
 
 def _acting_weights(policy: torch.nn.Module, ema: Any) -> dict[str, torch.Tensor]:
