@@ -362,7 +362,8 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
                                  ("sil-20demos-e6000-prior25", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior0", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior25-async", "clone-20demos-e6000-30min"),
-                                 ("sil-recipe", "clone-sil-recipe")]:  # fmt: skip
+                                 ("sil-recipe", "clone-sil-recipe"),
+                                 ("sil-recipe-warmup", "clone-sil-recipe")]:  # fmt: skip
         sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
         assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
         for spec in (sil, clone):
@@ -377,6 +378,8 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     assert VARIANTS["sil-20demos-e6000-prior25-async"]["run"]["loop"] == "async"
     assert VARIANTS["sil-recipe"]["sil"] == shipped["sil"]
     assert all(shipped["run"][k] == v for k, v in VARIANTS["sil-recipe"]["run"].items())
+    warm = VARIANTS["sil-recipe-warmup"]["sil"]
+    assert warm == {**shipped["sil"], "warmup_updates": warm["warmup_updates"]} and warm["warmup_updates"] > 0
     from_clone = VARIANTS["sil-recipe-from-clone"]
     assert from_clone["start_from"] == "clone-sil-recipe" and "init_policy" not in from_clone["run"]
 
