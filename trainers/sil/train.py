@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,8 @@ from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
 from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop
 from trainers.sil.algorithm import SILConfig, SuccessRows, chosen, sil_update
+
+WARMUP_STREAM = 1  # spawn key of the warm-up's minibatch stream (iterations use [seed, iteration])
 
 
 def load_prior(path: str, policy: Any, obs_space: Any, k: int) -> dict[str, Any]:
@@ -141,7 +144,9 @@ def train(
             run.end_iteration(env_steps, episodes, metrics)
 
         if not resumed and config.warmup_updates:  # a longer clone first: the prior data alone
-            warm_up(policy, config, np.random.default_rng([run_config.seed, 0, 0]), update, run)
+            # a stream of its own (an entropy list [seed, 0, 0] would equal iteration 0's [seed, 0])
+            rng = np.random.default_rng(np.random.SeedSequence(run_config.seed, spawn_key=(WARMUP_STREAM,)))
+            warm_up(policy, config, rng, update, run)
         env_seed = run_config.seed + RESUME_SEED_STRIDE * run.counters["iteration"]
         if ema is not None:
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
@@ -222,7 +227,7 @@ def warm_up(
     """``config.warmup_updates`` updates before the first env step; with no successes yet each
     minibatch is all prior data, so this is behaviour cloning with the run's optimizer and average."""
     policy.train()
-    losses = []
+    losses: deque[torch.Tensor] = deque(maxlen=100)  # the last ones, for the logged loss
     bar = tqdm(
         range(config.warmup_updates), desc="warm-up on the prior data", unit="update", mininterval=1.0,
         disable=not run.config.progress,
@@ -230,8 +235,8 @@ def warm_up(
     for _ in bar:
         losses.append(update(rng)["sil_loss"])
     policy.eval()
-    tail = float(torch.stack(losses[-100:]).mean())  # non-finite updates: BadUpdateGuard stops the run
-    run.log({"train/warmup_loss": tail, "train/warmup_updates": len(losses)})
+    tail = float(torch.stack(list(losses)).mean())  # non-finite updates: BadUpdateGuard stops the run
+    run.log({"train/warmup_loss": tail, "train/warmup_updates": config.warmup_updates})
 
 
 def _acting_weights(policy: torch.nn.Module, ema: Any) -> dict[str, torch.Tensor]:
