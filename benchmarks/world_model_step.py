@@ -66,14 +66,14 @@ def real_size_model(backend: str, device: torch.device, image_size: tuple[int, i
     torch.manual_seed(0)
     with torch.device(device):
         dit, vae = real_size_networks(backend, dtype)
-        if backend == "cosmos":
-            from envs.world_models.cosmos.model import CosmosWorldModel
+    if backend == "cosmos":
+        from envs.world_models.cosmos.model import CosmosWorldModel
 
-            return CosmosWorldModel(dit, vae, image_size=image_size, dtype=dtype, **options)
-        from envs.world_models.opensora.model import OpenSoraWorldModel
+        return CosmosWorldModel(dit, vae, image_size=image_size, dtype=dtype, **options)
+    from envs.world_models.opensora.model import OpenSoraWorldModel
 
-        q01, q99 = -torch.ones(7), torch.ones(7)
-        return OpenSoraWorldModel(dit, vae, q01=q01, q99=q99, image_size=image_size, dtype=dtype, **options)
+    q01, q99 = -torch.ones(7), torch.ones(7)
+    return OpenSoraWorldModel(dit, vae, q01=q01, q99=q99, image_size=image_size, dtype=dtype, **options)
 
 
 def measure(env: Any, steps: int) -> dict[str, float]:

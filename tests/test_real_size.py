@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks import gpu_step_times, real_size, real_size_plan
+from benchmarks import gpu_step_times, gpu_train_steps, real_size, real_size_plan
 from nets.errors import BadInput
 
 # the totals each model must reach, and the rows allowed to differ from their reference (with the
@@ -106,3 +106,37 @@ def test_gpu_step_times_dry_run_checks_and_writes_only_its_table(tmp_path):
 def test_gpu_step_times_skips_without_cuda(tmp_path):
     assert gpu_step_times.main(["--table", str(tmp_path / "t.txt")]) is False
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_train_steps_runs_the_real_code_path_at_tiny_size_on_cpu(tmp_path):
+    """The GPU script's act and update on the tiny checkpoints: each model's training options leave
+    a part of its parameters trainable, both steps are timed, and the table and JSON are written."""
+    table, json_path = tmp_path / "t.txt", tmp_path / "t.json"
+    args = ["--size", "tiny", "--device", "cpu", "--repeats", "1", "--steps", "1"]
+    args += ["--envs", "4", "--micro", "2"]
+    rows = gpu_train_steps.main([*args, "--table", str(table), "--json", str(json_path)])
+    assert [r["model"] for r in rows] == ["openvla_oft", "pi05"]
+    for r in rows:
+        assert 0 < r["trainable_m"] < r["params_b"] * 1e3 and r["act_s"] > 0 and r["update_s"] > 0
+    assert "openvla_oft" in table.read_text() and json_path.exists()
+
+
+def test_gpu_train_steps_plan_columns_come_from_the_plan_rows():
+    row = {"model": "openvla_oft", "envs": 16, "micro": 8}
+    planned = gpu_train_steps.with_plan(row, 0.4)
+    plan = {r.name: r for r in real_size_plan.build_plan(gpus=1)}["OFT GRPO LoRA r32"]
+    assert planned["plan_gib"] == pytest.approx(plan.total(checkpointing=False) / 2**30)
+    assert planned["plan_update_s"] == pytest.approx(real_size_plan.seconds(plan.update_tflop / 8, 0.4))
+    assert planned["plan_act_s"] == pytest.approx(real_size_plan.seconds(plan.act_tflop * 16, 0.4))
+
+
+def test_gpu_train_steps_bad_input(tmp_path):
+    out = ["--table", str(tmp_path / "t.txt"), "--json", str(tmp_path / "t.json")]
+    with pytest.raises(BadInput, match="--micro 8 must be <= --envs 4"):
+        gpu_train_steps.main(["--size", "tiny", "--device", "cpu", "--envs", "4", "--models", "pi05", *out])
+    with pytest.raises(BadInput, match="--steps must be >= 1"):
+        gpu_train_steps.main(["--size", "tiny", "--device", "cpu", "--steps", "0", *out])
+    if not torch.cuda.is_available():
+        with pytest.raises(BadInput, match="--size real needs --device cuda"):
+            gpu_train_steps.main(["--device", "cpu", *out])
+        assert gpu_train_steps.main(out) == []  # no CUDA: skipped with a message

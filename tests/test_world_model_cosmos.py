@@ -400,3 +400,15 @@ def test_chunk_variant_and_from_files(files, vae):
     assert loaded.generate(state, torch.ones(1, 8, 7), torch.Generator())[0].shape == (1, 8, 3, H, W)
     with pytest.raises(ValueError, match="proj_of_zero"):
         _world_model(files, vae, text_context="proj_of_zero")
+
+
+def test_action_scaler_stays_on_the_cpu_under_a_device_context(files, vae):
+    """generate() scales the actions on the CPU; a model built inside ``with torch.device(...)`` (as
+    benchmarks.world_model_step built it on CUDA) must not put its scaler on that device."""
+    dit = load_cosmos_dit(files[0]["global"], dtype=torch.float32)
+    with torch.device("meta"):
+        model = CosmosWorldModel(dit, vae, image_size=(H, W), num_steps=1, action_scaler=[20.0] * 7)
+    assert model.action_scaler.device.type == "cpu"
+    state = model.start(torch.zeros(1, 3, H, W), torch.Generator())
+    frames, _ = model.generate(state, torch.ones(1, 8, 7), torch.Generator().manual_seed(0))
+    assert torch.isfinite(frames).all()

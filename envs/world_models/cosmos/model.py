@@ -118,7 +118,8 @@ class CosmosWorldModel:
             raise BadInput("text_context='proj_of_zero' needs a checkpoint with crossattn_proj (Predict2.5)")
         if num_steps < 1 or batch_size < 1:
             raise BadInput(f"expected num_steps >= 1 and batch_size >= 1, got {num_steps}, {batch_size}")
-        scaler = torch.as_tensor(action_scaler, dtype=torch.float32).flatten()
+        # on the CPU under any device context: generate() scales the actions there
+        scaler = torch.as_tensor(action_scaler, dtype=torch.float32, device="cpu").flatten()
         if scaler.numel() not in (1, ACTION_DIM):
             raise BadInput(f"expected action_scaler as a float or {ACTION_DIM} values, got {scaler.numel()}")
 
