@@ -5,7 +5,9 @@ actions for every env: DiT sampling, VAE, reward model, bookkeeping), the model'
 FLOPs of one step (``torch.utils.flop_counter``, counted on a separate step) and the achieved
 TFLOP/s. ``optimized`` is the default env (Cosmos: the four exact shortcuts of research §3.9);
 ``faithful`` is RLinf's computation (CFG's duplicate branch, 13-frame encode, full decode, full
-cross-attention). All modes run side by side in one process.
+cross-attention). ``compiled`` (with ``--compile``) is ``optimized`` with the DiT's blocks under
+``torch.compile`` (``compile_blocks``); its first step, which compiles, is reported apart. All modes
+run side by side in one process.
 
     python -m benchmarks.world_model_step                   # CPU, tiny random bundles
     python -m benchmarks.world_model_step --real-size       # GPU: real-size random models, bf16, 16 envs
@@ -98,9 +100,13 @@ def measure(env: Any, steps: int) -> dict[str, float]:
 
     base.model.generate = timed_generate
     try:
-        env.step(actions())  # warm-up (kernels, allocator)
-        with FlopCounterMode(display=False) as counter:
-            env.step(actions())
+        _sync(device)
+        t0 = time.perf_counter()
+        env.step(actions())  # warm-up (kernels, allocator, compilation)
+        _sync(device)
+        first_s = time.perf_counter() - t0
+        with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
+            env.step(actions())  # compiled code counted as the eager code it replaces
         flops = counter.get_total_flops()
         times = []
         model_times.clear()
@@ -114,6 +120,7 @@ def measure(env: Any, steps: int) -> dict[str, float]:
         del base.model.generate
     step_s = statistics.median(times)
     return {
+        "first_step_s": first_s,
         "step_s": step_s,
         "model_s": statistics.median(model_times),
         "tflop_per_step": flops / 1e12,
@@ -127,6 +134,8 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
     endless = {"success_threshold": 2.0, "max_episode_steps": 10**6}
     if backend == "cosmos":
         options["faithful"] = mode == "faithful"
+    if mode == "compiled":
+        options["compile_blocks"] = True
     if args.real_size:
         device = default_device(args.device)
         model = real_size_model(backend, device, size, **options)
@@ -161,12 +170,13 @@ def run_row(backend: str, mode: str, num_envs: int, size: tuple[int, int], args:
 def table(rows: list[dict], unit: str = "T") -> str:
     """``unit``: "T" (TFLOP) for real-size models, "G" (GFLOP) for tiny ones."""
     scale = 1.0 if unit == "T" else 1e3
-    head = f"{'backend':<9}{'mode':<11}{'envs':>5}{'frames':>9}{'step s':>9}{'model s':>9}"
+    head = f"{'backend':<9}{'mode':<11}{'envs':>5}{'frames':>9}{'first s':>9}{'step s':>9}{'model s':>9}"
     head += f"{unit + 'FLOP/step':>12}{unit + 'FLOP/s':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['backend']:<9}{r['mode']:<11}{r['envs']:>5}{r['size']:>9}{r['step_s']:>9.3f}{r['model_s']:>9.3f}"
+            f"{r['backend']:<9}{r['mode']:<11}{r['envs']:>5}{r['size']:>9}{r['first_step_s']:>9.2f}"
+            f"{r['step_s']:>9.3f}{r['model_s']:>9.3f}"
             f"{r['tflop_per_step'] * scale:>12.2f}{r['tflops'] * scale:>9.2f}"
         )
     return "\n".join(lines)
@@ -184,8 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cosmos-size", type=int, nargs=2, default=None, help="default 64 80 / 256 320")
     parser.add_argument("--opensora-size", type=int, nargs=2, default=None, help="default 64 64 / 256 256")
+    parser.add_argument("--compile", action="store_true", help="also the 'compiled' rows (torch.compile)")
+    parser.add_argument(
+        "--modes", nargs="+", default=None, choices=MODES, help="only these modes (default: all that apply)"
+    )
     parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/world_model_step.json"))
     return parser
+
+
+MODES = ("optimized", "faithful", "compiled")
 
 
 def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, int, tuple[int, int]]]:
@@ -198,6 +215,8 @@ def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, int, tuple[in
     rows = []
     for backend in args.backends:
         modes = ["optimized", "faithful"] if backend == "cosmos" else ["optimized"]
+        modes += ["compiled"] if args.compile else []
+        modes = [m for m in modes if args.modes is None or m in args.modes]
         rows += [(backend, mode, n, sizes[backend]) for n in env_counts for mode in modes]
     return rows
 

@@ -33,6 +33,8 @@ class OpenSoraWorldModel:
         num_steps: RFLOW Euler steps (10).
         batch_size: envs per DiT micro-batch (16).
         dtype: cast both networks to this dtype (bf16 on GPU, as RLinf; fp32 for exactness).
+        compile_blocks: ``torch.compile`` the DiT's blocks (the first ``generate`` compiles; about
+            the same numbers, faster on a GPU; see ``benchmarks/README.md``).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class OpenSoraWorldModel:
         num_steps: int = 10,
         batch_size: int = 16,
         dtype: torch.dtype | None = None,
+        compile_blocks: bool = False,
     ) -> None:
         cfg = dit.config
         self.image_size = (int(image_size[0]), int(image_size[1]))
@@ -88,6 +91,8 @@ class OpenSoraWorldModel:
             self.dit.to(dtype)
             self.vae.to(dtype)
         self.q01, self.q99 = q01.to(self.device), q99.to(self.device)
+        if compile_blocks:
+            self.dit.compile_blocks()
 
     @classmethod
     def from_files(
