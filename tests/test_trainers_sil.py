@@ -158,3 +158,35 @@ def test_warm_up_needs_prior_data():
         SILConfig(warmup_updates=10)
     with pytest.raises(BadInput, match="warmup_updates must be >= 0"):
         SILConfig(warmup_updates=-1, prior_data="demos.h5")
+
+
+def test_balance_tasks_draws_every_task_equally_and_survives_a_round_trip():
+    """90 rows of one task and 10 of another: uniform draws follow the rows, balanced draws the tasks;
+    a buffer restored from its state draws the same rows from the same generator state."""
+    rows = SuccessRows(capacity=1000)
+    for task, n in (("often", 90), ("rarely", 10)):
+        rows.add([({"proprio": np.zeros(2, np.float32), "instruction": task},
+                   np.zeros((2, 2), np.float32), np.ones(2, bool), 0) for _ in range(n)])  # fmt: skip
+    rare = np.array([t == "rarely" for t in rows.obs["instruction"]])
+    uniform = rows.sample(20_000, np.random.default_rng(0))
+    balanced = rows.sample(20_000, np.random.default_rng(0), balance_tasks=True)
+    assert rare[uniform].mean() == pytest.approx(0.1, abs=0.01)
+    assert rare[balanced].mean() == pytest.approx(0.5, abs=0.015)
+    again = SuccessRows(capacity=1000)
+    again.load_state_dict(rows.state_dict())
+    np.testing.assert_array_equal(
+        again.sample(50, np.random.default_rng(1), True), rows.sample(50, np.random.default_rng(1), True)
+    )
+    no_text = SuccessRows(capacity=10)
+    no_text.add([({"proprio": np.zeros(2, np.float32)}, np.zeros((2, 2), np.float32), np.ones(2, bool), 0)])
+    with pytest.raises(BadInput, match="instruction"):
+        no_text.sample(4, np.random.default_rng(0), balance_tasks=True)
+
+
+def test_balance_tasks_trains_and_needs_an_instruction(tmp_path):
+    out = _sil(tmp_path / "run", "--balance-tasks", "--total-steps", "120", "--steps-per-iteration", "5")
+    assert np.isfinite(out["train/sil_loss"]) or out["train/success_rows"] == 0
+    with pytest.raises(BadInput, match="'instruction' observation"):
+        sil_main(["--env", "Pendulum-v1", "--policy", "gaussian", *FAST, "--balance-tasks",
+                  "--run-dir", str(tmp_path / "p")])  # fmt: skip
+    assert not (tmp_path / "p" / "checkpoints").exists()

@@ -47,6 +47,10 @@ class SILConfig:
     trained weights travel in the checkpoint for --resume)"""
     buffer_size: int = 200_000
     """successful chunk-steps kept (the oldest leave first)"""
+    balance_tasks: bool = False
+    """draw successful rows so that every task (told apart by the ``instruction`` observation)
+    weighs the same in a minibatch, however many of its episodes succeeded (default: every row the
+    same, so tasks that often succeed dominate those that rarely do)"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
@@ -97,6 +101,8 @@ class SuccessRows:
         self.actions = np.zeros((0, 0, 0), np.float32)
         self.valid = np.zeros((0, 0), bool)
         self.lags = np.zeros(0, np.int64)
+        self.tasks = np.zeros(0, np.int64)  # each row's task: its instruction's index in task_ids
+        self.task_ids: dict[str, int] = {}
         self.episodes = 0  # successful episodes added, over the whole run
         self.rows_added = 0  # chunk-steps added, over the whole run
 
@@ -117,8 +123,9 @@ class SuccessRows:
         actions = np.stack([r[1] for r in rows]).astype(np.float32)
         valid = np.stack([r[2] for r in rows]).astype(bool)
         lags = np.array([r[3] for r in rows], np.int64)
+        tasks = self._task_of(new_obs)
         if not len(self):
-            self.obs, self.actions, self.valid, self.lags = new_obs, actions, valid, lags
+            self.obs, self.actions, self.valid, self.lags, self.tasks = new_obs, actions, valid, lags, tasks
         else:
             self.obs = {
                 k: (self.obs[k] + v) if isinstance(v, list) else np.concatenate([self.obs[k], v])
@@ -127,12 +134,31 @@ class SuccessRows:
             self.actions = np.concatenate([self.actions, actions])
             self.valid = np.concatenate([self.valid, valid])
             self.lags = np.concatenate([self.lags, lags])
+            self.tasks = np.concatenate([self.tasks, tasks])
         drop = len(self) - self.capacity
         if drop > 0:
             self.obs = {k: v[drop:] for k, v in self.obs.items()}
             self.actions, self.valid, self.lags = self.actions[drop:], self.valid[drop:], self.lags[drop:]
+            self.tasks = self.tasks[drop:]
         self.episodes += 1
         self.rows_added += len(rows)
+
+    def _task_of(self, obs: dict[str, Any]) -> np.ndarray:
+        """Task indices of rows ``obs`` (all 0 without an ``instruction`` observation)."""
+        texts = obs.get("instruction")
+        if not isinstance(texts, list):
+            return np.zeros(len(next(iter(obs.values()))), np.int64)
+        return np.array([self.task_ids.setdefault(t, len(self.task_ids)) for t in texts], np.int64)
+
+    def sample(self, n: int, rng: np.random.Generator, balance_tasks: bool = False) -> np.ndarray:
+        """``n`` row indices drawn with replacement: uniformly, or with ``balance_tasks`` each task
+        (instruction) equally likely and its rows uniformly within it."""
+        if not balance_tasks:
+            return rng.integers(len(self), size=n)
+        if not self.task_ids:
+            raise BadInput("sil balance_tasks tells tasks apart by the 'instruction' observation: none seen")
+        weights = 1.0 / np.bincount(self.tasks)[self.tasks]
+        return rng.choice(len(self), size=n, p=weights / weights.sum())
 
     def state_dict(self) -> dict[str, Any]:
         counts = {"episodes": self.episodes, "rows_added": self.rows_added}
@@ -152,6 +178,8 @@ class SuccessRows:
             raise BadInput("self-imitation buffer state: obs, actions, valid and lags differ in length")
         self.obs, self.actions, self.valid = dict(state["obs"]), state["actions"], state["valid"]
         self.lags = np.asarray(lags, np.int64)
+        self.task_ids = {}
+        self.tasks = self._task_of(self.obs)  # relabelled, the same groups: the same draws
         self.episodes = int(state["episodes"])
         self.rows_added = int(state.get("rows_added", n))
 
@@ -191,7 +219,8 @@ def sil_update(
         parts.append(take(prior, rng.integers(n_prior, size=from_prior)))
     if config.batch_size - from_prior:
         data = {"obs": successes.obs, "actions": successes.actions, "valid": successes.valid}
-        parts.append(take(data, rng.integers(len(successes), size=config.batch_size - from_prior)))
+        idx = successes.sample(config.batch_size - from_prior, rng, config.balance_tasks)
+        parts.append(take(data, idx))
     obs = {
         k: sum((p[0][k] for p in parts), []) if isinstance(parts[0][0][k], list)
         else np.concatenate([p[0][k] for p in parts])

@@ -86,6 +86,12 @@ def train(
             raise BadInput(
                 f"self-imitation trains a policy's imitation_loss; {type(policy).__name__} has none"
             )
+        obs_keys = getattr(spaces.single_observation_space, "spaces", {})
+        if config.balance_tasks and "instruction" not in obs_keys:
+            raise BadInput(
+                f"sil balance_tasks tells tasks apart by the 'instruction' observation; the env's are "
+                f"{sorted(obs_keys)}"
+            )
         prior = None
         if config.prior_data:  # read and checked before any env step
             obs_space = spaces.single_observation_space
