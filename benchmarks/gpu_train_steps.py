@@ -17,8 +17,9 @@ options (OpenVLA-OFT: LoRA rank 32 on the default targets; pi0.5: the action exp
 The plan's rows (``OFT GRPO LoRA r32``, ``pi0.5 GRPO/PPO expert only``) are printed beside them:
 its memory without activation checkpointing (the policies do not checkpoint) and its seconds at 40%
 MFU, scaled from its update batch to ``--micro``. The table is written to ``--table`` after every
-row, so a run stopped by ``--timeout-s`` (exit status 124) keeps what it finished. Without CUDA,
-``--size real`` prints why it skipped and exits 0.
+row, so a run stopped by ``--timeout-s`` (exit status 124) keeps what it finished. With a CUDA
+``--device`` and no GPU it prints why it skipped and exits 0. The plan's memory is for its micro
+batch of 8; its activations are scaled to ``--micro``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def load_policy(model: str, size: str, folder: Path, device: str) -> tuple[torch
     return policy, time.perf_counter() - start
 
 
-def observations(n: int, size: str) -> dict[str, Any]:
+def observations(n: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     return {
         "image": rng.integers(0, 255, (n, 224, 224, 3), dtype=np.uint8),
@@ -104,7 +105,7 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     trainable = [p for p in policy.parameters() if p.requires_grad]
     if not trainable:
         raise BadInput(f"{model}: no trainable parameters with {TRAIN_KWARGS[model]}")
-    obs = observations(args.envs, args.size)
+    obs = observations(args.envs)
     chunk = None
 
     def act() -> None:
@@ -118,7 +119,7 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     fused = device.startswith("cuda")
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, weight_decay=0.01, fused=fused, foreach=not fused)
     if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats(device)
 
     def step() -> None:
         loss = -policy.evaluate(rows).log_probs.float().mean()
@@ -130,7 +131,7 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
 
     update_times = [_timed(step, device) for _ in range(args.steps + 1)][1:]
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else float("nan")
     row = {
         "model": model, "size": args.size, "device": device, "options": TRAIN_KWARGS[model],
         "params_b": params / 1e9, "trainable_m": sum(p.numel() for p in trainable) / 1e6, "load_s": load_s,
@@ -145,11 +146,12 @@ def with_plan(row: dict[str, Any], mfu: float) -> dict[str, Any]:
     from benchmarks import real_size_plan
 
     plan = {r.name: r for r in real_size_plan.build_plan(gpus=1)}[PLAN_ROWS[row["model"]]]
-    batch = plan.extra["update_batch"]
+    batch, micro = plan.extra["update_batch"], plan.extra["micro"]
+    activations = plan.act_off * row["micro"] / micro
     return {
         **row,
         "plan_trainable_m": plan.trainable / 1e6,
-        "plan_gib": (plan.weights + plan.grads + plan.optimizer + plan.act_off) / 2**30,
+        "plan_gib": (plan.weights + plan.grads + plan.optimizer + activations) / 2**30,
         "plan_act_s": real_size_plan.seconds(plan.act_tflop * row["envs"], mfu),
         "plan_update_s": real_size_plan.seconds(plan.update_tflop * row["micro"] / batch, mfu),
     }
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     def write(note: str = "") -> None:
         text = render(rows, note)
         Path(args.table).parent.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name() if cuda else "cpu"
+        name = torch.cuda.get_device_name(args.device) if cuda else "cpu"
         Path(args.table).write_text(f"{name}\n{text}\n")
         write_json(args.json, rows)
 

@@ -183,7 +183,7 @@ def oft_rows(gpus: int) -> list[PlanRow]:
                 notes=f"s={s} (1 cam, {actions} action tokens), micro {micro}/GPU, update batch {batch}"
                 + (", +1 no-grad fwd (target); critic MLP ignored" if extra_fwd else "")
                 + ("" if full else f", LoRA on LLM+projector+towers ({lora / 1e6:.1f} M)"),
-                extra={"towers_params": towers, "update_batch": batch},
+                extra={"towers_params": towers, "update_batch": batch, "micro": micro},
             ))  # fmt: skip
     return rows
 
@@ -240,7 +240,7 @@ def pi05_rows(gpus: int) -> list[PlanRow]:
             update / 1e12,
             notes=f"prefix {prefix} tok (2 x 256 patches + {PI05_PROMPT}), {PI05_STEPS} steps x {suffix} "
             f"action tok, micro {micro}/GPU, update batch {batch}" + ("" if full else "; prefix frozen"),
-            extra={"update_batch": batch},
+            extra={"update_batch": batch, "micro": micro},
         ))  # fmt: skip
     return rows
 

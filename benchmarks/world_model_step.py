@@ -18,6 +18,7 @@ Targets on one H100/H200 (issue 4): Cosmos optimized <= 2.5 s, OpenSora <= 3.5 s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -34,7 +35,7 @@ from envs.world_models.env import WorldModelVectorEnv
 from envs.world_models.reward import ResnetRewardModel
 from envs.world_models.tiny import INSTRUCTIONS, synthetic_image, write_tiny_bundle
 from nets.devices import default_device
-from nets.errors import program_name, run_cli
+from nets.errors import BadInput, program_name, run_cli
 
 
 def _sync(device: torch.device) -> None:
@@ -105,7 +106,9 @@ def measure(env: Any, steps: int) -> dict[str, float]:
         env.step(actions())  # warm-up (kernels, allocator, compilation)
         _sync(device)
         first_s = time.perf_counter() - t0
-        with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
+        set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6; compiled rows need it
+        eager = set_stance("force_eager") if set_stance else contextlib.nullcontext()
+        with eager, FlopCounterMode(display=False) as counter:
             env.step(actions())  # compiled code counted as the eager code it replaces
         flops = counter.get_total_flops()
         times = []
@@ -217,6 +220,8 @@ def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, int, tuple[in
         modes = ["optimized", "faithful"] if backend == "cosmos" else ["optimized"]
         modes += ["compiled"] if args.compile else []
         modes = [m for m in modes if args.modes is None or m in args.modes]
+        if not modes:
+            raise BadInput(f"--modes {args.modes} selects no row of {backend} (compiled needs --compile)")
         rows += [(backend, mode, n, sizes[backend]) for n in env_counts for mode in modes]
     return rows
 

@@ -100,6 +100,8 @@ def test_gpu_step_times_dry_run_checks_and_writes_only_its_table(tmp_path):
         gpu_step_times.main([*args, "--envs", "64"])
     with pytest.raises(BadInput):
         gpu_step_times.main([*args, "--steps", "0"])
+    with pytest.raises(BadInput, match="compiled needs --compile"):
+        gpu_step_times.main([*args, "--modes", "compiled"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")

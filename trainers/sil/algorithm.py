@@ -48,9 +48,10 @@ class SILConfig:
     buffer_size: int = 200_000
     """successful chunk-steps kept (the oldest leave first)"""
     balance_tasks: bool = False
-    """draw successful rows so that every task (told apart by the ``instruction`` observation)
-    weighs the same in a minibatch, however many of its episodes succeeded (default: every row the
-    same, so tasks that often succeed dominate those that rarely do)"""
+    """draw the minibatch's successful rows so that every task (told apart by the ``instruction``
+    observation: each wording counts as a task) is equally likely, however many of its episodes
+    succeeded (default: every row the same, so tasks that often succeed dominate those that rarely
+    do); the ``prior_ratio`` share is drawn from the prior data as before"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
