@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks import vla_latency
@@ -46,7 +45,6 @@ TRAIN_KWARGS: dict[str, dict[str, Any]] = {  # the plan's one-GPU GRPO configura
     "pi05": {"train_expert_only": True, "num_steps": 10, "use_critic": False},
 }
 TIMED_OUT = 124
-INSTRUCTION = vla_latency.INSTRUCTION
 
 
 def _sync(device: str) -> None:
@@ -66,16 +64,7 @@ def load_policy(model: str, size: str, folder: Path, device: str) -> tuple[torch
     """The policy with its training options from a fresh checkpoint in ``folder``; and the load seconds."""
     from policies.registry import make_policy
 
-    if size == "real":
-        vla_latency._real_checkpoint(model, folder, device)
-    elif model == "openvla_oft":
-        from policies.openvla_oft.tiny import write_tiny_openvla
-
-        write_tiny_openvla(folder)
-    else:
-        from policies.pi05.tiny import write_tiny_pi05
-
-        write_tiny_pi05(folder)
+    vla_latency.write_checkpoint(model, size, folder, device)
     obs_space, act_space = vla_latency._spaces(model)
     kwargs = {"model_path": str(folder), "dtype": "bfloat16" if device.startswith("cuda") else "float32"}
     kwargs.update(TRAIN_KWARGS[model])
@@ -87,16 +76,6 @@ def load_policy(model: str, size: str, folder: Path, device: str) -> tuple[torch
     return policy, time.perf_counter() - start
 
 
-def observations(n: int) -> dict[str, Any]:
-    rng = np.random.default_rng(0)
-    return {
-        "image": rng.integers(0, 255, (n, 224, 224, 3), dtype=np.uint8),
-        "wrist_image": rng.integers(0, 255, (n, 224, 224, 3), dtype=np.uint8),
-        "proprio": rng.normal(size=(n, 8)).astype(np.float32),
-        "instruction": [INSTRUCTION] * n,
-    }
-
-
 def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     device = args.device
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
@@ -105,7 +84,7 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     trainable = [p for p in policy.parameters() if p.requires_grad]
     if not trainable:
         raise BadInput(f"{model}: no trainable parameters with {TRAIN_KWARGS[model]}")
-    obs = observations(args.envs)
+    obs = vla_latency.observations(args.envs)
     chunk = None
 
     def act() -> None:

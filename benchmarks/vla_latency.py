@@ -110,26 +110,42 @@ def _real_cosmos_policy(folder: Path, device: str) -> None:
         pickle.dump({INSTRUCTION: torch.randn(1, 512, 1024).to(torch.bfloat16)}, f)
 
 
+def write_checkpoint(model: str, size: str, folder: Path, device: str) -> None:
+    """A checkpoint folder of ``model``: its public size with random weights, or the tiny test one."""
+    if size == "real":
+        _real_checkpoint(model, folder, device)
+    elif model == "openvla_oft":
+        from policies.openvla_oft.tiny import write_tiny_openvla
+
+        write_tiny_openvla(folder)
+    elif model == "cosmos_policy":
+        from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
+
+        write_tiny_cosmos_policy(folder)
+    else:
+        from policies.pi05.tiny import write_tiny_pi05
+
+        write_tiny_pi05(folder)
+
+
+def observations(batch: int) -> dict:
+    """A LIBERO-shaped observation batch (random pixels and proprio, one instruction), seeded."""
+    rng = np.random.default_rng(0)
+    return {
+        "image": rng.integers(0, 255, (batch, 224, 224, 3), dtype=np.uint8),
+        "wrist_image": rng.integers(0, 255, (batch, 224, 224, 3), dtype=np.uint8),
+        "proprio": rng.normal(size=(batch, 8)).astype(np.float32),
+        "instruction": [INSTRUCTION] * batch,
+    }
+
+
 def measure(model: str, size: str, batch: int, repeats: int, device: str, num_steps: int) -> dict:
     from policies.registry import make_policy
 
     obs_space, act_space = _spaces(model)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / model
-        if size == "real":
-            _real_checkpoint(model, folder, device)
-        elif model == "openvla_oft":
-            from policies.openvla_oft.tiny import write_tiny_openvla
-
-            write_tiny_openvla(folder)
-        elif model == "cosmos_policy":
-            from policies.cosmos_policy.tiny import write_tiny_cosmos_policy
-
-            write_tiny_cosmos_policy(folder)
-        else:
-            from policies.pi05.tiny import write_tiny_pi05
-
-            write_tiny_pi05(folder)
+        write_checkpoint(model, size, folder, device)
         kwargs = {"model_path": str(folder), "dtype": "bfloat16" if device == "cuda" else "float32"}
         if model == "pi05":
             kwargs.update(num_steps=num_steps, max_token_len=200 if size == "real" else 96)
@@ -142,14 +158,7 @@ def measure(model: str, size: str, batch: int, repeats: int, device: str, num_st
         start = time.perf_counter()
         policy = make_policy(model, obs_space, act_space, **kwargs).to(device)
         load_s = time.perf_counter() - start
-    rng = np.random.default_rng(0)
-    obs = {
-        "image": rng.integers(0, 255, (batch, 224, 224, 3), dtype=np.uint8),
-        "wrist_image": rng.integers(0, 255, (batch, 224, 224, 3), dtype=np.uint8),
-        "proprio": rng.normal(size=(batch, 8)).astype(np.float32),
-        "instruction": ["pick up the black bowl between the plate and the ramekin and place it on the plate"]
-        * batch,
-    }
+    obs = observations(batch)
     times = []
     for i in range(repeats + 1):  # the first call warms up
         if device == "cuda":

@@ -185,6 +185,9 @@ def table(rows: list[dict], unit: str = "T") -> str:
     return "\n".join(lines)
 
 
+MODES = ("optimized", "faithful", "compiled")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program_name(), description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-size", action="store_true", help="real-size random models (GPU)")
@@ -203,9 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, default=Path("runs/benchmarks/world_model_step.json"))
     return parser
-
-
-MODES = ("optimized", "faithful", "compiled")
 
 
 def planned_rows(args: argparse.Namespace) -> list[tuple[str, str, int, tuple[int, int]]]:

@@ -104,6 +104,7 @@ class SuccessRows:
         self.lags = np.zeros(0, np.int64)
         self.tasks = np.zeros(0, np.int64)  # each row's task: its instruction's index in task_ids
         self.task_ids: dict[str, int] = {}
+        self._task_p: np.ndarray | None = None  # balanced draw probabilities, until rows change
         self.episodes = 0  # successful episodes added, over the whole run
         self.rows_added = 0  # chunk-steps added, over the whole run
 
@@ -141,6 +142,7 @@ class SuccessRows:
             self.obs = {k: v[drop:] for k, v in self.obs.items()}
             self.actions, self.valid, self.lags = self.actions[drop:], self.valid[drop:], self.lags[drop:]
             self.tasks = self.tasks[drop:]
+        self._task_p = None
         self.episodes += 1
         self.rows_added += len(rows)
 
@@ -158,8 +160,10 @@ class SuccessRows:
             return rng.integers(len(self), size=n)
         if not self.task_ids:
             raise BadInput("sil balance_tasks tells tasks apart by the 'instruction' observation: none seen")
-        weights = 1.0 / np.bincount(self.tasks)[self.tasks]
-        return rng.choice(len(self), size=n, p=weights / weights.sum())
+        if self._task_p is None:  # once per change of the rows, not per update
+            weights = 1.0 / np.bincount(self.tasks)[self.tasks]
+            self._task_p = weights / weights.sum()
+        return rng.choice(len(self), size=n, p=self._task_p)
 
     def state_dict(self) -> dict[str, Any]:
         counts = {"episodes": self.episodes, "rows_added": self.rows_added}
@@ -181,6 +185,7 @@ class SuccessRows:
         self.lags = np.asarray(lags, np.int64)
         self.task_ids = {}
         self.tasks = self._task_of(self.obs)  # relabelled, the same groups: the same draws
+        self._task_p = None
         self.episodes = int(state["episodes"])
         self.rows_added = int(state.get("rows_added", n))
 
