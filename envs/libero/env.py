@@ -34,7 +34,11 @@ SIM_STATE_BOUND = 1e3
 
 
 def _perturbation_options(
-    env_id: str, camera_view: Sequence[int] | None, robot_pose: int | None, sensor_noise: int | None
+    env_id: str,
+    camera_view: Sequence[int] | None,
+    robot_pose: int | None,
+    sensor_noise: int | None,
+    lighting: int | None,
 ) -> dict[str, object]:
     """The LIBERO-Plus options given, checked: a ``BadInput`` naming the option and its range."""
     out: dict[str, object] = {}
@@ -57,6 +61,9 @@ def _perturbation_options(
     if sensor_noise is not None:
         check_int(env_id, "sensor_noise", sensor_noise, low=1, high=50)
         out["noise"] = int(sensor_noise)
+    if lighting is not None:
+        check_int(env_id, "lighting", lighting, low=1, high=500)
+        out["light"] = int(lighting)
     return out
 
 
@@ -251,12 +258,14 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             (``envs/libero/plus.py``: "camera", "robot", "noise", "language", "light", "background",
             "layout"; ids ``LiberoPlus-<Suite>-<Category>-v0``; init state 0 of each variant by default).
         benchmark: "pro" (the default) or "plus": whose ``category``.
-        camera_view, robot_pose, sensor_noise: LIBERO-Plus's code-level perturbations as options, on
-            every task of the env (any suite or category; ``envs/libero/plus.py``): the agent-view camera
-            moved by the view parameters (H, V, S, R, E) (degrees about z, degrees of tilt, distance in %
-            of LIBERO's, degrees of aim about z and y), the arm started at LIBERO-Plus's pose 1-500, the
-            agent-view image corrupted at noise level 1-50 (``envs/libero/plus_noise.py``, seeded per
-            episode). They replace a variant's own. None: as the task says.
+        camera_view, robot_pose, sensor_noise, lighting: LIBERO-Plus's code-level perturbations as
+            options, on every task of the env (any suite or category; ``envs/libero/plus.py``): the
+            agent-view camera moved by the view parameters (H, V, S, R, E) (degrees about z, degrees of
+            tilt, distance in % of LIBERO's, degrees of aim about z and y), the arm started at
+            LIBERO-Plus's pose 1-500, the agent-view image corrupted at noise level 1-50
+            (``envs/libero/plus_noise.py``, seeded per episode), the scene re-lit as light variant
+            1-500 (ours: LIBERO-Plus's light scenes are not on PyPI; every camera sees it). They replace
+            a variant's own. None: as the task says.
         num_envs: number of parallel envs.
         chunk_size: actions per step (K); None for a plain (7,) action space.
         image_size: camera size in pixels: an int (square) or (height, width). A non-square size
@@ -300,6 +309,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         camera_view: Sequence[int] | None = None,
         robot_pose: int | None = None,
         sensor_noise: int | None = None,
+        lighting: int | None = None,
         chunk_size: int | None = 8,
         image_size: int | tuple[int, int] = 128,
         proprio: bool = True,
@@ -340,7 +350,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         for name, value in (("step_timeout_s", step_timeout_s), ("reset_timeout_s", reset_timeout_s)):
             if value is not None:
                 check_float(env_id, name, value, low=0.01)
-        self.perturbation = _perturbation_options(env_id, camera_view, robot_pose, sensor_noise)
+        self.perturbation = _perturbation_options(env_id, camera_view, robot_pose, sensor_noise, lighting)
         if benchmark not in ("pro", "plus"):
             raise BadInput(
                 f"{env_id}: benchmark must be 'pro' (LIBERO-Pro) or 'plus' (LIBERO-Plus), got {benchmark!r}"

@@ -22,6 +22,10 @@ them (``category=`` with ``benchmark="plus"``, or the ids ``LiberoPlus-<Suite>-<
   up to 0.01 L m, its own init state) and
   ``<task>_add_N`` (1-5 new objects).
 * ``light``: ``<task>_light_N``; ``background``: ``<task>_table_N`` and ``<task>_tb_N`` (table and wall).
+  Their scene XMLs are not on PyPI (below). The closest we ship is the env option ``lighting=N``
+  (``lighting``): variant N in 1-500 re-lights the scene LIBERO built (intensity, colour, the lights turned
+  about the table, headlight ambient, shadows), drawn from a generator seeded by the variant alone and
+  growing in extent by hundreds like the robot poses. It is ours, not LIBERO-Plus's light scenes.
 
 A task's instruction is its BDDL's ``(:language ...)`` (the distribution's own ``task.language`` is
 made from the file name, e.g. "... on the plate table 1"). Init states: the base task's 50 (camera,
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -68,6 +72,8 @@ AGENTVIEW_QUAT = (0.6380177736282349, 0.3048497438430786, 0.30484986305236816, 0
 PIVOT = np.array([0.0, 0.0, 0.8])  # the point the camera turns about and scales from
 PANDA_QPOS = np.array([0.0, -1.61037389e-01, 0.0, -2.44459747e00, 0.0, 2.22675220e00, np.pi / 4])
 ROBOT_VARIANTS = 500
+LIGHT_VARIANTS = 500
+LIGHT_SEED = 251013626  # the generator of light variant N is seeded with (LIGHT_SEED, N)
 
 _VIEW = re.compile(
     r"^(?P<base>.+?)(?:_language_(?P<language>\d+))?_view_(?P<h>\d+)_(?P<v>\d+)_(?P<s>\d+)_(?P<r>\d+)_(?P<e>\d+)"
@@ -149,6 +155,38 @@ def robot_qpos(k: int) -> np.ndarray:
     return _robot_table()[int(k) - 1]
 
 
+@dataclass(frozen=True)
+class Lighting:
+    """How a light variant changes every light of a LIBERO scene (``_Scene.set_light`` applies it)."""
+
+    intensity: float  # factor on each light's diffuse and specular colour
+    tint: tuple[float, float, float]  # factor per colour channel of the diffuse light, the largest 1
+    azimuth: float  # degrees the lights (position and direction) turn about the z axis through PIVOT
+    tilt: float  # then degrees about the y axis through PIVOT (toward or away from the agent view)
+    ambient: float  # added to the headlight's ambient level on every channel
+    shadows: bool  # every light casts shadows (LIBERO's cast none)
+
+
+def lighting(n: int) -> Lighting:
+    """Light variant ``n`` (1..500): drawn by ``numpy.random.default_rng((LIGHT_SEED, n))``, its extent
+    set by the hundred it is in (band b = 1 for 1-100 ... 5 for 401-500): intensity e^u with |u| up
+    to 0.25 b, each channel's tint down to 1 - 0.08 b, azimuth up to 36 b degrees, tilt up to 12 b,
+    ambient up to 0.06 b, shadows with probability 0.1 b."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= int(n) <= LIGHT_VARIANTS:
+        raise BadInput(f"a light variant is an int in [1, {LIGHT_VARIANTS}], got {n!r}")
+    band = (int(n) - 1) // 100 + 1
+    rng = np.random.default_rng((LIGHT_SEED, int(n)))
+    tint = 1.0 - rng.uniform(0.0, 0.08 * band, size=3)
+    return Lighting(
+        intensity=float(np.exp(rng.uniform(-1.0, 1.0) * 0.25 * band)),
+        tint=tuple(float(c) for c in tint / tint.max()),
+        azimuth=float(rng.uniform(-1.0, 1.0) * 36.0 * band),
+        tilt=float(rng.uniform(-1.0, 1.0) * 12.0 * band),
+        ambient=float(rng.uniform(0.0, 0.06 * band)),
+        shadows=bool(rng.random() < 0.1 * band),
+    )
+
+
 @cache
 def _problem_names() -> frozenset[str]:
     """The BDDL problem names hf-libero can build (its case-insensitive registry)."""
@@ -209,6 +247,8 @@ def plus_tasks(suite: str, category: str) -> tuple[LiberoTask, ...]:
         problem = _bddl_problem(text)
         if text and problem.lower() not in _problem_names():
             problems.append(f"{bddl.name} names the scene class {problem}, whose scene XML is in {ASSETS}")
+            if category == "light":
+                problems[-1] += " (the closest we ship: the env option lighting=1..500 on the base task)"
         unknown = sorted(_object_types(text) - _known_types())
         if unknown:
             problems.append(f"{bddl.name} uses objects hf-libero does not define, {unknown}, from {ASSETS}")

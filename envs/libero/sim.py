@@ -242,6 +242,7 @@ class _Scene:
         self._snapshot: Any = None  # MjData the stepper copies into at observation instants
         self._snapshot_model: Any = None
         self._camera_default: tuple[Any, np.ndarray, np.ndarray] | None = None  # model, agentview pos, quat
+        self._light_default: tuple[Any, dict[str, np.ndarray]] | None = None  # model, its light fields
 
     def reset(self, seed: int, hard: bool) -> None:
         from robosuite.utils.errors import RandomizationError
@@ -287,6 +288,38 @@ class _Scene:
         pos, quat = self._camera_default[1:] if view is None else camera_pose(*view)
         model.cam_pos[cam] = pos
         model.cam_quat[cam] = np.asarray(quat) / np.linalg.norm(quat)
+
+    def set_light(self, variant: int | None) -> None:
+        """Re-light the scene as light variant ``variant`` says (``envs/libero/plus.py``: ``lighting``),
+        or back as the model has it (None). Takes effect at the next forward (``set_init_state``)."""
+        from scipy.spatial.transform import Rotation
+
+        from envs.libero.plus import PIVOT, lighting
+
+        model = self.inner.sim.model._model
+        if self._light_default is None or self._light_default[0] is not model:  # a new model
+            fields = ("light_diffuse", "light_specular", "light_pos", "light_dir", "light_castshadow")
+            default = {f: getattr(model, f).copy() for f in fields}
+            default["headlight_ambient"] = model.vis.headlight.ambient.copy()
+            self._light_default = (model, default)
+        default = self._light_default[1]
+        for field, value in default.items():
+            if field != "headlight_ambient":
+                getattr(model, field)[:] = value
+        model.vis.headlight.ambient[:] = default["headlight_ambient"]
+        if variant is None:
+            return
+        light = lighting(variant)
+        turn = Rotation.from_euler("z", light.azimuth, degrees=True) * Rotation.from_euler(
+            "y", light.tilt, degrees=True
+        )
+        model.light_diffuse[:] = default["light_diffuse"] * light.intensity * np.asarray(light.tint)
+        model.light_specular[:] = default["light_specular"] * light.intensity
+        model.light_pos[:] = turn.apply(default["light_pos"] - PIVOT) + PIVOT
+        model.light_dir[:] = turn.apply(default["light_dir"])
+        if light.shadows:
+            model.light_castshadow[:] = 1
+        model.vis.headlight.ambient[:] = np.minimum(default["headlight_ambient"] + light.ambient, 1.0)
 
     def with_arm(self, state: np.ndarray, qpos: np.ndarray) -> np.ndarray:
         """A copy of the flattened MuJoCo ``state`` (time, qpos, qvel) with the arm's 7 joints at
@@ -410,6 +443,7 @@ class LiberoSim:
             scene.reset(int(scene_seed), hard=not self.fast_reset)
             perturbation = dict(task.perturbation)  # LIBERO-Plus (envs/libero/plus.py)
             scene.set_camera(perturbation.get("camera"))
+            scene.set_light(perturbation.get("light"))
             state = np.asarray(init_state, dtype=np.float64)
             if "robot" in perturbation:
                 from envs.libero.plus import robot_qpos
