@@ -4,6 +4,8 @@ success side by side, per-frame PSNR / SSIM between imagined and simulated frame
     python -m benchmarks.wm_vs_sim                                       # tiny random Cosmos bundle
     python -m benchmarks.wm_vs_sim --wm OpenSoraWM-LiberoSpatial-v0 --model-dir /data/opensora \\
         --checkpoint runs/my-image-policy --episodes 50 --device cuda
+    python -m benchmarks.wm_vs_sim --wm OpenSoraWM-LiberoSpatial-v0 --model-dir runs/wm/bundle \\
+        --expert-noise 1.0 --episodes 40 --max-episode-steps 220      # the reward model's agreement
 
 Initial frames are exported from the simulator (``current_frames()`` after a reset to
 ``--episodes`` (task, init state) pairs spread over the suite) and the world model starts from
@@ -16,6 +18,14 @@ them. Three runs, ``num_envs = --episodes``:
   what PSNR / SSIM compare (a closed-loop run diverges as soon as the two differ).
 
 All three run through the trainers' ``Collector`` (one rollout loop, as training and evaluation).
+
+**Agreement**: for the same action sequences, does the world model's success (its reward model on the
+imagined frames) say what the simulator's says? Per episode, ``sim`` against ``wm open-loop``: both,
+simulator only, world model only, neither, and the share that agree with a 95% Wilson interval. A
+world-model success counts only within the simulator episode's chunks (the replay pads with zero
+actions after them). ``--expert-noise X`` drives the simulator with the scripted expert instead
+(``task_state`` added to the simulator's observations; translation noise of std X, so that some
+episodes fail) and skips the closed-loop world-model run, which the expert cannot drive.
 
 The policy is ``--checkpoint`` (a run or policy file whose observation keys the world model has:
 image and instruction) or a fresh seeded Gaussian policy: with random weights, tiny or real, the
@@ -83,9 +93,11 @@ class Replay:
         return ActionChunk(torch.as_tensor(chunk))
 
 
-def run_episodes(env: Any, policy: Any, starts: list, max_steps: int = 100_000) -> dict:
+def run_episodes(
+    env: Any, policy: Any, starts: list, max_steps: int = 100_000, deterministic: bool = True
+) -> dict:
     """One episode per env from ``starts`` (frame ids or InitialFrames) with the trainers'
-    ``Collector`` (deterministic actions; finished envs wait), every sub-step frame recorded."""
+    ``Collector`` (finished envs wait), every sub-step frame recorded."""
     n = env.num_envs
     env.unwrapped.record_frames = True
     collector = Collector(env, policy, bootstrap="none", reset_finished=False, clip_actions=False)
@@ -97,7 +109,7 @@ def run_episodes(env: Any, policy: Any, starts: list, max_steps: int = 100_000) 
             frames[i].extend(info["frames"][i])
 
     t0 = time.perf_counter()
-    rollout = collector.collect(max_steps, deterministic=True, until_all_done=True, on_step=grab)
+    rollout = collector.collect(max_steps, deterministic=deterministic, until_all_done=True, on_step=grab)
     wall = time.perf_counter() - t0
     done = (rollout.terminated | rollout.truncated).numpy()
     ends = [int(np.flatnonzero(done[:, i])[0]) for i in range(n)]  # the step each episode ended
@@ -105,8 +117,26 @@ def run_episodes(env: Any, policy: Any, starts: list, max_steps: int = 100_000) 
         "frames": frames,
         "actions": [rollout.actions[: end + 1, i].numpy() for i, end in enumerate(ends)],
         "success": np.array([bool(rollout.terminated[end, i]) for i, end in enumerate(ends)]),
+        "ends": np.array(ends),  # the chunk (policy step) each episode ended at
         "steps_per_s": float(rollout.valid.sum()) / wall,
         "wall_s": wall,
+    }
+
+
+def agreement(sim: np.ndarray, wm: np.ndarray) -> dict[str, Any]:
+    """Per-episode success of the simulator against the world model's, for the same actions."""
+    from trainers.metrics import wilson_interval
+
+    sim, wm = np.asarray(sim, bool), np.asarray(wm, bool)
+    agree = int((sim == wm).sum())
+    return {
+        "both": int((sim & wm).sum()),
+        "sim_only": int((sim & ~wm).sum()),
+        "wm_only": int((~sim & wm).sum()),
+        "neither": int((~sim & ~wm).sum()),
+        "agree": agree,
+        "episodes": len(sim),
+        "agree_ci95": list(wilson_interval(agree, len(sim))) if len(sim) else [0.0, 1.0],
     }
 
 
@@ -133,12 +163,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--wm", default="CosmosWM-LiberoSpatial-v0")
     parser.add_argument("--model-dir", default=None, help="default: a tiny random bundle (32x48 / 32x32)")
     parser.add_argument("--checkpoint", default=None, help="a policy for the world model's observations")
+    parser.add_argument(
+        "--expert-noise",
+        type=float,
+        default=None,
+        help="drive the simulator with the scripted expert, translation noise of this std, and replay its "
+        "actions in the world model (no closed-loop world-model run)",
+    )
     parser.add_argument("--episodes", type=int, default=4)
     parser.add_argument("--max-episode-steps", type=int, default=64, help="sub-steps, in both envs")
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/benchmarks/wm_vs_sim")
     args = parser.parse_args(argv)
+    if args.expert_noise is not None and (args.checkpoint or not 0 <= args.expert_noise < float("inf")):
+        parser.error("--expert-noise takes a finite std >= 0, and no --checkpoint (the expert is the policy)")
     wm_kwargs: dict[str, Any] = {"max_episode_steps": args.max_episode_steps}
     what = "real weights"
     if args.device:
@@ -155,22 +194,31 @@ def main(argv: list[str] | None = None) -> dict:
         what = "tiny random weights"
     n = args.episodes
     wm = gym.make_vec(args.wm, num_envs=n, autoreset_mode="Disabled", **wm_kwargs)
+    expert = args.expert_noise is not None
+    sim_kwargs = {**wm.unwrapped.sim_env_kwargs(), **({"task_state": True} if expert else {})}
     sim = gym.make_vec(
         wm.unwrapped.sim_env_id,
         num_envs=n,
         autoreset_mode="Disabled",
         max_episode_steps=args.max_episode_steps,
-        **wm.unwrapped.sim_env_kwargs(),
+        **sim_kwargs,
     )
     try:
-        policy = make_policy(args.checkpoint, wm, args.seed)
         ids = np.linspace(0, len(sim.unwrapped.initial_frames) - 1, n).round().astype(int).tolist()
         sim.reset(seed=args.seed, options={"initial_frames": ids})
         starts = sim.unwrapped.current_frames()
-        runs = {
-            "sim": run_episodes(sim, policy, ids),
-            "wm": run_episodes(wm, policy, starts),
-        }
+        if expert:
+            from policies.libero_expert import LiberoExpert
+
+            driver = LiberoExpert(
+                sim.single_observation_space, sim.single_action_space, action_noise=args.expert_noise
+            )
+            driver.seed(args.seed)
+            runs = {"sim": run_episodes(sim, driver, ids, deterministic=args.expert_noise == 0)}
+            what += f", the scripted expert (noise {args.expert_noise:g}) in the simulator"
+        else:
+            policy = make_policy(args.checkpoint, wm, args.seed)
+            runs = {"sim": run_episodes(sim, policy, ids), "wm": run_episodes(wm, policy, starts)}
         replay = Replay(runs["sim"]["actions"], wm.action_space.shape)
         runs["wm open-loop"] = run_episodes(wm, replay, starts)
     finally:
@@ -183,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
         for t in range(min(len(real), len(imagined))):
             by_index.setdefault(t, []).append((psnr(real[t], imagined[t]), ssim(real[t], imagined[t])))
     index = sorted(by_index)
+    sim_run, replay_run = runs["sim"], runs["wm open-loop"]
+    agreed = agreement(sim_run["success"], replay_run["success"] & (replay_run["ends"] <= sim_run["ends"]))
     mean_psnr = [float(np.mean([p for p, _ in by_index[t] if np.isfinite(p)] or [np.inf])) for t in index]
     mean_ssim = [float(np.mean([s for _, s in by_index[t]])) for t in index]
     later = [t for t in index if t > 0]  # frame 0 is the shared start
@@ -195,12 +245,19 @@ def main(argv: list[str] | None = None) -> dict:
     if later:
         p, s = np.mean([mean_psnr[t] for t in later]), np.mean([mean_ssim[t] for t in later])
         text += f"\nimagined vs simulated frames 1-{later[-1]} (open loop): PSNR {p:.2f} dB, SSIM {s:.3f}"
+    lo, hi = agreed["agree_ci95"]
+    text += (
+        "\nsuccess, the same actions, simulator vs world model (its reward model): "
+        f"agree {agreed['agree']}/{n} [{lo:.2f}, {hi:.2f}]; both {agreed['both']}, simulator only "
+        f"{agreed['sim_only']}, world model only {agreed['wm_only']}, neither {agreed['neither']}"
+    )
     print(text)
     out = Path(args.out)
     result = {
         "runs": {
             k: {"success": v["success"].tolist(), "steps_per_s": v["steps_per_s"]} for k, v in runs.items()
         },
+        "agreement": agreed,
         "frame_index": index,
         "psnr": mean_psnr,
         "ssim": mean_ssim,

@@ -78,6 +78,33 @@ def test_wm_vs_sim_compares_the_same_starts(tmp_path):
     assert result["frame_index"] == list(range(9))  # the shared start and 8 sub-steps
     assert result["ssim"][0] > 0.99  # frame 0 is the simulator's frame in both
     assert (tmp_path / "wm_vs_sim.png").exists()
+    agreed = result["agreement"]
+    assert agreed["episodes"] == 1 and agreed["agree"] == agreed["both"] + agreed["neither"]
+
+
+def test_wm_vs_sim_agreement_by_hand():
+    from benchmarks.wm_vs_sim import agreement
+
+    got = agreement(np.array([1, 1, 0, 0, 1], bool), np.array([1, 0, 1, 0, 1], bool))
+    assert (got["both"], got["sim_only"], got["wm_only"], got["neither"], got["agree"]) == (2, 1, 1, 1, 3)
+    lo, hi = got["agree_ci95"]
+    assert lo < 3 / 5 < hi
+
+
+@requires_libero
+@pytest.mark.slow
+def test_wm_vs_sim_replays_the_experts_actions_in_the_world_model(tmp_path):
+    from benchmarks.wm_vs_sim import main
+
+    result = main(
+        ["--episodes", "1", "--max-episode-steps", "16", "--expert-noise", "0", "--out", str(tmp_path)]
+    )
+    assert set(result["runs"]) == {"sim", "wm open-loop"}  # the expert cannot drive the world model
+    agreed = result["agreement"]
+    assert agreed["both"] + agreed["sim_only"] == sum(result["runs"]["sim"]["success"])
+    assert agreed["episodes"] == 1 and "scripted expert" in result["table"]
+    with pytest.raises(SystemExit):
+        main(["--expert-noise", "-1", "--out", str(tmp_path)])
 
 
 @requires_libero
