@@ -5,7 +5,7 @@ success side by side, per-frame PSNR / SSIM between imagined and simulated frame
     python -m benchmarks.wm_vs_sim --wm OpenSoraWM-LiberoSpatial-v0 --model-dir /data/opensora \\
         --checkpoint runs/my-image-policy --episodes 50 --device cuda
     python -m benchmarks.wm_vs_sim --wm OpenSoraWM-LiberoSpatial-v0 --model-dir runs/wm/bundle \\
-        --expert-noise 1.0 --episodes 40 --max-episode-steps 220      # the reward model's agreement
+        --wm-env-kwargs '{"image_size": [64, 64]}' --expert-noise 1.0 --episodes 20  # reward model agreement
 
 Initial frames are exported from the simulator (``current_frames()`` after a reset to
 ``--episodes`` (task, init state) pairs spread over the suite) and the world model starts from
@@ -36,6 +36,7 @@ table measures the loop and the imagination fidelity, not a success rate worth r
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -172,10 +173,24 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--episodes", type=int, default=4)
     parser.add_argument("--max-episode-steps", type=int, default=64, help="sub-steps, in both envs")
+    parser.add_argument(
+        "--wm-env-kwargs",
+        type=json.loads,
+        default={},
+        help='JSON object: more world-model env settings, e.g. {"image_size": [64, 64]} for a 64 px bundle',
+    )
+    parser.add_argument(
+        "--sim-env-kwargs",
+        type=json.loads,
+        default={},
+        help='JSON object: more simulator env settings, e.g. {"envs_per_worker": 4} for many episodes',
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/benchmarks/wm_vs_sim")
     args = parser.parse_args(argv)
+    if not isinstance(args.sim_env_kwargs, dict) or not isinstance(args.wm_env_kwargs, dict):
+        parser.error("--sim-env-kwargs and --wm-env-kwargs take a JSON object")
     if args.expert_noise is not None and (args.checkpoint or not 0 <= args.expert_noise < float("inf")):
         parser.error("--expert-noise takes a finite std >= 0, and no --checkpoint (the expert is the policy)")
     wm_kwargs: dict[str, Any] = {"max_episode_steps": args.max_episode_steps}
@@ -193,9 +208,13 @@ def main(argv: list[str] | None = None) -> dict:
         wm_kwargs["model_options"] = {"num_steps": 2}
         what = "tiny random weights"
     n = args.episodes
-    wm = gym.make_vec(args.wm, num_envs=n, autoreset_mode="Disabled", **wm_kwargs)
+    wm = gym.make_vec(args.wm, num_envs=n, autoreset_mode="Disabled", **{**wm_kwargs, **args.wm_env_kwargs})
     expert = args.expert_noise is not None
-    sim_kwargs = {**wm.unwrapped.sim_env_kwargs(), **({"task_state": True} if expert else {})}
+    sim_kwargs = {
+        **wm.unwrapped.sim_env_kwargs(),
+        **({"task_state": True} if expert else {}),
+        **args.sim_env_kwargs,
+    }
     sim = gym.make_vec(
         wm.unwrapped.sim_env_id,
         num_envs=n,

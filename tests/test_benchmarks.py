@@ -96,15 +96,19 @@ def test_wm_vs_sim_agreement_by_hand():
 def test_wm_vs_sim_replays_the_experts_actions_in_the_world_model(tmp_path):
     from benchmarks.wm_vs_sim import main
 
-    result = main(
-        ["--episodes", "1", "--max-episode-steps", "16", "--expert-noise", "0", "--out", str(tmp_path)]
-    )
+    args = "--episodes 1 --max-episode-steps 16 --expert-noise 0".split()
+    result = main([*args, "--sim-env-kwargs", '{"envs_per_worker": 1}', "--out", str(tmp_path)])
     assert set(result["runs"]) == {"sim", "wm open-loop"}  # the expert cannot drive the world model
     agreed = result["agreement"]
     assert agreed["both"] + agreed["sim_only"] == sum(result["runs"]["sim"]["success"])
     assert agreed["episodes"] == 1 and "scripted expert" in result["table"]
-    with pytest.raises(SystemExit):
-        main(["--expert-noise", "-1", "--out", str(tmp_path)])
+    for bad in (
+        ["--expert-noise", "-1"],
+        ["--sim-env-kwargs", "[1]"],
+        ["--wm-env-kwargs", "2"],
+    ):  # before any env
+        with pytest.raises(SystemExit):
+            main([*bad, "--out", str(tmp_path)])
 
 
 @requires_libero
