@@ -24,8 +24,10 @@ imagined frames) say what the simulator's says? Per episode, ``sim`` against ``w
 simulator only, world model only, neither, and the share that agree with a 95% Wilson interval. A
 world-model success counts only within the simulator episode's chunks (the replay pads with zero
 actions after them). ``--expert-noise X`` drives the simulator with the scripted expert instead
-(``task_state`` added to the simulator's observations; translation noise of std X, so that some
-episodes fail) and skips the closed-loop world-model run, which the expert cannot drive.
+(``task_state`` added to the simulator's observations; chunks of one action, the expert's own rate, at
+which its demos were recorded: it holds one action for a whole chunk; the world model replays them in its
+own chunks; translation noise of std X, so that some episodes fail) and skips the closed-loop world-model
+run, which the expert cannot drive.
 
 The policy is ``--checkpoint`` (a run or policy file whose observation keys the world model has:
 image and instruction) or a fresh seeded Gaussian policy: with random weights, tiny or real, the
@@ -79,17 +81,18 @@ def ssim(a: np.ndarray, b: np.ndarray, window: int = 11, sigma: float = 1.5) -> 
 
 
 class Replay:
-    """Plays recorded chunks, ``actions[i]`` ``[C, K, D]`` for env i, then zeros: the open-loop run's
-    stand-in for a policy."""
+    """Plays recorded actions, ``actions[i]`` ``[T, D]`` (one per sub-step) for env i, cut into the
+    env's chunks (``shape`` ``(N, K, D)``), then zeros: the open-loop run's stand-in for a policy."""
 
     def __init__(self, actions: list[np.ndarray], shape: tuple[int, ...]) -> None:
         self.actions, self.shape, self.t = actions, shape, 0
 
     def act(self, obs: Any, deterministic: bool = True) -> ActionChunk:
         chunk = np.zeros(self.shape, np.float32)
+        k = self.shape[1]
         for i, recorded in enumerate(self.actions):
-            if self.t < len(recorded):
-                chunk[i] = recorded[self.t]
+            part = recorded[self.t * k : (self.t + 1) * k]
+            chunk[i, : len(part)] = part
         self.t += 1
         return ActionChunk(torch.as_tensor(chunk))
 
@@ -116,7 +119,10 @@ def run_episodes(
     ends = [int(np.flatnonzero(done[:, i])[0]) for i in range(n)]  # the step each episode ended
     return {
         "frames": frames,
-        "actions": [rollout.actions[: end + 1, i].numpy() for i, end in enumerate(ends)],
+        "actions": [  # one per sub-step, whatever the chunk
+            rollout.actions[: end + 1, i].reshape(-1, rollout.actions.shape[-1]).numpy()
+            for i, end in enumerate(ends)
+        ],
         "success": np.array([bool(rollout.terminated[end, i]) for i, end in enumerate(ends)]),
         "ends": np.array(ends),  # the chunk (policy step) each episode ended at
         "steps_per_s": float(rollout.valid.sum()) / wall,
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     expert = args.expert_noise is not None
     sim_kwargs = {
         **wm.unwrapped.sim_env_kwargs(),
-        **({"task_state": True} if expert else {}),
+        **({"task_state": True, "chunk_size": 1} if expert else {}),
         **args.sim_env_kwargs,
     }
     sim = gym.make_vec(
@@ -251,7 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
             by_index.setdefault(t, []).append((psnr(real[t], imagined[t]), ssim(real[t], imagined[t])))
     index = sorted(by_index)
     sim_run, replay_run = runs["sim"], runs["wm open-loop"]
-    agreed = agreement(sim_run["success"], replay_run["success"] & (replay_run["ends"] <= sim_run["ends"]))
+    k = wm.action_space.shape[1]  # a world-model success counts within the simulator episode's chunks
+    last_chunk = np.array([-(-len(a) // k) - 1 for a in sim_run["actions"]])
+    agreed = agreement(sim_run["success"], replay_run["success"] & (replay_run["ends"] <= last_chunk))
     mean_psnr = [float(np.mean([p for p, _ in by_index[t] if np.isfinite(p)] or [np.inf])) for t in index]
     mean_ssim = [float(np.mean([s for _, s in by_index[t]])) for t in index]
     later = [t for t in index if t > 0]  # frame 0 is the shared start
