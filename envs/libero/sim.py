@@ -242,7 +242,8 @@ class _Scene:
         self._snapshot: Any = None  # MjData the stepper copies into at observation instants
         self._snapshot_model: Any = None
         self._camera_default: tuple[Any, np.ndarray, np.ndarray] | None = None  # model, agentview pos, quat
-        self._light_default: tuple[Any, dict[str, np.ndarray]] | None = None  # model, its light fields
+        # model, its light fields, its headlight ambient
+        self._light_default: tuple[Any, dict[str, np.ndarray], np.ndarray] | None = None
 
     def reset(self, seed: int, hard: bool) -> None:
         from robosuite.utils.errors import RandomizationError
@@ -299,14 +300,12 @@ class _Scene:
         model = self.inner.sim.model._model
         if self._light_default is None or self._light_default[0] is not model:  # a new model
             fields = ("light_diffuse", "light_specular", "light_pos", "light_dir", "light_castshadow")
-            default = {f: getattr(model, f).copy() for f in fields}
-            default["headlight_ambient"] = model.vis.headlight.ambient.copy()
-            self._light_default = (model, default)
-        default = self._light_default[1]
+            lights = {f: getattr(model, f).copy() for f in fields}
+            self._light_default = (model, lights, model.vis.headlight.ambient.copy())
+        _, default, ambient = self._light_default
         for field, value in default.items():
-            if field != "headlight_ambient":
-                getattr(model, field)[:] = value
-        model.vis.headlight.ambient[:] = default["headlight_ambient"]
+            getattr(model, field)[:] = value
+        model.vis.headlight.ambient[:] = ambient
         if variant is None:
             return
         light = lighting(variant)
@@ -319,7 +318,7 @@ class _Scene:
         model.light_dir[:] = turn.apply(default["light_dir"])
         if light.shadows:
             model.light_castshadow[:] = 1
-        model.vis.headlight.ambient[:] = np.minimum(default["headlight_ambient"] + light.ambient, 1.0)
+        model.vis.headlight.ambient[:] = np.minimum(ambient + light.ambient, 1.0)
 
     def with_arm(self, state: np.ndarray, qpos: np.ndarray) -> np.ndarray:
         """A copy of the flattened MuJoCo ``state`` (time, qpos, qvel) with the arm's 7 joints at
