@@ -389,6 +389,10 @@ class CosmosDiT(nn.Module):
             block.cross_attn_const = block.cross_attn.constant_output(token)
         self.use_cross_attention_cache = True
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The blocks, each run through its own ``forward``: what FSDP shards one by one."""
+        return list(self.blocks)
+
     def compile_blocks(self) -> None:
         """``torch.compile`` each block in place (regional compilation: the blocks share one graph,
         compiled on the first call; weights and state-dict keys are unchanged). The DiT's matrix

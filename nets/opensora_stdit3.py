@@ -380,6 +380,10 @@ class STDiT3(nn.Module):
             raise BadInput(f"STDiT3: expected timestep [{batch}] or a scalar, got {list(timestep.shape)}")
         return timestep, None if x_mask is None else x_mask.to(device=x.device, dtype=torch.bool)
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """The blocks, each run through its own ``forward``: what FSDP shards one by one."""
+        return [*self.spatial_blocks, *self.temporal_blocks]
+
     def compile_blocks(self) -> None:
         """``torch.compile`` each spatial and temporal block in place (regional compilation: one graph
         per kind, compiled on the first call; weights and state-dict keys are unchanged)."""

@@ -292,7 +292,13 @@ def data_parallel(policy: ActionChunkPolicy) -> nn.Module:
     module = Evaluate(policy)
     if world_size() == 1 or not any(p.requires_grad for p in policy.parameters()):
         return module
-    device = policy._param_device()
+    return wrap_ddp(module, policy._param_device())
+
+
+def wrap_ddp(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module`` in ``DistributedDataParallel`` as the trainers use it: ``find_unused_parameters`` (a
+    loss need not reach every parameter; those no rank used keep no gradient, as in one process) and no
+    broadcast of buffers at each forward (the models' buffers are constants)."""
     ddp = nn.parallel.DistributedDataParallel
     # newer torch calls the option forward_sync_buffers (and warns about broadcast_buffers)
     buffers = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else ""

@@ -13,7 +13,9 @@ Wan 2.1 VAE).
     python -m trainers.world_model --config configs/world_model_cosmos_tiny.json \\
         --demos demos/spatial64.h5 --out runs/wm-cosmos/bundle    # then CosmosWM-LiberoSpatial-v0
 
-The parts: ``train`` (the loop: progress, TensorBoard, checkpoints, exact ``--resume``) and ``backends``
+The parts: ``train`` (the loop: progress, TensorBoard, checkpoints, exact ``--resume``), ``data_parallel``
+(``torchrun``: each rank an equal share of every batch, DDP or FSDP2 with ``--data-parallel fsdp``; rank 0
+writes; checkpoints in the one-process layout, so a run resumes on any number of ranks) and ``backends``
 (the seam: each backend's networks, clips, objective and bundle). OpenSora: ``vae`` (``vae_steps`` > 0: a
 first stage that trains a fresh tiny VAE on the training episodes' frames, then freezes it), ``data``
 (clips of context frames, the action chunk and the target frames, VAE-encoded once), ``objective``

@@ -6,6 +6,7 @@ from typing import Any
 
 import trainers.world_model as package
 from nets.errors import run_cli
+from trainers import parallel
 from trainers.config import parse_cli
 from trainers.world_model.train import run
 
@@ -15,6 +16,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "world_model"
     ]
     record = run(cfg)
+    if not parallel.from_env().is_main:  # torchrun: rank 0 reports
+        return record
     losses = record["losses"]
     start, end = losses["start"], losses["end"]
     key = "eval/loss" if "eval/loss" in start else "eval/train_loss"

@@ -94,7 +94,7 @@ def _opensora_objective(cfg: WorldModelConfig, nets: Any) -> Objective:
 
 def _opensora_bundle(out: Path, cfg: WorldModelConfig, nets: Any, trainer: Any, stats: dict[str, Any],
                      reward: Path | None, demos: Demos, record: dict[str, Any]) -> Path:  # fmt: skip
-    weights = trainer.ema_model() if cfg.bundle_weights == "ema" else trainer.dit
+    weights = trainer.ema_model() if cfg.bundle_weights == "ema" else trainer.trained_model()
     return write_bundle(out, dit=weights.eval(), vae=nets.vae, stats=stats, reward=reward, demos=demos,
                         record=record, seed=cfg.seed, progress=cfg.progress)  # fmt: skip
 
@@ -125,7 +125,7 @@ def _cosmos_objective(cfg: WorldModelConfig, nets: Any) -> Objective:
 def _cosmos_bundle(out: Path, cfg: WorldModelConfig, nets: Any, trainer: Any, stats: dict[str, Any],
                    reward: Path | None, demos: Demos, record: dict[str, Any]) -> Path:  # fmt: skip
     ema = trainer.ema_model() if cfg.ema_decay > 0 else None
-    weights = ema if cfg.bundle_weights == "ema" and ema is not None else trainer.dit
+    weights = ema if cfg.bundle_weights == "ema" and ema is not None else trainer.trained_model()
     return write_cosmos_bundle(out, weights=weights.eval(), ema=ema, nets=nets, stats=stats, reward=reward,
                                demos=demos, record=record, seed=cfg.seed, progress=cfg.progress)  # fmt: skip
 

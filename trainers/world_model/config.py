@@ -107,6 +107,13 @@ class WorldModelConfig:
     """which weights the bundle gets"""
     bf16: bool = False
     """bfloat16 autocast for the model's forward (GPUs)"""
+    # -- several ranks (torchrun)
+    data_parallel: Literal["ddp", "fsdp"] = "ddp"
+    """under torchrun, each rank takes an equal share of every batch: "ddp" keeps the whole model on every
+    rank, "fsdp" shards parameters, gradients, optimizer state and EMA (FSDP2, the DiT's blocks as units)
+    for real sizes; one process: ignored"""
+    activation_checkpointing: bool = False
+    """recompute each DiT block's activations in backward (less memory, about a third more compute)"""
     # -- run
     seed: int = 0
     """model init, split, clip order, noise"""
@@ -173,6 +180,8 @@ class WorldModelConfig:
                 f"vae_learning_rate must be > 0, vae_batch_size >= 1 and vae_kl_weight >= 0, got "
                 f"{self.vae_learning_rate}, {self.vae_batch_size}, {self.vae_kl_weight}"
             )
+        if self.data_parallel not in ("ddp", "fsdp"):
+            raise BadInput(f"data_parallel: expected 'ddp' or 'fsdp', got {self.data_parallel!r}")
         if self.vae_loss not in ("l1", "mse"):
             raise BadInput(f"vae_loss: expected 'l1' or 'mse', got {self.vae_loss!r}")
         if self.vae_steps > 0 and self.init_from:

@@ -19,11 +19,12 @@ calibrated and its latents cached.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,13 @@ import torch
 from nets.errors import BadInput
 from nets.resnet_rm import ResnetRewardModel
 from trainers import checkpoint as ckpt
-from trainers import run_folder
+from trainers import parallel, run_folder
 from trainers.config import save_config, to_dict
 from trainers.datasets import load_demos
 from trainers.datasets.demos import Demos
 from trainers.metrics import MetricsLogger
 from trainers.optim import BadUpdateGuard, step_optimizer
+from trainers.world_model import data_parallel
 from trainers.world_model.backends import BACKENDS, Objective
 from trainers.world_model.bundle import action_statistics, check_bundle_output
 from trainers.world_model.config import WorldModelConfig
@@ -74,14 +76,21 @@ def clip_rows(step: int, batch: int, clips: int, seed: int) -> torch.Tensor:
 
 class Trainer:
     """One run's model, data and optimizer; ``step()`` takes one optimizer step. ``nets``, the clip sets
-    and ``objective`` are the backend's (``backends``)."""
+    and ``objective`` are the backend's (``backends``). ``resume``: the checkpoint (path, data) to continue
+    from. Over several ranks (``torchrun``) each rank computes the loss of its share of every batch
+    (``data_parallel``)."""
 
-    def __init__(self, cfg: WorldModelConfig, nets: Any, train: Any, held: Any | None,
-                 objective: Objective) -> None:  # fmt: skip
+    def __init__(self, cfg: WorldModelConfig, nets: Any, train: Any, held: Any | None, objective: Objective,
+                 resume: tuple[Path, dict[str, Any]] | None = None) -> None:  # fmt: skip
         self.cfg, self.nets, self.train, self.held, self.objective = cfg, nets, train, held, objective
         self.device = torch.device(cfg.device)
         self.dit = nets.dit.to(self.device).train().requires_grad_(True)
         objective.prepare(self.dit)
+        if resume is not None:  # whole weights go in before FSDP shards them
+            _loading(resume[0], lambda: self.dit.load_state_dict(resume[1]["model"]))
+        self.root = data_parallel.wrap(self.dit, objective, bf16=cfg.bf16, mode=cfg.data_parallel,
+                                       checkpointing=cfg.activation_checkpointing)  # fmt: skip
+        self.rank, self.world = parallel.rank(), parallel.world_size()
         trained = [p for p in self.dit.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trained, lr=cfg.learning_rate, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
@@ -91,18 +100,21 @@ class Trainer:
         self.guard = BadUpdateGuard()
         self.step_index = 0
         self.pending: list[list[float]] = []  # [loss, grad norm] of the steps not logged yet
+        self.whole_models: tuple[torch.nn.Module, torch.nn.Module | None] | None = None  # FSDP: gather()
+        if resume is not None:
+            _loading(resume[0], lambda: self._load(resume[1]))
 
     # ---- one step --------------------------------------------------------------------------------------
-    def loss(self, dit: torch.nn.Module, latents: torch.Tensor, actions: torch.Tensor, t: torch.Tensor,
+    def loss(self, module: torch.nn.Module, latents: torch.Tensor, actions: torch.Tensor, t: torch.Tensor,
              noise: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """The mean loss of a batch under ``dit`` (the backend's objective), ``t`` its noise levels."""
+        """The mean loss of a batch through ``module`` (``data_parallel.Loss`` or its wrapper), ``t`` its
+        noise levels."""
         latents, actions = latents.to(self.device), actions.to(self.device)
-        t, noise = t.to(self.device), noise.to(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            return self.objective.loss(dit, latents, actions, t, noise)
+        return module(latents, actions, t.to(self.device), noise.to(self.device))
 
     def step(self) -> tuple[float, float]:
-        """One optimizer step on the next batch; returns (loss, gradient norm)."""
+        """One optimizer step on the next batch; returns (loss, gradient norm), both of the whole batch.
+        Every rank draws the whole batch and its noise; each computes the loss of its own equal share."""
         cfg, g = self.cfg, self.generator
         rows = clip_rows(self.step_index, cfg.batch_size, len(self.train), cfg.seed)
         latents, actions = self.train.batch(rows, g)
@@ -110,23 +122,27 @@ class Trainer:
         noise = torch.randn(latents.shape, generator=g)
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr_at(self.step_index)
-        loss = self.loss(self.dit, latents, actions, t, noise)
-        stepped, norm = step_optimizer(loss, self.optimizer, cfg.max_grad_norm, self.guard)
+        share = parallel.shard(len(rows), self.rank, self.world)  # equal shares: batch_size % world == 0
+        part = slice(share.start, share.stop)
+        loss = self.loss(self.root, latents[part], actions[part], t[part], noise[part])
+        whole = parallel.all_reduce_sum(loss.detach()) / self.world  # the mean of equal shares' means
+        stepped, norm = step_optimizer(loss, self.optimizer, cfg.max_grad_norm, self.guard, guard_loss=whole)
         if stepped and cfg.ema_decay > 0:
             with torch.no_grad():
                 for name, p in self.dit.named_parameters():
                     if p.requires_grad:
                         self.ema[name].mul_(cfg.ema_decay).add_(p.detach().float(), alpha=1 - cfg.ema_decay)
         self.step_index += 1
-        return float(loss.detach()), float(norm)
+        return float(whole), float(norm)
 
     # ---- fixed held-out measurement -------------------------------------------------------------------
     @torch.no_grad()
-    def eval_loss(self, clips: Any, dit: torch.nn.Module, other_actions: bool = False) -> float:
+    def eval_loss(self, clips: Any, other_actions: bool = False) -> float:
         """The loss on a fixed set of clips: the first ``eval_clips`` of a seeded order, fixed noise levels
         spread like the training ones (``objective.eval_levels``), noise and posterior samples from a
         generator of their own (the training streams are not touched). ``other_actions``: each clip with
-        the actions of the clip half the batch away (the same loss when the model ignores its actions)."""
+        the actions of the clip half the batch away (the same loss when the model ignores its actions).
+        Every rank computes it whole (under FSDP the forward gathers the weights)."""
         cfg = self.cfg
         g = torch.Generator().manual_seed(cfg.seed + 7919)
         order = torch.from_numpy(np.random.default_rng([cfg.seed, 7919]).permutation(len(clips)))
@@ -136,39 +152,81 @@ class Trainer:
             actions = actions.roll(len(rows) // 2, dims=0)
         levels = self.objective.eval_levels(len(rows))
         noise = torch.randn(latents.shape, generator=g)
-        was_training = dit.training
-        dit.eval()
+        self.dit.eval()
         try:
-            return float(self.loss(dit, latents, actions, levels, noise))
+            return float(self.loss(data_parallel.local(self.root), latents, actions, levels, noise))
         finally:
-            dit.train(was_training)
+            data_parallel.reshard(self.root)
+            self.dit.train()
+
+    @contextlib.contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        """The EMA weights in the model for the duration (swapped in place, shard by shard under FSDP)."""
+        trained = [(p, self.ema[n]) for n, p in self.dit.named_parameters() if p.requires_grad]
+        with torch.no_grad():
+            kept = [p.detach().clone() for p, _ in trained]
+            for p, average in trained:
+                p.copy_(average.to(p.dtype))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (p, _), value in zip(trained, kept):
+                    p.copy_(value)
 
     def ema_model(self) -> torch.nn.Module:
-        """A copy of the model holding the EMA weights (the trained weights when there is no EMA)."""
+        """A whole model holding the EMA weights (the trained weights when there is no EMA)."""
+        if self.whole_models is not None:
+            return self.whole_models[1] or self.whole_models[0]
         model = copy.deepcopy(self.dit)
         if self.cfg.ema_decay > 0:
             model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.ema.items()})
         return model
 
+    def trained_model(self) -> torch.nn.Module:
+        """A whole model holding the trained weights."""
+        return self.dit if self.whole_models is None else self.whole_models[0]
+
+    def gather(self) -> None:
+        """Under FSDP, the whole trained and EMA models on rank 0 (built on the CPU from the gathered
+        shards) for ``trained_model`` / ``ema_model``; a collective, every rank calls it. Else nothing."""
+        if not parallel.is_sharded(self.root):
+            return
+        model, _ = data_parallel.model_and_optimizer_state(self.root, self.dit, self.optimizer)
+        ema = data_parallel.whole(self.ema) if self.cfg.ema_decay > 0 else None
+        if self.rank != 0:
+            return
+        trained = type(self.dit)(self.dit.config)
+        trained.load_state_dict(model)
+        average = None
+        if ema is not None:
+            average = type(self.dit)(self.dit.config)
+            average.load_state_dict({k: v.to(model[k].dtype) for k, v in ema.items()})
+        self.whole_models = (trained, average)
+
     def evaluate(self) -> dict[str, float]:
-        row = {"eval/train_loss": self.eval_loss(self.train, self.dit)}
+        row = {"eval/train_loss": self.eval_loss(self.train)}
         # the same clips with other clips' actions: no higher when the model ignores its actions
-        row["eval/train_loss_other_actions"] = self.eval_loss(self.train, self.dit, other_actions=True)
+        row["eval/train_loss_other_actions"] = self.eval_loss(self.train, other_actions=True)
         if self.held is not None:
-            row["eval/loss"] = self.eval_loss(self.held, self.dit)
-            row["eval/loss_other_actions"] = self.eval_loss(self.held, self.dit, other_actions=True)
+            row["eval/loss"] = self.eval_loss(self.held)
+            row["eval/loss_other_actions"] = self.eval_loss(self.held, other_actions=True)
             if self.cfg.ema_decay > 0:
-                row["eval/ema_loss"] = self.eval_loss(self.held, self.ema_model())
+                with self.ema_weights():
+                    row["eval/ema_loss"] = self.eval_loss(self.held)
         return row
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def state(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint: whole tensors in one process's layout (gathered under FSDP: every rank calls it,
+        rank 0 writes it)."""
+        model, optimizer = data_parallel.model_and_optimizer_state(self.root, self.dit, self.optimizer)
         return {
             "algo": ALGO,
             "config": config,
-            "model": {k: v.detach().cpu() for k, v in self.dit.state_dict().items()},
-            "ema": self.ema,
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "ema": data_parallel.whole(self.ema),
+            "optimizer": optimizer,
             "rng": ckpt.rng_state({"world_model": self.generator}),
             "counters": {
                 "iteration": self.step_index,
@@ -177,20 +235,28 @@ class Trainer:
             "pending": self.pending,
         }
 
-    def load(self, data: dict[str, Any], path: Path) -> None:
-        try:
-            self.dit.load_state_dict(data["model"])
-            self.ema = {k: v.float().clone() for k, v in data["ema"].items()}
-            self.optimizer.load_state_dict(data["optimizer"])
-            ckpt.restore_rng_state(data["rng"], {"world_model": self.generator})
-            counters = data["counters"]
-            self.step_index = int(counters["iteration"])
-            self.guard.restore_counters(counters)
-            self.pending = [list(map(float, p)) for p in data["pending"]]
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise BadInput(
-                f"{path}: does not fit this run's model and settings ({type(e).__name__}: {e})"
-            ) from None
+    def _load(self, data: dict[str, Any]) -> None:
+        """All but the model's weights (``__init__`` loads those before any sharding)."""
+        current = self.dit.state_dict()
+        if set(data["ema"]) != set(current):
+            raise KeyError(f"EMA entries {sorted(set(data['ema']) ^ set(current))[:4]}")
+        self.ema = {k: data_parallel.like(v, current[k]) for k, v in data["ema"].items()}
+        data_parallel.load_optimizer(self.root, self.dit, self.optimizer, data["optimizer"])
+        ckpt.restore_rng_state(data["rng"], {"world_model": self.generator})
+        counters = data["counters"]
+        self.step_index = int(counters["iteration"])
+        self.guard.restore_counters(counters)
+        self.pending = [list(map(float, p)) for p in data["pending"]]
+
+
+def _loading(path: Path, load: Callable[[], Any]) -> None:
+    """``load()``, its failures named as a checkpoint that does not fit this run."""
+    try:
+        load()
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise BadInput(
+            f"{path}: does not fit this run's model and settings ({type(e).__name__}: {e})"
+        ) from None
 
 
 def resumable(folder: Path) -> tuple[Path, dict[str, Any]]:
@@ -264,12 +330,44 @@ def prepare(cfg: WorldModelConfig) -> dict[str, Any]:
             "out": out, "folder": folder, "resumed": resumed, "backend": backend}  # fmt: skip
 
 
+class _Silent:
+    """The metrics logger of ranks other than 0 (rank 0 alone writes the run folder)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "metrics.jsonl"
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def run(cfg: WorldModelConfig) -> dict[str, Any]:
-    """Train (or continue) a world model and write its bundle; returns the bundle's ``training.json``."""
+    """Train (or continue) a world model and write its bundle; returns the bundle's ``training.json``.
+    Under ``torchrun`` every rank runs this; rank 0 alone writes the run folder and the bundle."""
+    ranks = parallel.from_env()
+    if cfg.batch_size % ranks.world_size:
+        raise BadInput(
+            f"batch_size={cfg.batch_size} (clips per step over all ranks) does not split over "
+            f"{ranks.world_size} ranks (torchrun's world size): use a multiple of {ranks.world_size}"
+        )
+    given = cfg  # what config.json keeps (the device as given, not this rank's)
+    cfg = dataclasses.replace(cfg, device=parallel.local_device(cfg.device, ranks),
+                              progress=cfg.progress and ranks.is_main)  # fmt: skip
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     ckpt.seed_all(cfg.seed)  # a fresh model's initialization draws from torch's global stream
     p = prepare(cfg)
+    ranks, started = parallel.init(ranks.world_size, cfg.device)  # the process group, after every check
+    try:
+        return _run(cfg, given, p, ranks.is_main)
+    finally:
+        if started:
+            parallel.shutdown()
+
+
+def _run(cfg: WorldModelConfig, given: WorldModelConfig, p: dict[str, Any], main: bool) -> dict[str, Any]:
     demos, episodes, nets, folder, backend = p["demos"], p["episodes"], p["nets"], p["folder"], p["backend"]
     train_eps, held_eps = split_episodes(len(episodes), cfg.val_fraction, cfg.seed)
 
@@ -282,14 +380,16 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
     q01 = torch.tensor(stats["action"]["q01"], dtype=torch.float32)
     q99 = torch.tensor(stats["action"]["q99"], dtype=torch.float32)
 
-    lock = run_folder.claim(folder, resume=p["resumed"] is not None, overwrite=cfg.overwrite)
-    logger = None
+    resume = p["resumed"] is not None
+    lock = run_folder.claim(folder, resume=resume, overwrite=cfg.overwrite) if main else None
+    logger: MetricsLogger | _Silent | None = None
     try:
-        saved = dataclasses.replace(cfg, overwrite=False, resume=None, run_dir=str(folder))
+        saved = dataclasses.replace(given, overwrite=False, resume=None, run_dir=str(folder))
         configs = {"world_model": saved}
-        if p["resumed"] is None:
+        if p["resumed"] is None and main:
             save_config(folder / run_folder.CONFIG_FILE, configs)
-        (folder / "checkpoints").mkdir(exist_ok=True)
+        if main:
+            (folder / "checkpoints").mkdir(exist_ok=True)
         config = to_dict(configs)
         path, data = p["resumed"] if p["resumed"] is not None else (None, {})
         stage = data.get("stage", "world_model") if data else None
@@ -297,14 +397,19 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
         resumed_at = None
         if data:
             resumed_at = int(data["counters"]["iteration"]) + (offset if stage == "world_model" else 0)
-        logger = MetricsLogger(folder, tensorboard=cfg.tensorboard, resume_iteration=resumed_at,
-                               resume_step=resumed_at)  # fmt: skip
+        if main:
+            logger = MetricsLogger(folder, tensorboard=cfg.tensorboard, resume_iteration=resumed_at,
+                                   resume_step=resumed_at)  # fmt: skip
+        else:
+            logger = _Silent(folder)
 
         def save(iteration: int, state: dict[str, Any]) -> None:
-            ckpt.save_checkpoint(folder / "checkpoints" / f"iter_{iteration:06d}.pt", state)
-            ckpt.prune_checkpoints(folder, cfg.keep_checkpoints)
+            if main:
+                ckpt.save_checkpoint(folder / "checkpoints" / f"iter_{iteration:06d}.pt", state)
+                ckpt.prune_checkpoints(folder, cfg.keep_checkpoints)
 
         # the VAE stage (vae_steps > 0): train the tiny VAE on the training episodes' frames, freeze it
+        # (every rank trains it the same way; rank 0's weights are then everyone's)
         vae_record: dict[str, Any] | None = None
         if cfg.vae_steps and stage in (None, "vae"):
             train_samples = backend.vae_samples([episodes[i] for i in train_eps])
@@ -314,6 +419,7 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
                 vae_trainer.load(data, path)
                 print(f"resumed from {path} (VAE step {vae_trainer.step_index})")
             vae_record = train_vae(cfg, vae_trainer, logger, save, config, ALGO)
+            parallel.broadcast_module(nets.vae.module)
             trained_on = "the training episodes' " + (
                 "frames" if train_samples.ndim == 4 else f"{train_samples.shape[1]}-frame clips"
             )
@@ -330,15 +436,18 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
         if cfg.vae_steps:
             nets.vae.module.eval().requires_grad_(False)
 
-        # every clip encoded once by the frozen VAE (cached in the run folder: a resume does not encode again)
+        # every clip encoded once by the frozen VAE (cached in the run folder: a resume does not encode again;
+        # rank 0 encodes and writes the cache, the other ranks read it)
         splits = [train_eps] + ([held_eps] if held_eps else [])
-        clip_sets = backend.clip_sets(
-            cfg, nets, episodes, splits, folder / "checkpoints" / CACHE_FILE, q01, q99
-        )
+        cache = folder / "checkpoints" / CACHE_FILE
+        clip_sets = backend.clip_sets(cfg, nets, episodes, splits, cache, q01, q99) if main else None
+        parallel.barrier()
+        if not main:
+            clip_sets = backend.clip_sets(cfg, nets, episodes, splits, cache, q01, q99)
         held = clip_sets[1] if held_eps else None
-        trainer = Trainer(cfg, nets, clip_sets[0], held, backend.objective(cfg, nets))
-        if stage == "world_model":
-            trainer.load(data, path)
+        trainer = Trainer(cfg, nets, clip_sets[0], held, backend.objective(cfg, nets),
+                          resume=(path, data) if stage == "world_model" else None)  # fmt: skip
+        if stage == "world_model" and main:
             print(f"resumed from {path} (step {trainer.step_index})")
         extra: dict[str, Any] = {"vae_steps": cfg.vae_steps}
         if cfg.vae_steps:  # every world-model checkpoint carries the trained VAE
@@ -347,18 +456,22 @@ def run(cfg: WorldModelConfig) -> dict[str, Any]:
         record = _train(cfg, trainer, logger, save, config, offset, extra, resumed=stage == "world_model")
         if vae_record is not None:
             record["vae_training"] = vae_record
-        record.update(_describe(cfg, p, trainer, train_eps, held_eps, folder))
-        out = Path(cfg.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        backend.write_bundle(out, cfg, nets, trainer, stats, p["reward"], demos, record)
+        record.update(_describe(given, p, trainer, train_eps, held_eps, folder))
+        trainer.gather()  # FSDP: the whole models on rank 0
+        if main:
+            out = Path(cfg.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            backend.write_bundle(out, cfg, nets, trainer, stats, p["reward"], demos, record)
+        parallel.barrier()  # the bundle is whole before any rank returns
         return record
     finally:
         if logger is not None:
             logger.close()
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
-def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger,
+def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger | _Silent,
            save: Callable[[int, dict[str, Any]], None], config: dict[str, Any], offset: int = 0,
            extra: dict[str, Any] | None = None, *, resumed: bool = False) -> dict[str, Any]:  # fmt: skip
     """The loop from the trainer's step to ``cfg.steps``: log, evaluate, checkpoint. Returns the losses.
@@ -408,7 +521,8 @@ def _train(cfg: WorldModelConfig, trainer: Trainer, logger: MetricsLogger,
     finally:
         bar.close()
     wall = time.perf_counter() - clock
-    rows = _metrics(logger.path.parent)  # the whole run's, resumes included
+    # the whole run's rows, resumes included (rank 0's file)
+    rows = [] if isinstance(logger, _Silent) else _metrics(logger.path.parent)
     keep = ("eval/", "train/")
     first = next((r for r in rows if "eval/train_loss" in r), {})
     return {
