@@ -92,6 +92,7 @@ FEW_DEMO_CLONE = "checkpoints/flow_libero_spatial_20demos.pt"  # its flow clone 
 FEW_DEMO_EARLY = "checkpoints/flow_libero_spatial_20demos_e6000.pt"  # that clone's first stage (6,000 epochs)
 # self-imitation (trainers/sil) for 30 minutes with the 20 demos as half of every minibatch
 _SIL_RUN = {"policy": "auto", "total_steps": 10_000_000, "max_minutes": 30.0, "torch_threads": 1}
+_RECIPE_RUN = (*_SIL_RUN, "init_policy", "loop")  # the shipped recipe's run settings a variant keeps
 _SIL = {
     "prior_data": FEW_DEMOS,
     "prior_ratio": 0.5,
@@ -304,10 +305,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # -- the self-imitation recipe as it ships (configs/libero_spatial_sil.json), the longer clone for its
     # wall time, and the recipe from that clone: the main-job study (--recipe configs/libero_spatial_sil.json)
     "sil-recipe": {
-        "about": "configs/libero_spatial_sil.json as it is",
+        "about": "configs/libero_spatial_sil.json as it is (the async loop: run it alone on the machine)",
         "algo": "sil",
-        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _SIL_RUN or k == "init_policy"},
+        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _RECIPE_RUN},
         "sil": SIL_RECIPE["sil"],
+    },
+    "sil-recipe-sync": {
+        "about": "the recipe on the sync loop with 64 updates per iteration (the main job until the tenth "
+        "session; the held-out study's sync rows)",
+        "algo": "sil",
+        "run": {**{k: v for k, v in SIL_RECIPE["run"].items() if k in _RECIPE_RUN}, "loop": "sync"},
+        "sil": {**SIL_RECIPE["sil"], "updates_per_iteration": 64},
     },
     "clone-sil-recipe": {
         "about": "imitation alone: the SIL recipe's start trained further by BC (weight average 0.999) on "
@@ -320,14 +328,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "about": "sil-recipe whose first 11,000 updates imitate the 20 demos alone (warmup_updates: about 6 "
         "of its 24 minutes on one core), so self-imitation starts from a longer clone in the same budget",
         "algo": "sil",
-        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _SIL_RUN or k == "init_policy"},
+        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _RECIPE_RUN},
         "sil": {**SIL_RECIPE["sil"], "warmup_updates": 11_000},
     },
     "sil-recipe-from-clone": {
         "about": "sil-recipe started from clone-sil-recipe of the same seed",
         "algo": "sil",
         "start_from": "clone-sil-recipe",
-        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _SIL_RUN},
+        "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _RECIPE_RUN and k != "init_policy"},
         "sil": SIL_RECIPE["sil"],
     },
     "sil-only": {

@@ -406,6 +406,7 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
                                  ("sil-20demos-e6000-prior0", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior25-async", "clone-20demos-e6000-30min"),
                                  ("sil-recipe", "clone-sil-recipe"),
+                                 ("sil-recipe-sync", "clone-sil-recipe"),
                                  ("sil-recipe-warmup", "clone-sil-recipe")]:  # fmt: skip
         sil, clone = VARIANTS[sil_name], VARIANTS[clone_name]
         assert sil["run"]["init_policy"] == clone["run"]["init_policy"]  # the same start
@@ -421,6 +422,9 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     assert VARIANTS["sil-20demos-e6000-prior25-async"]["run"]["loop"] == "async"
     assert VARIANTS["sil-recipe"]["sil"] == shipped["sil"]
     assert all(shipped["run"][k] == v for k, v in VARIANTS["sil-recipe"]["run"].items())
+    assert VARIANTS["sil-recipe"]["run"]["loop"] == shipped["run"]["loop"] == "async"  # the main job's loop
+    sync = VARIANTS["sil-recipe-sync"]  # the earlier main job: the sync loop at 64 updates per iteration
+    assert sync["run"]["loop"] == "sync" and sync["sil"] == {**shipped["sil"], "updates_per_iteration": 64}
     warm = VARIANTS["sil-recipe-warmup"]["sil"]
     assert warm == {**shipped["sil"], "warmup_updates": warm["warmup_updates"]} and warm["warmup_updates"] > 0
     from_clone = VARIANTS["sil-recipe-from-clone"]

@@ -170,8 +170,9 @@ def test_dsrl_recipe_end_to_end(tmp_path):
 @pytest.mark.slow
 @requires_libero
 def test_main_job_end_to_end(tmp_path):
-    """README's main job, the self-imitation recipe, cut to a tiny budget: imitation updates on the shipped
-    20 demos from the shipped clone, evaluated before and after on a held-out start."""
+    """README's main job, the self-imitation recipe on the async actor-learner, cut to a tiny budget:
+    imitation updates on the shipped 20 demos from the shipped clone, evaluated before and after on a
+    held-out start."""
     short = {"chunk_size": 8, "task_state": True, "cameras": [], "max_episode_steps": 24}
     run_dir = tmp_path / "sil"
     final = main(
@@ -189,3 +190,5 @@ def test_main_job_end_to_end(tmp_path):
     summary = (run_dir / "summary.md").read_text()
     assert "checkpoints/flow_libero_spatial_20demos_e6000.pt" in summary
     assert "## Evaluation before training (2 episodes" in summary and "## Evaluation after" in summary
+    assert json.loads(SIL_RECIPE.read_text())["run"]["loop"] == "async"  # the learner has a core of its own
+    assert "| train/updates_per_chunk |" in summary  # what the async learner made of each stored chunk
