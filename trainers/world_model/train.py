@@ -380,13 +380,13 @@ def _run(cfg: WorldModelConfig, given: WorldModelConfig, p: dict[str, Any], main
     q01 = torch.tensor(stats["action"]["q01"], dtype=torch.float32)
     q99 = torch.tensor(stats["action"]["q99"], dtype=torch.float32)
 
-    resume = p["resumed"] is not None
-    lock = run_folder.claim(folder, resume=resume, overwrite=cfg.overwrite) if main else None
+    resumed = p["resumed"] is not None
+    lock = run_folder.claim(folder, resume=resumed, overwrite=cfg.overwrite) if main else None
     logger: MetricsLogger | _Silent | None = None
     try:
         saved = dataclasses.replace(given, overwrite=False, resume=None, run_dir=str(folder))
         configs = {"world_model": saved}
-        if p["resumed"] is None and main:
+        if not resumed and main:
             save_config(folder / run_folder.CONFIG_FILE, configs)
         if main:
             (folder / "checkpoints").mkdir(exist_ok=True)
