@@ -227,7 +227,7 @@ def sil_learner_alone(recipe: dict, seconds: float, threads: int) -> dict[str, A
     from trainers.optim import BadUpdateGuard, WeightEMA
     from trainers.run_config import RunConfig
     from trainers.sac.replay import obs_row
-    from trainers.sil.algorithm import SILConfig, SuccessRows, sil_update
+    from trainers.sil.algorithm import ChunkRows, SILConfig, sil_update
     from trainers.sil.train import load_prior
 
     config = SILConfig(**recipe["sil"])
@@ -240,7 +240,7 @@ def sil_learner_alone(recipe: dict, seconds: float, threads: int) -> dict[str, A
             env.single_action_space, init_policy=spec.get("init_policy"),
         )  # fmt: skip
         k = chunk_size(env) or 1
-        kept = SuccessRows(4096)
+        kept = ChunkRows(4096)
         if config.prior_data:
             prior = load_prior(config.prior_data, policy, env.single_observation_space, k)
         else:

@@ -41,6 +41,8 @@ from .torso_policy import TorsoPolicy, box_bounds, box_chunk_shape
 from .torsos import mlp
 
 NOISE_METHODS = ("flow_ode", "flow_sde", "flow_cps", "flow_noise")
+OUTCOMES = {"none": 0, "success": 1, "failure": 2}
+"""Labels of an outcome-conditioned flow policy's ``outcome`` input (0: unconditional)."""
 
 
 @dataclass(frozen=True)
@@ -281,6 +283,14 @@ class FlowPolicy(TorsoPolicy):
             or is zero (``"zeros"``: the action is then a function of the observation alone).
         velocity_hidden, velocity_activation, time_dim: the velocity MLP on
             ``(x_t flattened, sinusoidal t embedding, obs features)``.
+        outcome_conditioned: the obs features also carry a learned embedding of the episode's
+            outcome (``OUTCOMES``: none, success, failure), zero at first so that weights of an
+            unconditioned policy load unchanged (``outcome_embedding`` may be missing from them).
+            Trained by ``imitation_loss(..., outcome=)``; acting follows classifier-free guidance
+            towards success (CFGRL, Frans et al., 2025): ``v = v_none + guidance (v_success -
+            v_none)``.
+        guidance: the weight above (1: the success-conditioned policy; > 1 moves further from the
+            unconditioned one). Like ``noise_level`` it may be changed between calls.
         **torso_options (hidden_sizes, activation, share_torso, use_critic, ortho_init, torso_kwargs): see
             ``TorsoPolicy``.
 
@@ -300,9 +310,15 @@ class FlowPolicy(TorsoPolicy):
         velocity_hidden: Sequence[int] = (256, 256),
         velocity_activation: str = "gelu",
         time_dim: int = 32,
+        outcome_conditioned: bool = False,
+        guidance: float = 1.0,
         **options: Any,
     ):
         sampling = FlowSampling.from_options(sampling, options)  # the rest are TorsoPolicy's options
+        if not math.isfinite(guidance) or guidance < 0:
+            raise BadInput(f"guidance must be a finite number >= 0, got {guidance}")
+        if guidance != 1.0 and not outcome_conditioned:
+            raise BadInput(f"guidance {guidance} needs outcome_conditioned (it steers between outcomes)")
         super().__init__(observation_space, **options)
         if deterministic_init not in ("sample", "zeros"):
             raise BadInput(f"deterministic_init must be 'sample' or 'zeros', got {deterministic_init!r}")
@@ -321,6 +337,11 @@ class FlowPolicy(TorsoPolicy):
         if self.noise_method == "flow_noise":  # RLinf's ExploreNoiseNet shape: hidden -> 128 -> 64 -> A, tanh
             self.noise_head = mlp([velocity_hidden[-1], 128, 64, n], "tanh", last_activation=False)
             sampling.attach_noise_bounds(self)
+        self.outcome_conditioned, self.guidance = outcome_conditioned, float(guidance)
+        self.outcome_embedding = None
+        if outcome_conditioned:
+            self.outcome_embedding = nn.Embedding(len(OUTCOMES), self.torso.out_dim)
+            nn.init.zeros_(self.outcome_embedding.weight)
 
     def velocity(
         self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor
@@ -330,6 +351,23 @@ class FlowPolicy(TorsoPolicy):
         inputs = torch.cat([x.flatten(1), time_embedding(t, self.time_dim), context], dim=-1)
         hidden = self.velocity_net(inputs)
         return self.velocity_out(hidden).reshape(x.shape), hidden
+
+    def acting_velocity(
+        self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The velocity the policy acts with: ``velocity``, or for an outcome-conditioned policy the
+        guided ``v_none + guidance (v_success - v_none)`` (one batched call of both)."""
+        if self.outcome_embedding is None:
+            return self.velocity(x, t, context)
+        table = self.outcome_embedding.weight
+        success = context + table[OUTCOMES["success"]]
+        if self.guidance == 1.0:
+            return self.velocity(x, t, success)
+        b = x.shape[0]
+        v, hidden = self.velocity(
+            torch.cat([x, x]), torch.cat([t, t]), torch.cat([success, context + table[OUTCOMES["none"]]])
+        )
+        return v[b:] + self.guidance * (v[:b] - v[b:]), hidden[:b]
 
     def learned_std(self, hidden: torch.Tensor) -> torch.Tensor:
         """flow_noise std ``[B, K, D]`` from the velocity net's last hidden features."""
@@ -347,7 +385,7 @@ class FlowPolicy(TorsoPolicy):
         """Mean and std of step ``idx`` (int64 ``[B]``) from chain element ``x``."""
         t = self.timesteps[idx]
         delta = t - self.timesteps[idx + 1]
-        v, hidden = self.velocity(x, t, context)
+        v, hidden = self.acting_velocity(x, t, context)
         col = (slice(None), None, None)
         return flow_mean_std(
             x,
@@ -427,11 +465,26 @@ class FlowPolicy(TorsoPolicy):
         return PolicyEval(log_probs, entropy, self._value(prepared, context))
 
     def imitation_loss(
-        self, obs: Any, actions: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        obs: Any,
+        actions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        outcome: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Conditional flow matching (pi0's SFT loss): ``x_t = t noise + (1 - t) a`` with ``t ~ U(0, 1)``,
-        the velocity regressed on ``noise - a`` (squared error summed over D)."""
+        the velocity regressed on ``noise - a`` (squared error summed over D). ``outcome`` (int64
+        ``[B]`` of ``OUTCOMES``; outcome-conditioned policies only) labels each row; without it an
+        outcome-conditioned policy learns the unconditioned velocity."""
         context = self.torso(self._prepare(obs))
+        if outcome is not None and self.outcome_embedding is None:
+            raise BadInput("imitation_loss got outcome labels; the policy is not outcome_conditioned")
+        if self.outcome_embedding is not None:
+            if outcome is None:
+                outcome = torch.zeros(context.shape[0], dtype=torch.long)
+            known = bool(((outcome >= 0) & (outcome < len(OUTCOMES))).all())
+            if outcome.shape != (context.shape[0],) or not known:
+                raise BadInput(f"outcome must be {context.shape[0]} labels in 0..{len(OUTCOMES) - 1}")
+            context = context + self.outcome_embedding(outcome.to(context.device))
         a = actions.to(context)
         rng = self._rng(context.device)
         noise = torch.randn(a.shape, generator=rng, device=context.device)

@@ -12,6 +12,7 @@ import torch
 from gymnasium import spaces
 from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
 
+from nets.errors import BadInput
 from policies import (
     ActionChunk,
     ActionChunkPolicy,
@@ -28,7 +29,14 @@ from policies.binned import (
     tokens_to_normalized,
     unnormalize,
 )
-from policies.flow import FlowSampling, flow_mean_std, flow_timesteps, gaussian_log_prob, sde_sigma_ratios
+from policies.flow import (
+    OUTCOMES,
+    FlowSampling,
+    flow_mean_std,
+    flow_timesteps,
+    gaussian_log_prob,
+    sde_sigma_ratios,
+)
 from policies.torsos import instruction_tokens, obs_from_replay
 
 
@@ -773,3 +781,50 @@ def test_gaussian_noise_dims_sample_only_those_dimensions():
     torch.testing.assert_close(full.evaluate(out.replay).log_probs[..., [0, 3]], out.log_probs)
     with pytest.raises(ValueError, match="noise_dims must be distinct"):
         GaussianPolicy(VEC_SPACE, box, noise_dims=[4])
+
+
+def test_outcome_conditioned_flow_starts_as_its_plain_weights_and_guidance_steers_to_success():
+    """The outcome embedding starts at zero, so a plain flow policy's weights load with it missing and
+    act the same. Trained on success chunks at +0.5 and failure chunks at -0.5 (a fifth unlabelled),
+    the unconditioned velocity (guidance 0) reaches their mixture, guidance 1 the successes, and
+    guidance 2 goes beyond them, away from the mixture."""
+    torch.manual_seed(0)
+    obs_space, box = spaces.Box(-1, 1, (6,), np.float32), spaces.Box(-1, 1, (4, 2), np.float32)
+    plain = FlowPolicy(obs_space, box, hidden_sizes=(32,), velocity_hidden=(32,))
+    cond = FlowPolicy(obs_space, box, hidden_sizes=(32,), velocity_hidden=(32,), outcome_conditioned=True,
+                      guidance=3.0)  # fmt: skip
+    assert cond.load_state_dict(plain.state_dict(), strict=False).missing_keys == ["outcome_embedding.weight"]
+    x = torch.randn(5, 6)
+    torch.manual_seed(1)
+    before = plain.act(x, deterministic=True).actions
+    torch.manual_seed(1)
+    torch.testing.assert_close(cond.act(x, deterministic=True).actions, before, rtol=0, atol=1e-5)
+    opt = torch.optim.Adam(cond.parameters(), 1e-2)
+    for _ in range(300):
+        outcome = torch.randint(1, 3, (64,))
+        chunks = torch.where(outcome[:, None, None] == OUTCOMES["success"], 0.5, -0.5).expand(64, 4, 2)
+        outcome[torch.rand(64) < 0.2] = OUTCOMES["none"]
+        loss = cond.imitation_loss(torch.randn(64, 6), chunks, outcome=outcome)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    means = {}
+    for w in (0.0, 1.0, 2.0):
+        cond.guidance = w
+        means[w] = cond.act(torch.randn(400, 6), deterministic=True).actions.mean().item()
+    assert abs(means[0.0]) < 0.15 and abs(means[1.0] - 0.5) < 0.1 and means[2.0] > means[1.0] + 0.03, means
+
+
+def test_outcome_conditioning_bad_settings_are_named():
+    obs_space, box = spaces.Box(-1, 1, (6,), np.float32), spaces.Box(-1, 1, (4, 2), np.float32)
+    with pytest.raises(BadInput, match="guidance 2.0 needs outcome_conditioned"):
+        FlowPolicy(obs_space, box, guidance=2.0)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(BadInput, match="guidance must be a finite number >= 0"):
+            FlowPolicy(obs_space, box, outcome_conditioned=True, guidance=bad)
+    plain = FlowPolicy(obs_space, box)
+    with pytest.raises(BadInput, match="not outcome_conditioned"):
+        plain.imitation_loss(torch.zeros(2, 6), torch.zeros(2, 4, 2), outcome=torch.ones(2, dtype=torch.long))
+    cond = FlowPolicy(obs_space, box, outcome_conditioned=True)
+    with pytest.raises(BadInput, match="outcome must be 2 labels in 0..2"):
+        cond.imitation_loss(torch.zeros(2, 6), torch.zeros(2, 4, 2), outcome=torch.tensor([1, 3]))

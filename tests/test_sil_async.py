@@ -157,3 +157,16 @@ def test_sync_loop_resumes_bit_for_bit(tmp_path):
         assert np.array_equal(value.numpy(), b["extra"]["ema_trained_weights"][name].numpy()), name
     np.testing.assert_array_equal(a["extra"]["successes"]["actions"], b["extra"]["successes"]["actions"])
     assert a["extra"]["updates"] == b["extra"]["updates"] == 8 * 3
+
+
+def test_async_guided_run_keeps_the_failed_episodes(tmp_path):
+    """With ``failure_share`` the actor sends failed episodes too (SacReach never succeeds: each of its
+    10-step episodes is a failure) and the learner keeps them apart from the (no) successes."""
+    flow = json.dumps({"hidden_sizes": [16], "velocity_hidden": [16], "outcome_conditioned": True})
+    args = _args(tmp_path / "run", "--loop", "async", "--failure-share", "0.25")
+    args[args.index("sac_envs:SacClock-v0")] = "sac_envs:SacReach-v0"
+    args[args.index("gaussian")], args[args.index("--policy-kwargs") + 1] = "flow", flow
+    sil_train.main(args)
+    extra = ckpt.latest_checkpoint(tmp_path / "run")[1]["extra"]
+    assert extra["failures"]["episodes"] == 24 and len(extra["failures"]["actions"]) == 240
+    assert extra["successes"]["episodes"] == 0 and extra["updates"] == 0

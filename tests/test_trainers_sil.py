@@ -13,7 +13,7 @@ from nets.errors import BadInput
 from trainers.checkpoint import latest_checkpoint
 from trainers.datasets.demos import Episode, write_demos
 from trainers.optim import EMA_KEY
-from trainers.sil import SILConfig, SuccessRows
+from trainers.sil import ChunkRows, SILConfig
 from trainers.sil.algorithm import chosen
 from trainers.sil.train import main as sil_main
 
@@ -60,7 +60,7 @@ def test_the_placebo_keeps_as_many_episodes_chosen_without_the_reward():
 
 
 def test_success_rows_keep_the_newest_and_round_trip():
-    rows = SuccessRows(capacity=5)
+    rows = ChunkRows(capacity=5)
 
     def episode(n, start):
         return [({"proprio": np.full(2, start + t, np.float32), "instruction": f"s{start + t}"},
@@ -72,10 +72,10 @@ def test_success_rows_keep_the_newest_and_round_trip():
     assert rows.obs["proprio"][:, 0].tolist() == [2, 10, 11, 12, 13]
     assert rows.obs["instruction"] == ["s2", "s10", "s11", "s12", "s13"]
     assert rows.lags.tolist() == [2, 0, 1, 2, 3] and rows.rows_added == 7
-    empty = SuccessRows(capacity=5)
-    empty.load_state_dict(SuccessRows(capacity=5).state_dict())
+    empty = ChunkRows(capacity=5)
+    empty.load_state_dict(ChunkRows(capacity=5).state_dict())
     assert len(empty) == 0 and empty.episodes == 0
-    again = SuccessRows(capacity=5)
+    again = ChunkRows(capacity=5)
     again.load_state_dict(rows.state_dict())
     np.testing.assert_array_equal(again.obs["proprio"], rows.obs["proprio"])
     with pytest.raises(BadInput, match="differ in length"):
@@ -163,7 +163,7 @@ def test_warm_up_needs_prior_data():
 def test_balance_tasks_draws_every_task_equally_and_survives_a_round_trip():
     """90 rows of one task and 10 of another: uniform draws follow the rows, balanced draws the tasks;
     a buffer restored from its state draws the same rows from the same generator state."""
-    rows = SuccessRows(capacity=1000)
+    rows = ChunkRows(capacity=1000)
     for task, n in (("often", 90), ("rarely", 10)):
         rows.add([({"proprio": np.zeros(2, np.float32), "instruction": task},
                    np.zeros((2, 2), np.float32), np.ones(2, bool), 0) for _ in range(n)])  # fmt: skip
@@ -172,12 +172,12 @@ def test_balance_tasks_draws_every_task_equally_and_survives_a_round_trip():
     balanced = rows.sample(20_000, np.random.default_rng(0), balance_tasks=True)
     assert rare[uniform].mean() == pytest.approx(0.1, abs=0.01)
     assert rare[balanced].mean() == pytest.approx(0.5, abs=0.015)
-    again = SuccessRows(capacity=1000)
+    again = ChunkRows(capacity=1000)
     again.load_state_dict(rows.state_dict())
     np.testing.assert_array_equal(
         again.sample(50, np.random.default_rng(1), True), rows.sample(50, np.random.default_rng(1), True)
     )
-    no_text = SuccessRows(capacity=10)
+    no_text = ChunkRows(capacity=10)
     no_text.add([({"proprio": np.zeros(2, np.float32)}, np.zeros((2, 2), np.float32), np.ones(2, bool), 0)])
     with pytest.raises(BadInput, match="instruction"):
         no_text.sample(4, np.random.default_rng(0), balance_tasks=True)
@@ -190,3 +190,103 @@ def test_balance_tasks_trains_and_needs_an_instruction(tmp_path):
         sil_main(["--env", "Pendulum-v1", "--policy", "gaussian", *FAST, "--balance-tasks",
                   "--run-dir", str(tmp_path / "p")])  # fmt: skip
     assert not (tmp_path / "p" / "checkpoints").exists()
+
+
+GUIDED_FLOW = {"hidden_sizes": [16], "velocity_hidden": [32], "outcome_conditioned": True, "guidance": 2.0}
+GUIDED = ["--policy", "flow", "--policy-kwargs", json.dumps(GUIDED_FLOW)]
+
+
+def test_guided_self_imitation_learns_from_successes_and_failures_and_resumes_both(tmp_path):
+    """``failure_share``: failed episodes are kept in a buffer of their own and imitated labelled as
+    failures beside the successes; the outcome-conditioned flow policy, guided towards success, learns
+    to walk. A resumed run (no updates) keeps both buffers."""
+    args = [*ENV, *GUIDED, *FAST, "--run-dir", str(tmp_path / "run"), "--failure-share", "0.25",
+            "--steps-per-iteration", "5", "--updates-per-iteration", "8", "--batch-size", "64",
+            "--learning-rate", "3e-3", "--ema-decay", "0", "--checkpoint-every", "1"]  # fmt: skip
+    final = sil_main([*args, "--total-steps", "1200", "--eval-at-start"])
+    assert final["eval/success"] >= 0.7, final
+    assert final["train/failure_rows"] > 0 and final["train/failure_share"] == pytest.approx(0.25)
+    extra = latest_checkpoint(tmp_path / "run")[1]["extra"]
+    fails, wins = extra["failures"], extra["successes"]
+    assert fails["episodes"] > 0 and wins["episodes"] > 0
+    forward = {name: (rows["actions"][..., 0][rows["valid"]] > 0).mean() for name, rows in extra.items()
+               if name in ("failures", "successes")}  # fmt: skip
+    assert forward["successes"] > forward["failures"], forward
+    sil_main(
+        [*args, "--total-steps", "1300", "--updates-per-iteration", "0", "--resume", str(tmp_path / "run")]
+    )
+    again = latest_checkpoint(tmp_path / "run")[1]["extra"]["failures"]
+    np.testing.assert_array_equal(again["actions"][: len(fails["actions"])], fails["actions"])
+
+
+def test_guided_minibatches_label_each_row_by_its_source(monkeypatch):
+    """Prior and successful rows are labelled success, failed rows failure, and about
+    ``unconditioned_share`` of all rows none; the shares follow ``prior_ratio`` and ``failure_share``."""
+    from gymnasium import spaces
+
+    from policies.flow import OUTCOMES, FlowPolicy
+    from trainers.optim import BadUpdateGuard
+    from trainers.sil.algorithm import sil_update
+
+    policy = FlowPolicy(spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-1, 1, (2, 2), np.float32),
+                        hidden_sizes=(8,), velocity_hidden=(8,), outcome_conditioned=True)  # fmt: skip
+    seen = {}
+    loss = policy.imitation_loss
+
+    def recording(obs, actions, valid, outcome=None):
+        seen["obs"], seen["outcome"] = obs["obs"], outcome
+        return loss(obs, actions, valid, outcome=outcome)
+
+    monkeypatch.setattr(policy, "imitation_loss", recording)
+
+    def rows(value, n):
+        buffer = ChunkRows(100)
+        row = ({"obs": np.full(2, value, np.float32)}, np.zeros((2, 2), np.float32), np.ones(2, bool), 0)
+        buffer.add([row] * n)
+        return buffer
+
+    prior = {"obs": {"obs": np.zeros((10, 2), np.float32)}, "actions": np.zeros((10, 2, 2), np.float32),
+             "valid": np.ones((10, 2), bool)}  # fmt: skip
+    config = SILConfig(batch_size=2000, prior_ratio=0.25, failure_share=0.25, unconditioned_share=0.1)
+    optimizer = torch.optim.Adam(policy.parameters())
+    out = sil_update(policy, optimizer, prior, rows(1.0, 5), config, np.random.default_rng(0),
+                     BadUpdateGuard(10), None, rows(-1.0, 5))  # fmt: skip
+    source = seen["obs"][:, 0]  # 0: prior, 1: successes, -1: failures
+    assert [(source == v).sum() for v in (0.0, 1.0, -1.0)] == [500, 1000, 500]
+    labels = seen["outcome"].numpy()
+    assert (labels == OUTCOMES["none"]).mean() == pytest.approx(0.1, abs=0.02)
+    labelled = labels != OUTCOMES["none"]
+    assert (labels[labelled & (source >= 0)] == OUTCOMES["success"]).all()
+    assert (labels[labelled & (source < 0)] == OUTCOMES["failure"]).all()
+    assert float(out["failure_share"]) == 0.25 and float(out["prior_share"]) == 0.25
+
+
+def test_guided_self_imitation_bad_settings_are_refused_before_any_env_step(tmp_path):
+    with pytest.raises(BadInput, match="prior_ratio \\+ failure_share < 1"):
+        SILConfig(prior_ratio=0.5, failure_share=0.5)
+    with pytest.raises(BadInput, match="failure_share must be in"):
+        SILConfig(failure_share=-0.1)
+    with pytest.raises(BadInput, match="unconditioned_share"):
+        SILConfig(unconditioned_share=1.5)
+    with pytest.raises(BadInput, match="outcome-conditioned flow policy"):
+        _sil(tmp_path / "g", "--failure-share", "0.25")  # the Gaussian policy has no outcome input
+    assert not (tmp_path / "g" / "checkpoints").exists()
+
+
+def test_a_guided_run_starts_from_a_plain_flow_checkpoint(tmp_path):
+    """``--init-policy`` of a plain flow policy with ``outcome_conditioned`` in ``--policy-kwargs``: the
+    weights load, the outcome embedding (missing from them) starts at zero, and the saved spec says so."""
+    flow = {"hidden_sizes": [16], "velocity_hidden": [32]}
+    plain = ["--policy", "flow", "--policy-kwargs", json.dumps(flow)]
+    sil_main([*ENV, *plain, *FAST, "--run-dir", str(tmp_path / "plain"), "--total-steps", "80",
+              "--steps-per-iteration", "5", "--ema-decay", "0"])  # fmt: skip
+    kwargs = json.dumps({"outcome_conditioned": True, "guidance": 1.5})
+    sil_main([*ENV, *FAST, "--run-dir", str(tmp_path / "guided"), "--init-policy", str(tmp_path / "plain"),
+              "--policy-kwargs", kwargs, "--failure-share", "0.25", "--total-steps", "80",
+              "--steps-per-iteration", "5", "--updates-per-iteration", "0", "--ema-decay", "0"])  # fmt: skip
+    before = latest_checkpoint(tmp_path / "plain")[1]["policy"]
+    after = latest_checkpoint(tmp_path / "guided")[1]["policy"]
+    assert after["kwargs"]["outcome_conditioned"] is True and after["kwargs"]["guidance"] == 1.5
+    for name, value in before["state_dict"].items():
+        torch.testing.assert_close(after["state_dict"][name], value, rtol=0, atol=0)
+    assert not after["state_dict"]["outcome_embedding.weight"].any()

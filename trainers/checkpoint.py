@@ -506,14 +506,16 @@ def build_policy(
 
 
 CRITIC_PREFIXES = ("critic_torso.", "value_head.")
+ADDED_INPUTS = ("outcome_embedding.",)  # zero-initialised inputs a policy may add to its start's weights
 FROZEN_BASE = ("residual", "dsrl")  # policies that keep --init-policy's policy as a frozen base
 
 
 def load_initial_weights(policy: Any, path: str | Path, spec: dict[str, Any]) -> None:
-    """Load another run's policy weights to start from. Only a critic may be missing (behaviour
-    cloning trains none; PPO adds a fresh one), besides frozen pretrained weights the checkpoint
-    left out; anything else that does not match is an error."""
-    load_policy_state(policy, spec, path, optional=CRITIC_PREFIXES)
+    """Load another run's policy weights to start from. Only a critic (behaviour cloning trains none;
+    PPO adds a fresh one) or a zero-initialised added input (``ADDED_INPUTS``) may be missing,
+    besides frozen pretrained weights the checkpoint left out; anything else that does not match is
+    an error."""
+    load_policy_state(policy, spec, path, optional=(*CRITIC_PREFIXES, *ADDED_INPUTS))
 
 
 def is_checkpoint(path: Path) -> bool:

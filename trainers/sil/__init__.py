@@ -8,6 +8,6 @@ the success rate, with any policy that has an ``imitation_loss`` (Gaussian, flow
 command line (``python -m trainers.sil --help``, or ``python -m trainers --algo sil``).
 """
 
-from trainers.sil.algorithm import SILConfig, SuccessRows, sil_update
+from trainers.sil.algorithm import ChunkRows, SILConfig, sil_update
 
-__all__ = ["SILConfig", "SuccessRows", "sil_update"]
+__all__ = ["SILConfig", "ChunkRows", "sil_update"]

@@ -1,9 +1,16 @@
-"""Self-imitation from success: its settings, the buffer of successful chunk-steps, one update.
+"""Self-imitation from success: its settings, the buffer of ended episodes' chunk-steps, one update.
 
 The update is the policy's own imitation loss (Gaussian NLL, flow matching, a VLA's L1...) on a
 minibatch of ``batch_size`` chunk-steps: ``prior_ratio`` of them drawn from the prior
 demonstrations and the rest from the successful episodes the policy collected itself (all from the
 prior data until the first success; all from the successes when there is no prior data).
+
+With ``failure_share`` > 0 (an outcome-conditioned flow policy: ``outcome_conditioned``) that share
+of the minibatch comes from failed episodes, and every row is labelled with its outcome (the prior
+data and the successes: success; the rest: failure), a random ``unconditioned_share`` of them
+unlabelled. The policy then learns what success and failure look like and what any episode looks
+like, and acts with classifier-free guidance towards success (``guidance``; CFGRL, Frans et al.,
+2025): the failures, which plain self-imitation throws away, tell it which way not to go.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import numpy as np
 import torch
 
 from nets.errors import BadInput
+from policies.flow import OUTCOMES
 from trainers.bc import batch_obs
 from trainers.optim import BadUpdateGuard, WeightEMA, step_optimizer
 
@@ -47,6 +55,13 @@ class SILConfig:
     trained weights travel in the checkpoint for --resume)"""
     buffer_size: int = 200_000
     """successful chunk-steps kept (the oldest leave first)"""
+    failure_share: float = 0.0
+    """share of each minibatch drawn from failed episodes and labelled failure, once there are some
+    (0: failures are not kept; > 0 needs an outcome-conditioned flow policy: ``--policy-kwargs
+    '{"outcome_conditioned": true, "guidance": 2.0}'``)"""
+    unconditioned_share: float = 0.1
+    """outcome-conditioned policies: share of each minibatch's rows whose outcome label is dropped,
+    so that the policy also learns the unconditioned velocity that guidance steers away from"""
     balance_tasks: bool = False
     """draw the minibatch's successful rows so that every task (told apart by the ``instruction``
     observation: each wording counts as a task) is equally likely, however many of its episodes
@@ -71,6 +86,13 @@ class SILConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.prior_ratio < 1.0:
             raise BadInput(f"sil prior_ratio must be in [0, 1), got {self.prior_ratio}")
+        if not 0.0 <= self.failure_share < 1.0 or self.prior_ratio + self.failure_share >= 1.0:
+            raise BadInput(
+                f"sil failure_share must be in [0, 1) with prior_ratio + failure_share < 1 (some rows are "
+                f"successes), got {self.failure_share} beside prior_ratio {self.prior_ratio}"
+            )
+        if not 0.0 <= self.unconditioned_share <= 1.0:
+            raise BadInput(f"sil unconditioned_share must be in [0, 1], got {self.unconditioned_share}")
         for name in ("steps_per_iteration", "batch_size", "buffer_size"):
             if getattr(self, name) < 1:
                 raise BadInput(f"sil {name} must be >= 1, got {getattr(self, name)}")
@@ -90,11 +112,11 @@ class SILConfig:
             raise BadInput(f"sil actor_nice must be in [0, 19], got {self.actor_nice}")
 
 
-class SuccessRows:
-    """Chunk-steps of successful episodes, as imitation data: ``obs`` (``{key: [M, ...]}``, text keys
-    as lists), ``actions`` ``[M, K, D]``, ``valid`` ``[M, K]``, and ``lags`` ``[M]`` (the learner
-    updates between the weights that chose each chunk and the choice: 0 in the sync loop); at most
-    ``capacity`` rows (FIFO)."""
+class ChunkRows:
+    """Chunk-steps of ended episodes (the successful ones, or the failed ones), as imitation data:
+    ``obs`` (``{key: [M, ...]}``, text keys as lists), ``actions`` ``[M, K, D]``, ``valid``
+    ``[M, K]``, and ``lags`` ``[M]`` (the learner updates between the weights that chose each chunk
+    and the choice: 0 in the sync loop); at most ``capacity`` rows (FIFO)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -105,14 +127,14 @@ class SuccessRows:
         self.tasks = np.zeros(0, np.int64)  # each row's task: its instruction's index in task_ids
         self.task_ids: dict[str, int] = {}
         self._task_p: np.ndarray | None = None  # balanced draw probabilities, until rows change
-        self.episodes = 0  # successful episodes added, over the whole run
+        self.episodes = 0  # episodes added, over the whole run
         self.rows_added = 0  # chunk-steps added, over the whole run
 
     def __len__(self) -> int:
         return len(self.actions)
 
     def add(self, rows: list[tuple[dict[str, Any], np.ndarray, np.ndarray, int]]) -> None:
-        """One successful episode's chunk-steps: ``(obs_row, action [K, D], valid [K], lag)`` each."""
+        """One ended episode's chunk-steps: ``(obs_row, action [K, D], valid [K], lag)`` each."""
         if not rows:
             return
         keys = list(rows[0][0])
@@ -199,7 +221,7 @@ def chosen(successes: list[bool], placebo: bool, generator: torch.Generator) -> 
 
 
 def take(data: dict[str, Any], idx: np.ndarray) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """Rows ``idx`` of imitation data (``SuccessRows`` or ``Demos.chunks``): obs, actions, valid."""
+    """Rows ``idx`` of imitation data (``ChunkRows`` or ``Demos.chunks``): obs, actions, valid."""
     obs = batch_obs(data["obs"], idx)
     return obs, torch.as_tensor(data["actions"][idx]), torch.as_tensor(data["valid"][idx])
 
@@ -208,25 +230,36 @@ def sil_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
     prior: dict[str, Any] | None,
-    successes: SuccessRows,
+    successes: ChunkRows,
     config: SILConfig,
     rng: np.random.Generator,
     guard: BadUpdateGuard,
     ema: WeightEMA | None,
+    failures: ChunkRows | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One gradient step of the imitation loss on a minibatch mixing prior and successful rows."""
+    """One gradient step of the imitation loss on a minibatch mixing prior, successful and (with
+    ``failures`` and ``failure_share``) failed rows; an outcome-conditioned policy gets their labels."""
     n_prior = len(prior["actions"]) if prior is not None else 0
+    n_fail = len(failures) if failures is not None else 0
+    from_failures = round(config.batch_size * config.failure_share) if n_fail else 0
+    rest = config.batch_size - from_failures
     if n_prior and len(successes):
         from_prior = round(config.batch_size * config.prior_ratio)
     else:
-        from_prior = config.batch_size if n_prior else 0
-    parts = []
+        from_prior = rest if n_prior else 0
+    parts, labels = [], []
     if from_prior:
         parts.append(take(prior, rng.integers(n_prior, size=from_prior)))
-    if config.batch_size - from_prior:
+        labels.append(np.full(from_prior, OUTCOMES["success"]))
+    if rest - from_prior:
         data = {"obs": successes.obs, "actions": successes.actions, "valid": successes.valid}
-        idx = successes.sample(config.batch_size - from_prior, rng, config.balance_tasks)
+        idx = successes.sample(rest - from_prior, rng, config.balance_tasks)
         parts.append(take(data, idx))
+        labels.append(np.full(rest - from_prior, OUTCOMES["success"]))
+    if from_failures:
+        data = {"obs": failures.obs, "actions": failures.actions, "valid": failures.valid}
+        parts.append(take(data, failures.sample(from_failures, rng, config.balance_tasks)))
+        labels.append(np.full(from_failures, OUTCOMES["failure"]))
     obs = {
         k: sum((p[0][k] for p in parts), []) if isinstance(parts[0][0][k], list)
         else np.concatenate([p[0][k] for p in parts])
@@ -234,7 +267,12 @@ def sil_update(
     }  # fmt: skip
     actions = torch.cat([p[1] for p in parts])
     valid = torch.cat([p[2] for p in parts])
-    loss = policy.imitation_loss(obs, actions, valid)
+    if getattr(policy, "outcome_conditioned", False):
+        outcome = np.concatenate(labels)
+        outcome[rng.random(len(outcome)) < config.unconditioned_share] = OUTCOMES["none"]
+        loss = policy.imitation_loss(obs, actions, valid, outcome=torch.as_tensor(outcome, dtype=torch.long))
+    else:
+        loss = policy.imitation_loss(obs, actions, valid)
     stepped, norm = step_optimizer(loss, optimizer, config.max_grad_norm or None, guard)
     if stepped and ema is not None:
         ema.update()
@@ -242,4 +280,5 @@ def sil_update(
         "sil_loss": loss.detach(),
         "grad_norm": norm,
         "prior_share": torch.tensor(from_prior / config.batch_size),
+        "failure_share": torch.tensor(from_failures / config.batch_size),
     }

@@ -46,7 +46,7 @@ from trainers.optim import EMA_KEY, BadUpdateGuard, restore_ema
 from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
 from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop
-from trainers.sil.algorithm import SILConfig, SuccessRows, chosen, sil_update
+from trainers.sil.algorithm import ChunkRows, SILConfig, chosen, sil_update
 
 WARMUP_STREAM = 1  # spawn key of the warm-up's minibatch stream (iterations use [seed, iteration])
 
@@ -86,6 +86,12 @@ def train(
             raise BadInput(
                 f"self-imitation trains a policy's imitation_loss; {type(policy).__name__} has none"
             )
+        if config.failure_share and not getattr(policy, "outcome_conditioned", False):
+            raise BadInput(
+                f"sil failure_share {config.failure_share} labels rows by outcome: the policy must be an "
+                f'outcome-conditioned flow policy (policy_kwargs {{"outcome_conditioned": true}}), '
+                f"got {type(policy).__name__} without it"
+            )
         obs_keys = getattr(spaces.single_observation_space, "spaces", {})
         if config.balance_tasks and "instruction" not in obs_keys:
             raise BadInput(
@@ -101,9 +107,12 @@ def train(
         extra = run.restore(policy, optimizer, {"sampler": sampler})
         resumed = run.counters["iteration"] > 0
         ema = restore_ema(policy, config.ema_decay, extra, resumed, sharded=False)
-        successes = SuccessRows(config.buffer_size)
+        successes = ChunkRows(config.buffer_size)
         if extra.get("successes") is not None:
             successes.load_state_dict(extra["successes"])
+        failures = ChunkRows(config.buffer_size) if config.failure_share else None
+        if failures is not None and extra.get("failures") is not None:
+            failures.load_state_dict(extra["failures"])
         guard = BadUpdateGuard(config.max_bad_updates)
         done = {"updates": int(extra.get("updates", 0))}
 
@@ -113,20 +122,25 @@ def train(
 
         def update(rng: np.random.Generator) -> dict[str, torch.Tensor]:
             done["updates"] += 1
-            return sil_update(policy, optimizer, prior, successes, config, rng, guard, ema)
+            return sil_update(policy, optimizer, prior, successes, config, rng, guard, ema, failures)
 
         def keep(ended: list[tuple[list, bool]]) -> int:
             """The successes among ``ended`` join the buffer (the placebo: as many episodes chosen
-            without the reward); returns how many episodes joined."""
+            without the reward), the others the failures' when they are kept; returns how many
+            episodes joined the successes."""
             flags = chosen([success for _, success in ended], config.placebo, sampler)
             for (rows, _), kept in zip(ended, flags):
                 if kept:
                     successes.add(rows)
+                elif failures is not None:
+                    failures.add(rows)
             return int(sum(flags))
 
         def end_iteration(env_steps: int, episodes: list, kept: int, steps: list) -> None:
             """Save, evaluate and log (the average, swapped in, is the policy)."""
             run.checkpoints.extra = {"successes": successes.state_dict(), "updates": done["updates"]}
+            if failures is not None:
+                run.checkpoints.extra["failures"] = failures.state_dict()
             if ema is not None:  # the trained weights travel beside the average
                 run.checkpoints.extra[EMA_KEY] = ema.state_dict()
             policy.eval()
@@ -137,6 +151,7 @@ def train(
             )
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
+                **({"train/failure_rows": len(failures)} if failures is not None else {}),
                 "train/kept_this_iteration": kept, "train/updates": done["updates"],
                 # gradient steps per chunk-step kept, the warm-up's aside (over the whole run)
                 "train/updates_per_chunk": (done["updates"] - min(done["updates"], config.warmup_updates))
@@ -184,7 +199,8 @@ def train(
             weights = functools.partial(_acting_weights, policy, ema)
             spec = SILActorSpec(
                 policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
-                deterministic=config.deterministic_collect, keep_failures=config.placebo,
+                deterministic=config.deterministic_collect,
+                keep_failures=config.placebo or failures is not None,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
