@@ -54,7 +54,7 @@ class SILConfig:
     """exponential moving average of the weights, which collect, are evaluated and saved (0: off; the
     trained weights travel in the checkpoint for --resume)"""
     buffer_size: int = 200_000
-    """successful chunk-steps kept (the oldest leave first)"""
+    """successful chunk-steps kept (the oldest leave first); as many failed ones with ``failure_share``"""
     failure_share: float = 0.0
     """share of each minibatch drawn from failed episodes and labelled failure, once there are some
     (0: failures are not kept; > 0 needs an outcome-conditioned flow policy: ``--policy-kwargs
