@@ -337,11 +337,16 @@ class FlowPolicy(TorsoPolicy):
         if self.noise_method == "flow_noise":  # RLinf's ExploreNoiseNet shape: hidden -> 128 -> 64 -> A, tanh
             self.noise_head = mlp([velocity_hidden[-1], 128, 64, n], "tanh", last_activation=False)
             sampling.attach_noise_bounds(self)
-        self.outcome_conditioned, self.guidance = outcome_conditioned, float(guidance)
+        self.guidance = float(guidance)
         self.outcome_embedding = None
         if outcome_conditioned:
             self.outcome_embedding = nn.Embedding(len(OUTCOMES), self.torso.out_dim)
             nn.init.zeros_(self.outcome_embedding.weight)
+
+    @property
+    def outcome_conditioned(self) -> bool:
+        """Whether the policy takes an outcome label (its ``outcome_embedding``)."""
+        return self.outcome_embedding is not None
 
     def velocity(
         self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor

@@ -133,6 +133,11 @@ class ChunkRows:
     def __len__(self) -> int:
         return len(self.actions)
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The rows as imitation data (``obs``, ``actions``, ``valid``), as ``take`` reads them."""
+        return {"obs": self.obs, "actions": self.actions, "valid": self.valid}
+
     def add(self, rows: list[tuple[dict[str, Any], np.ndarray, np.ndarray, int]]) -> None:
         """One ended episode's chunk-steps: ``(obs_row, action [K, D], valid [K], lag)`` each."""
         if not rows:
@@ -252,13 +257,10 @@ def sil_update(
         parts.append(take(prior, rng.integers(n_prior, size=from_prior)))
         labels.append(np.full(from_prior, OUTCOMES["success"]))
     if rest - from_prior:
-        data = {"obs": successes.obs, "actions": successes.actions, "valid": successes.valid}
-        idx = successes.sample(rest - from_prior, rng, config.balance_tasks)
-        parts.append(take(data, idx))
+        parts.append(take(successes.data, successes.sample(rest - from_prior, rng, config.balance_tasks)))
         labels.append(np.full(rest - from_prior, OUTCOMES["success"]))
     if from_failures:
-        data = {"obs": failures.obs, "actions": failures.actions, "valid": failures.valid}
-        parts.append(take(data, failures.sample(from_failures, rng, config.balance_tasks)))
+        parts.append(take(failures.data, failures.sample(from_failures, rng, config.balance_tasks)))
         labels.append(np.full(from_failures, OUTCOMES["failure"]))
     obs = {
         k: sum((p[0][k] for p in parts), []) if isinstance(parts[0][0][k], list)
