@@ -90,6 +90,8 @@ LONGER_CLONE = {
 FEW_DEMOS = "data/libero_spatial_expert_20.h5"  # 2 expert episodes per task
 FEW_DEMO_CLONE = "checkpoints/flow_libero_spatial_20demos.pt"  # its flow clone at imitation's plateau
 FEW_DEMO_EARLY = "checkpoints/flow_libero_spatial_20demos_e6000.pt"  # that clone's first stage (6,000 epochs)
+ONE_DEMO = "data/libero_spatial_expert_10.h5"  # 1 expert episode per task (init state 0)
+ONE_DEMO_EARLY = "checkpoints/flow_libero_spatial_10demos_e6000.pt"  # its flow clone, 6,000 epochs
 # self-imitation (trainers/sil) for 30 minutes with the 20 demos as half of every minibatch
 _SIL_RUN = {"policy": "auto", "total_steps": 10_000_000, "max_minutes": 30.0, "torch_threads": 1}
 _RECIPE_RUN = (*_SIL_RUN, "init_policy", "loop")  # the shipped recipe's run settings a variant keeps
@@ -302,6 +304,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {**_CLONE_RUN, "init_policy": FEW_DEMO_EARLY},
         "bc": _FEW_DEMO_BC,
     },
+    # -- the same pair where imitation has less to go on: one demo per task, a start cloned from it alone
+    "sil-10demos-e6000-prior25-async": {
+        "about": "sil-20demos-e6000-prior25-async from the 10-demo clone (6,000 epochs) with those 10 demos "
+        "as its prior data",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": ONE_DEMO_EARLY, "loop": "async"},
+        "sil": {**_SIL, "prior_data": ONE_DEMO, "prior_ratio": 0.25, "updates_per_iteration": 256},
+    },
+    "clone-10demos-e6000-30min": {
+        "about": "imitation alone from the 10-demo clone: BC, weight average 0.999, its 10 demos, 30 min",
+        "algo": "bc",
+        "run": {**_CLONE_RUN, "init_policy": ONE_DEMO_EARLY},
+        "bc": {**_FEW_DEMO_BC, "demos": ONE_DEMO},
+    },
     # -- the self-imitation recipe as it ships (configs/libero_spatial_sil.json), the longer clone for its
     # wall time, and the recipe from that clone: the main-job study (--recipe configs/libero_spatial_sil.json)
     "sil-recipe": {
@@ -325,7 +341,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "bc": {**_FEW_DEMO_BC, "demos": SIL_RECIPE["sil"]["prior_data"]},
     },
     "sil-recipe-warmup": {
-        "about": "sil-recipe whose first 11,000 updates imitate the 20 demos alone (warmup_updates: about 6 "
+        "about": "sil-recipe whose first 11,000 updates imitate its demos alone (warmup_updates: about 6 "
         "of its 24 minutes on one core), so self-imitation starts from a longer clone in the same budget",
         "algo": "sil",
         "run": {k: v for k, v in SIL_RECIPE["run"].items() if k in _RECIPE_RUN},
@@ -365,6 +381,8 @@ def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, d
         **({} if own_policy else recipe["run"].get("policy_kwargs", {})),
         **spec.get("run", {}).get("policy_kwargs", {}),
     }
+    if algo == "bc" and "loop" not in spec.get("run", {}):
+        run["loop"] = "sync"  # imitation has no actor to run beside the learner: an async recipe's clone
     return algo, run, {**recipe.get(algo, {}), **spec.get(algo, {})}
 
 

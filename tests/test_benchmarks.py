@@ -392,6 +392,36 @@ def test_rl_recipe_study_placebo_variants():
     assert "placebo" not in VARIANTS["sac-rlpd-weak"]["sac"]  # the variant itself is unchanged
 
 
+def test_few_demo_priors_are_the_first_episodes_of_the_shipped_demos():
+    """data/libero_spatial_expert_10.h5 and _20.h5 hold the first 1 and 2 episodes of every task (by
+    initial frame) of the shipped expert demos, bit for bit; the one-demo pilot's start is the 20-demo
+    start's policy (its checkpoint verified)."""
+    import numpy as np
+
+    from trainers.checkpoint import load_checkpoint
+    from trainers.datasets.demos import read_demos
+
+    root = Path(__file__).resolve().parents[1]
+    full = read_demos(root / "data" / "libero_spatial_expert_train.h5").episodes
+    for name, per_task in (("libero_spatial_expert_10.h5", 1), ("libero_spatial_expert_20.h5", 2)):
+        few = read_demos(root / "data" / name).episodes
+        frames: dict[str, list[int]] = {}
+        for ep in full:
+            frames.setdefault(ep.task, []).append(ep.initial_frame)
+        expected = [ep for ep in full if ep.initial_frame in sorted(frames[ep.task])[:per_task]]
+        assert len(few) == len(expected) == 10 * per_task
+        by_frame = {(e.task, e.initial_frame): e for e in expected}
+        assert sorted(by_frame) == sorted((e.task, e.initial_frame) for e in few)
+        for ep in few:
+            twin = by_frame[(ep.task, ep.initial_frame)]
+            assert np.array_equal(ep.actions, twin.actions) and ep.success
+            assert all(np.array_equal(ep.obs[k], twin.obs[k]) for k in twin.obs)
+    starts = [root / "checkpoints" / f"flow_libero_spatial_{n}demos_e6000.pt" for n in (10, 20)]
+    one, two = (load_checkpoint(path) for path in starts)
+    assert one["policy"]["name"] == two["policy"]["name"] == "policies.flow:FlowPolicy"
+    assert one["policy"]["kwargs"] == two["policy"]["kwargs"]  # the same policy, cloned from fewer demos
+
+
 def test_rl_recipe_study_self_imitation_variants_are_complete():
     """The few-demo self-imitation variant and its longer clone: shipped files, settings that their
     configs take, and a placebo that keeps as many episodes chosen without the reward."""
@@ -405,6 +435,7 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
                                  ("sil-20demos-e6000-prior25", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior0", "clone-20demos-e6000-30min"),
                                  ("sil-20demos-e6000-prior25-async", "clone-20demos-e6000-30min"),
+                                 ("sil-10demos-e6000-prior25-async", "clone-10demos-e6000-30min"),
                                  ("sil-recipe", "clone-sil-recipe"),
                                  ("sil-recipe-sync", "clone-sil-recipe"),
                                  ("sil-recipe-warmup", "clone-sil-recipe")]:  # fmt: skip
@@ -594,6 +625,7 @@ def test_rl_recipe_study_knows_a_finished_clone(tmp_path):
         (Path(__file__).resolve().parents[1] / "configs" / "libero_spatial_sil.json").read_text()
     )
     algo, run, settings = recipe_variant(recipe, VARIANTS["clone-sil-recipe"])
+    assert recipe["run"]["loop"] == "async" and run["loop"] == "sync"  # BC has no actor: the sync loop
     run.update(seed=0)
     saved = {"run": {**run, "total_steps": 1_651_200_000}, "bc": {**settings, "weight_decay": 0.0}}
     (tmp_path / "config.json").write_text(json.dumps(saved))
