@@ -403,11 +403,11 @@ def test_few_demo_priors_are_the_first_episodes_of_the_shipped_demos():
 
     root = Path(__file__).resolve().parents[1]
     full = read_demos(root / "data" / "libero_spatial_expert_train.h5").episodes
+    frames: dict[str, list[int]] = {}  # each task's initial frames
+    for ep in full:
+        frames.setdefault(ep.task, []).append(ep.initial_frame)
     for name, per_task in (("libero_spatial_expert_10.h5", 1), ("libero_spatial_expert_20.h5", 2)):
         few = read_demos(root / "data" / name).episodes
-        frames: dict[str, list[int]] = {}
-        for ep in full:
-            frames.setdefault(ep.task, []).append(ep.initial_frame)
         expected = [ep for ep in full if ep.initial_frame in sorted(frames[ep.task])[:per_task]]
         assert len(few) == len(expected) == 10 * per_task
         by_frame = {(e.task, e.initial_frame): e for e in expected}
