@@ -170,3 +170,14 @@ def test_async_guided_run_keeps_the_failed_episodes(tmp_path):
     extra = ckpt.latest_checkpoint(tmp_path / "run")[1]["extra"]
     assert extra["failures"]["episodes"] == 24 and len(extra["failures"]["actions"]) == 240
     assert extra["successes"]["episodes"] == 0 and extra["updates"] == 0
+
+
+def test_async_value_weighted_run_trains_its_value_and_weighs_the_successes(tmp_path):
+    """``value_weighting`` on the async loop: V is updated beside the policy (every episode of SacClock
+    succeeds, so V learns towards 1 and each success's weight 1 - V falls below the untrained 0.5),
+    its weights are logged per iteration, and the checkpoint carries V."""
+    sil_train.main(_args(tmp_path / "run", "--loop", "async", "--value-weighting", "--value-every", "1"))
+    extra = ckpt.latest_checkpoint(tmp_path / "run")[1]["extra"]
+    assert extra["updates"] > 0 and extra["failures"]["episodes"] == 0 and "net" in extra["value"]
+    rows = [r for r in read_metrics(tmp_path / "run") if "train/success_weight_mean" in r]
+    assert rows and np.isfinite(rows[-1]["train/value_loss"]) and rows[-1]["train/success_weight_mean"] < 0.5

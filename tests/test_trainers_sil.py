@@ -1,6 +1,7 @@
 """Self-imitation from success (``trainers/sil``) on the counting env: it learns, keeps only
 successes (or, as the placebo, as many episodes chosen without the reward), mixes the prior data in,
-resumes its buffer and weight average, and refuses bad settings before any env step."""
+resumes its buffer and weight average, draws successes by Oh et al.'s weights (``value_weighting``),
+and refuses bad settings before any env step."""
 
 import json
 
@@ -8,14 +9,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
 from nets.errors import BadInput
+from policies.gaussian import GaussianPolicy
 from trainers.checkpoint import latest_checkpoint
 from trainers.datasets.demos import Episode, write_demos
-from trainers.optim import EMA_KEY
+from trainers.optim import EMA_KEY, BadUpdateGuard
 from trainers.sil import ChunkRows, SILConfig
 from trainers.sil.algorithm import chosen
 from trainers.sil.train import main as sil_main
+from trainers.sil.value import SuccessValue
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -222,10 +226,7 @@ def test_guided_self_imitation_learns_from_successes_and_failures_and_resumes_bo
 def test_guided_minibatches_label_each_row_by_its_source(monkeypatch):
     """Prior and successful rows are labelled success, failed rows failure, and about
     ``unconditioned_share`` of all rows none; the shares follow ``prior_ratio`` and ``failure_share``."""
-    from gymnasium import spaces
-
     from policies.flow import OUTCOMES, FlowPolicy
-    from trainers.optim import BadUpdateGuard
     from trainers.sil.algorithm import sil_update
 
     policy = FlowPolicy(spaces.Box(-1, 1, (2,), np.float32), spaces.Box(-1, 1, (2, 2), np.float32),
@@ -290,3 +291,67 @@ def test_a_guided_run_starts_from_a_plain_flow_checkpoint(tmp_path):
     for name, value in before["state_dict"].items():
         torch.testing.assert_close(after["state_dict"][name], value, rtol=0, atol=0)
     assert not after["state_dict"]["outcome_embedding.weight"].any()
+
+
+OBS = spaces.Dict({"proprio": spaces.Box(-5, 5, (2,), np.float32)})
+
+
+def _rows(x: float, n: int) -> list:
+    """``n`` chunk-steps of one episode whose state is ``(x, 1)``."""
+    return [
+        ({"proprio": np.array([x, 1.0], np.float32)}, np.zeros((2, 1), np.float32), np.ones(2, bool), 0)
+    ] * n
+
+
+def test_value_learns_where_success_is_rare_and_weighs_those_successes_most():
+    """From state +1 the policy succeeds 9 times in 10, from -1 once in 10: V learns both rates, a
+    success from -1 weighs about 0.9 and one from +1 about 0.1, and the draws follow the weights."""
+    torch.manual_seed(0)
+    policy = GaussianPolicy(OBS, spaces.Box(-1, 1, (2, 1), np.float32), hidden_sizes=[16])
+    value = SuccessValue(policy, learning_rate=3e-3)
+    successes, failures = ChunkRows(10_000), ChunkRows(10_000)
+    for x, wins in ((1.0, 9), (-1.0, 1)):
+        for episode in range(10):
+            (successes if episode < wins else failures).add(_rows(x, 5))
+    np.testing.assert_allclose(value.weights(successes), 0.5)  # an untrained V weighs all alike
+    rng, guard = np.random.default_rng(0), BadUpdateGuard()
+    losses = [float(value.update(successes, failures, 128, rng, guard)) for _ in range(300)]
+    assert losses[-1] < losses[0]
+    weights = value.weights(successes)
+    hard = successes.obs["proprio"][:, 0] < 0
+    assert weights[hard].mean() == pytest.approx(0.9, abs=0.08)
+    assert weights[~hard].mean() == pytest.approx(0.1, abs=0.08)
+    drawn = successes.sample(20_000, np.random.default_rng(1), weights=weights)
+    share = weights[hard].sum() / weights.sum()  # one hard success's 5 rows against 9 easy ones' 45
+    assert hard[drawn].mean() == pytest.approx(share, abs=0.015) and share > 0.4
+
+
+def test_value_weighting_bad_input_is_named():
+    with pytest.raises(BadInput, match="value_every must be >= 1"):
+        SILConfig(value_weighting=True, value_every=0)
+    with pytest.raises(BadInput, match="value_weighting and balance_tasks"):
+        SILConfig(value_weighting=True, balance_tasks=True)
+    with pytest.raises(BadInput, match="value_weighting learns V.*Linear has none"):
+        SuccessValue(torch.nn.Linear(2, 2), 1e-3)
+    rows = ChunkRows(10)
+    rows.add(_rows(0.0, 3))
+    with pytest.raises(BadInput, match=r"one per row \(3\)"):
+        rows.sample(4, np.random.default_rng(0), weights=np.ones(2))
+
+
+def test_a_value_weighted_run_learns_and_resumes_its_value(tmp_path):
+    """On the counting env a value-weighted run keeps failures beside successes, trains V, and its
+    checkpoint carries V and its optimizer, which a resume with no update takes back unchanged."""
+    args = ["--value-weighting", "--value-every", "2", "--steps-per-iteration", "5", "--batch-size", "32",
+            "--learning-rate", "3e-3", "--eval-every", "-1", "--checkpoint-every", "1"]  # fmt: skip
+    first = _sil(tmp_path / "run", *args, "--total-steps", "200")
+    assert first["train/success_rows"] > 0 and first["train/failure_rows"] > 0
+    assert np.isfinite(first["train/value_loss"]) and 0 < first["train/success_weight_mean"] < 1
+    before = latest_checkpoint(tmp_path / "run")[1]["extra"]
+    _sil(tmp_path / "run", *args, "--total-steps", "240", "--updates-per-iteration", "0",
+         "--resume", str(tmp_path / "run"))  # fmt: skip
+    after = latest_checkpoint(tmp_path / "run")[1]["extra"]
+    for name, weight in before["value"]["net"].items():
+        torch.testing.assert_close(after["value"]["net"][name], weight, rtol=0, atol=0)
+    assert after["value"]["optimizer"]["state"].keys() == before["value"]["optimizer"]["state"].keys()
+    assert after["failures"]["episodes"] >= before["failures"]["episodes"]

@@ -11,6 +11,10 @@ data and the successes: success; the rest: failure), a random ``unconditioned_sh
 unlabelled. The policy then learns what success and failure look like and what any episode looks
 like, and acts with classifier-free guidance towards success (``guidance``; CFGRL, Frans et al.,
 2025): the failures, which plain self-imitation throws away, tell it which way not to go.
+
+With ``value_weighting`` the successes are drawn as Oh et al.'s (2018) self-imitation weighs them,
+in proportion to ``max(R - V(s), 0) = 1 - V(s)``, with V learned from every ended episode
+(``trainers/sil/value.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ class SILConfig:
     """exponential moving average of the weights, which collect, are evaluated and saved (0: off; the
     trained weights travel in the checkpoint for --resume)"""
     buffer_size: int = 200_000
-    """successful chunk-steps kept (the oldest leave first); as many failed ones with ``failure_share``"""
+    """successful chunk-steps kept (the oldest leave first); as many failed ones with ``failure_share``
+    or ``value_weighting``"""
     failure_share: float = 0.0
     """share of each minibatch drawn from failed episodes and labelled failure, once there are some
     (0: failures are not kept; > 0 needs an outcome-conditioned flow policy: ``--policy-kwargs
@@ -67,6 +72,14 @@ class SILConfig:
     observation: each wording counts as a task) is equally likely, however many of its episodes
     succeeded (default: every row the same, so tasks that often succeed dominate those that rarely
     do); the ``prior_ratio`` share is drawn from the prior data as before"""
+    value_weighting: bool = False
+    """Oh et al.'s self-imitation weights (``trainers/sil/value.py``): a success's chunk-step is drawn
+    in proportion to ``1 - V(s)``, V the learned chance that the policy succeeds from its observation
+    (trained on the chunk-steps of every ended episode, so failures are kept): what the policy would
+    have done anyway weighs little, successes from states where it usually fails weigh most"""
+    value_every: int = 4
+    """value_weighting: one update of V (a minibatch of ``batch_size``) every this many policy updates;
+    the weights are recomputed over the whole success buffer once per iteration"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
@@ -104,6 +117,10 @@ class SILConfig:
             raise BadInput("sil learning_rate must be > 0 and max_grad_norm >= 0")
         if not 0.0 <= self.ema_decay < 1.0:
             raise BadInput(f"sil ema_decay must be in [0, 1) (0: no averaging), got {self.ema_decay}")
+        if self.value_every < 1:
+            raise BadInput(f"sil value_every must be >= 1, got {self.value_every}")
+        if self.value_weighting and self.balance_tasks:
+            raise BadInput("sil value_weighting and balance_tasks both set how successes are drawn: pick one")
         if self.max_policy_lag < 0:
             raise BadInput(f"sil max_policy_lag must be >= 0, got {self.max_policy_lag}")
         if self.weight_sync_every < 1:
@@ -180,9 +197,17 @@ class ChunkRows:
             return np.zeros(len(next(iter(obs.values()))), np.int64)
         return np.array([self.task_ids.setdefault(t, len(self.task_ids)) for t in texts], np.int64)
 
-    def sample(self, n: int, rng: np.random.Generator, balance_tasks: bool = False) -> np.ndarray:
-        """``n`` row indices drawn with replacement: uniformly, or with ``balance_tasks`` each task
-        (instruction) equally likely and its rows uniformly within it."""
+    def sample(
+        self, n: int, rng: np.random.Generator, balance_tasks: bool = False, weights: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``n`` row indices drawn with replacement: uniformly, with ``balance_tasks`` each task
+        (instruction) equally likely and its rows uniformly within it, or in proportion to
+        ``weights`` (one per row, >= 0, as ``value_weighting`` gives them)."""
+        if weights is not None:
+            if weights.shape != (len(self),):
+                raise BadInput(f"sample weights: expected one per row ({len(self)}), got {weights.shape}")
+            p = weights + 1e-9  # never all zero
+            return rng.choice(len(self), size=n, p=p / p.sum())
         if not balance_tasks:
             return rng.integers(len(self), size=n)
         if not self.task_ids:
@@ -231,6 +256,15 @@ def take(data: dict[str, Any], idx: np.ndarray) -> tuple[dict[str, Any], torch.T
     return obs, torch.as_tensor(data["actions"][idx]), torch.as_tensor(data["valid"][idx])
 
 
+def concat_obs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Observation batches (as ``take`` gives them) joined row-wise; text keys stay lists."""
+    return {
+        k: sum((p[k] for p in parts), []) if isinstance(parts[0][k], list)
+        else np.concatenate([p[k] for p in parts])
+        for k in parts[0]
+    }  # fmt: skip
+
+
 def sil_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -241,9 +275,11 @@ def sil_update(
     guard: BadUpdateGuard,
     ema: WeightEMA | None,
     failures: ChunkRows | None = None,
+    success_weights: np.ndarray | None = None,
 ) -> dict[str, torch.Tensor]:
     """One gradient step of the imitation loss on a minibatch mixing prior, successful and (with
-    ``failures`` and ``failure_share``) failed rows; an outcome-conditioned policy gets their labels."""
+    ``failures`` and ``failure_share``) failed rows; an outcome-conditioned policy gets their labels.
+    ``success_weights`` (one per success row: ``value_weighting``) draws the successes in proportion."""
     n_prior = len(prior["actions"]) if prior is not None else 0
     n_fail = len(failures) if failures is not None else 0
     from_failures = round(config.batch_size * config.failure_share) if n_fail else 0
@@ -257,16 +293,13 @@ def sil_update(
         parts.append(take(prior, rng.integers(n_prior, size=from_prior)))
         labels.append(np.full(from_prior, OUTCOMES["success"]))
     if rest - from_prior:
-        parts.append(take(successes.data, successes.sample(rest - from_prior, rng, config.balance_tasks)))
+        picked = successes.sample(rest - from_prior, rng, config.balance_tasks, success_weights)
+        parts.append(take(successes.data, picked))
         labels.append(np.full(rest - from_prior, OUTCOMES["success"]))
     if from_failures:
         parts.append(take(failures.data, failures.sample(from_failures, rng, config.balance_tasks)))
         labels.append(np.full(from_failures, OUTCOMES["failure"]))
-    obs = {
-        k: sum((p[0][k] for p in parts), []) if isinstance(parts[0][0][k], list)
-        else np.concatenate([p[0][k] for p in parts])
-        for k in parts[0][0]
-    }  # fmt: skip
+    obs = concat_obs([p[0] for p in parts])
     actions = torch.cat([p[1] for p in parts])
     valid = torch.cat([p[2] for p in parts])
     if getattr(policy, "outcome_conditioned", False):

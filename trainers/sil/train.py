@@ -47,6 +47,7 @@ from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
 from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop
 from trainers.sil.algorithm import ChunkRows, SILConfig, chosen, sil_update
+from trainers.sil.value import SuccessValue
 
 WARMUP_STREAM = 1  # spawn key of the warm-up's minibatch stream (iterations use [seed, iteration])
 
@@ -110,11 +111,17 @@ def train(
         successes = ChunkRows(config.buffer_size)
         if extra.get("successes") is not None:
             successes.load_state_dict(extra["successes"])
-        failures = ChunkRows(config.buffer_size) if config.failure_share else None
+        keep_failures = bool(config.failure_share or config.value_weighting)
+        failures = ChunkRows(config.buffer_size) if keep_failures else None
         if failures is not None and extra.get("failures") is not None:
             failures.load_state_dict(extra["failures"])
+        value = SuccessValue(policy, config.learning_rate) if config.value_weighting else None
+        if value is not None and extra.get("value") is not None:
+            value.load_checkpoint_state(extra["value"])
         guard = BadUpdateGuard(config.max_bad_updates)
+        value_guard = BadUpdateGuard(config.max_bad_updates)
         done = {"updates": int(extra.get("updates", 0))}
+        drawn: dict[str, np.ndarray | None] = {"weights": None}  # value_weighting: the successes' weights
 
         def can_update() -> bool:
             has_data = len(successes) > 0 or prior is not None
@@ -122,7 +129,18 @@ def train(
 
         def update(rng: np.random.Generator) -> dict[str, torch.Tensor]:
             done["updates"] += 1
-            return sil_update(policy, optimizer, prior, successes, config, rng, guard, ema, failures)
+            out = sil_update(
+                policy, optimizer, prior, successes, config, rng, guard, ema, failures, drawn["weights"]
+            )
+            due = value is not None and done["updates"] % config.value_every == 0
+            if due and len(successes) + len(failures):
+                out["value_loss"] = value.update(successes, failures, config.batch_size, rng, value_guard)
+            return out
+
+        def reweigh() -> None:
+            """value_weighting: every kept success's weight 1 - V(s), by the current V."""
+            if value is not None:
+                drawn["weights"] = value.weights(successes) if len(successes) else None
 
         def keep(ended: list[tuple[list, bool]]) -> int:
             """The successes among ``ended`` join the buffer (the placebo: as many episodes chosen
@@ -141,14 +159,15 @@ def train(
             run.checkpoints.extra = {"successes": successes.state_dict(), "updates": done["updates"]}
             if failures is not None:
                 run.checkpoints.extra["failures"] = failures.state_dict()
+            if value is not None:
+                run.checkpoints.extra["value"] = value.checkpoint_state()
             if ema is not None:  # the trained weights travel beside the average
                 run.checkpoints.extra[EMA_KEY] = ema.state_dict()
             policy.eval()
-            metrics = (
-                {f"train/{k}": float(torch.stack([s[k] for s in steps]).mean()) for k in steps[0]}
-                if steps
-                else {}
-            )
+            keys = dict.fromkeys(k for s in steps for k in s)  # value_loss: only in the steps that updated V
+            metrics = {f"train/{k}": float(torch.stack([s[k] for s in steps if k in s]).mean()) for k in keys}
+            if drawn["weights"] is not None:
+                metrics["train/success_weight_mean"] = float(drawn["weights"].mean())
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
                 **({"train/failure_rows": len(failures)} if failures is not None else {}),
@@ -187,6 +206,7 @@ def train(
                 if ema is not None:
                     ema.swap()  # train the trained weights
                 kept = keep(ended)  # the successes of this iteration join before its updates
+                reweigh()
                 steps = []
                 if can_update():
                     rng = np.random.default_rng([run_config.seed, run.counters["iteration"]])
@@ -200,7 +220,7 @@ def train(
             spec = SILActorSpec(
                 policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
                 deterministic=config.deterministic_collect,
-                keep_failures=config.placebo or failures is not None,
+                keep_failures=config.placebo or keep_failures,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
@@ -208,6 +228,7 @@ def train(
                 rng = np.random.default_rng([run_config.seed, run.counters["iteration"]])
                 if ema is not None:
                     ema.swap()  # train the trained weights
+                reweigh()  # the successes kept at the end of the iteration before
                 policy.train()
                 while received < config.steps_per_iteration:
                     busy = can_update() and len(steps) < config.updates_per_iteration
