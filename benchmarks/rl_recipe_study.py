@@ -292,6 +292,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY, "loop": "async"},
         "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256},
     },
+    "sil-curriculum-async": {
+        "about": "sil-20demos-e6000-prior25-async starting more episodes on the tasks it fails "
+        "(task_curriculum: a task drawn in proportion to max(1 - its recent success rate, 0.1))",
+        "algo": "sil",
+        "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY, "loop": "async"},
+        "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256, "task_curriculum": True},
+    },
     "sil-20demos-e6000-prior0": {
         "about": "sil-20demos-e6000 imitating its own successes alone once it has one (the demos until then)",
         "algo": "sil",

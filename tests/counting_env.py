@@ -6,6 +6,7 @@ succeeds (and terminates) when the position reaches the frame's goal; the step l
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -81,3 +82,9 @@ class ConstantPolicy(ActionChunkPolicy):
     def act(self, obs, deterministic=False):
         n = len(obs["image"])
         return ActionChunk(torch.full((n, self.chunk_size, self.action_dim), self.value))
+
+
+# importing this module registers the env, so that "counting_env:SacCounting-v0" also makes it in a
+# spawned actor process
+if "SacCounting-v0" not in gym.registry:
+    gym.register("SacCounting-v0", vector_entry_point="counting_env:CountingVectorEnv")

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import sac_envs  # noqa: F401  (registers SacClock-v0, SacReach-v0 here and in the actor process)
-from learner_kill import kill_learner_midway, subprocess_env
+from learner_kill import kill_flooded_learner, kill_learner_midway, subprocess_env
 
 from nets.errors import BadInput
 from trainers import checkpoint as ckpt
@@ -109,6 +109,13 @@ def test_async_run_killed_leaves_no_orphan_and_resumes(tmp_path):
     )
     assert final["extra"]["updates"] > saved["extra"]["updates"]
     assert json.loads((run / "config.json").read_text())["run"]["loop"] == "async"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_actor_waiting_on_a_full_queue_dies_with_its_learner():
+    """The learner dies while its actor waits to send on a full queue (the learner read nothing): the
+    actor must not wait for ever to report its end, or to flush the queue into a pipe no one reads."""
+    kill_flooded_learner()
 
 
 def test_async_bad_input_is_refused_before_anything_starts(tmp_path):

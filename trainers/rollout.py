@@ -13,7 +13,11 @@ K = 1), in any autoreset mode (read from ``env.metadata["autoreset_mode"]``):
 * DISABLED: finished envs stay finished. With ``reset_finished=True`` (the default, needed by
   gymnasium's own vector envs, which refuse to step a finished env) the collector resets them with
   ``reset(options={"reset_mask": done})`` after the step; with ``False`` they stay frozen (ours
-  allow stepping them: nothing runs) and are masked until ``Collector.reset`` (GRPO).
+  allow stepping them: nothing runs) and are masked until ``Collector.reset`` (GRPO). With
+  ``start_frames`` the collector chooses where they restart (a curriculum: ``trainers/curriculum.py``).
+
+Where the env reports ``info["initial_frame_id"]`` at its resets (ours do), each ended episode says
+which start frame it came from (``frame``).
 
 Per step t the rollout stores what the policy did on obs_t and what the env gave back for it.
 """
@@ -146,6 +150,8 @@ class Collector:
             them frozen until ``reset`` (False).
         clip_actions: clip ``Box`` actions to the bounds before ``env.step`` (as SB3 does).
         storage_device: where the rollout's tensors live.
+        start_frames: DISABLED mode with ``reset_finished`` only: ``start_frames(n)`` gives the start
+            frame ids (``env.initial_frames``) the ``n`` finished envs restart at; else the env draws.
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class Collector:
         reset_finished: bool = True,
         clip_actions: bool = True,
         storage_device: str | torch.device = "cpu",
+        start_frames: Callable[[int], Sequence[int]] | None = None,
     ) -> None:
         if bootstrap not in ("truncated", "done", "none"):
             raise BadInput(f"bootstrap must be 'truncated', 'done' or 'none', got {bootstrap!r}")
@@ -164,6 +171,14 @@ class Collector:
         self.num_envs = int(env.num_envs)
         mode = env.metadata.get("autoreset_mode", getattr(env, "autoreset_mode", AutoresetMode.NEXT_STEP))
         self.autoreset_mode = AutoresetMode(mode)
+        restarts_itself = self.autoreset_mode == AutoresetMode.DISABLED and reset_finished
+        if start_frames is not None and not restarts_itself:
+            raise BadInput(
+                f"Collector start_frames restart finished envs itself: the env's autoreset mode must be "
+                f"DISABLED with reset_finished=True, got {self.autoreset_mode.name}, "
+                f"reset_finished={reset_finished}"
+            )
+        self.start_frames = start_frames
         self.bootstrap = bootstrap
         self.reset_finished = reset_finished
         self.clip_actions = clip_actions
@@ -185,6 +200,7 @@ class Collector:
         self._frozen = np.zeros(n, bool)  # DISABLED, not reset: finished and waiting
         self._ep_return = np.zeros(n, np.float64)
         self._ep_length = np.zeros(n, np.int64)
+        self._frame = np.full(n, -1, np.int64)  # each env's start frame id, where the env says (-1: not)
 
     # ------------------------------------------------------------------ reset
     def reset(self, seed: int | list[int] | None = None, options: dict[str, Any] | None = None) -> Any:
@@ -193,7 +209,9 @@ class Collector:
         mask = np.ones(self.num_envs, bool)
         if options and options.get("reset_mask") is not None:
             mask = np.asarray(options["reset_mask"], bool)
-        self.obs, _ = self.env.reset(seed=seed, options=options)
+        self.obs, info = self.env.reset(seed=seed, options=options)
+        self._frame[mask] = -1
+        self._note_frames(info)
         self._pending_reset[mask] = False
         self._frozen[mask] = False
         self._ep_return[mask] = 0.0
@@ -262,8 +280,12 @@ class Collector:
             for i in np.flatnonzero(done):
                 ep = {"return": float(self._ep_return[i]), "length": float(self._ep_length[i])}
                 ep.update(reported.get(i, {}))
+                if self._frame[i] >= 0:
+                    ep["frame"] = int(self._frame[i])
                 episodes.append({**ep, "env": float(i), "step": float(t)})
             self._ep_return[done], self._ep_length[done] = 0.0, 0
+            self._frame[done] = -1
+            self._note_frames(info)  # SAME_STEP and NEXT_STEP autoresets start new episodes here
             if finals is not None:  # before a DISABLED reset below replaces next_obs
                 same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
                 for i in np.flatnonzero(done).tolist():
@@ -286,7 +308,11 @@ class Collector:
                 self._pending_reset = done
             elif self.autoreset_mode == AutoresetMode.DISABLED:
                 if self.reset_finished and done.any():
-                    next_obs, _ = self.env.reset(options={"reset_mask": done.copy()})
+                    options: dict[str, Any] = {"reset_mask": done.copy()}
+                    if self.start_frames is not None:
+                        options["initial_frames"] = [int(f) for f in self.start_frames(int(done.sum()))]
+                    next_obs, reset_info = self.env.reset(options=options)
+                    self._note_frames(reset_info)
                 else:
                     self._frozen |= done
             self.obs = next_obs
@@ -319,6 +345,14 @@ class Collector:
         return rollout
 
     # ------------------------------------------------------------------ helpers
+    def _note_frames(self, info: dict[str, Any]) -> None:
+        """Remember the start frame of every env the env says it (re)started (``initial_frame_id``)."""
+        ids, mask = info.get("initial_frame_id"), info.get("_initial_frame_id")
+        if ids is None or mask is None:
+            return
+        for i in np.flatnonzero(np.asarray(mask, bool)):
+            self._frame[i] = int(np.asarray(ids)[i])
+
     def _check_actions(self, out: ActionChunk) -> np.ndarray:
         a = out.actions.detach().float().cpu().numpy()
         if a.shape[1:] == self._chunk_shape and a.shape[0] == self.num_envs:

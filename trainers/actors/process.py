@@ -20,6 +20,7 @@ import torch.multiprocessing as tmp
 from nets.processes import die_with_parent, without_main_module
 from policies.base import ActionChunkPolicy
 from trainers.actors.link import STOP, ActorLink, LaggedPolicy, module_weights
+from trainers.env_contract import frame_tasks
 
 Send = Callable[..., None]
 """``send(*payload)``: one message to the learner, which ``EnvActor.receive`` returns as a tuple."""
@@ -41,10 +42,12 @@ class ActorSpec:
 class EnvActor:
     """The learner's handle on the actor process.
 
-    Built, it starts the process, which makes the envs of ``run_config`` (``nice`` added to its
+    Built, it starts the process, which makes the envs of ``run_config`` (in ``autoreset`` mode;
+    ``nice`` added to its
     niceness first, which its simulator workers inherit) and reports their single spaces
     (``single_observation_space``, ``single_action_space``: what the learner builds the policy
-    for; ``metadata``: the env's ``chunk_size`` entry, where it has one). ``start(spec, updates,
+    for; ``metadata``: the env's ``chunk_size`` entry, where it has one; ``frame_tasks``: the task of
+    each start frame, or None: ``trainers.env_contract.frame_tasks``). ``start(spec, updates,
     weights)`` then shares the weights the actor acts with and runs ``loop`` there. ``receive``
     returns the payload of one message (one vector step), or None when none arrived within
     ``timeout``. An exception in the actor (a bad env setting while it makes
@@ -61,12 +64,13 @@ class EnvActor:
         nice: int = 0,
         queue_size: int = 64,
         timeout: float = 600.0,
+        autoreset: str = "same_step",
     ) -> None:
         ctx = tmp.get_context("spawn")
         self.name = name
         self.link = ActorLink(ctx)
         self.queue, self.control = ctx.Queue(maxsize=queue_size), ctx.Queue()
-        args = (run_config, nice, self.link, self.queue, self.control, loop)
+        args = (run_config, nice, self.link, self.queue, self.control, loop, autoreset)
         self.process = ctx.Process(target=_actor_main, args=args, name=name)
         with without_main_module():
             self.process.start()
@@ -81,7 +85,7 @@ class EnvActor:
                 self.close()
         if message is None:
             raise RuntimeError(f"the {name} process made no env within {timeout:.0f} s")
-        _, self.single_observation_space, self.single_action_space, self.metadata = message
+        _, self.single_observation_space, self.single_action_space, self.metadata, self.frame_tasks = message
 
     def start(self, spec: ActorSpec, updates: int, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Share ``weights`` (default: ``spec.policy``'s own; version ``updates``) and let the actor
@@ -135,19 +139,22 @@ class EnvActor:
             q.cancel_join_thread()
 
 
-def _actor_main(run_config: Any, nice: int, link: ActorLink, out: Any, control: Any, loop: ActorLoop) -> None:
-    """The actor process: make the envs and report their spaces; once the learner sends the policy,
-    run the algorithm's ``loop`` with it (lagged) until told to stop."""
+def _actor_main(
+    run_config: Any, nice: int, link: ActorLink, out: Any, control: Any, loop: ActorLoop, autoreset: str
+) -> None:
+    """The actor process: make the envs (``autoreset`` mode) and report their spaces and start frames'
+    tasks; once the learner sends the policy, run the algorithm's ``loop`` with it (lagged) until told
+    to stop."""
     die_with_parent()
     signal.signal(signal.SIGTERM, _exit_on_term)
     torch.set_num_threads(1)
     if nice:
         os.nice(nice)
-    counters, env = link.counters, None
+    counters, env, learner = link.counters, None, os.getppid()
     try:
-        env = run_config.make_env(run_config.num_envs, autoreset="same_step")
+        env = run_config.make_env(run_config.num_envs, autoreset=autoreset)
         known = {k: env.metadata[k] for k in ("chunk_size",) if k in env.metadata}
-        out.put(("spaces", env.single_observation_space, env.single_action_space, known))
+        out.put(("spaces", env.single_observation_space, env.single_action_space, known, frame_tasks(env)))
         received = None
         while received is None and not counters[STOP]:
             try:
@@ -164,9 +171,14 @@ def _actor_main(run_config: Any, nice: int, link: ActorLink, out: Any, control: 
         lagged = LaggedPolicy(policy, link, spec.max_policy_lag)
         loop(spec, env, lagged, counters, lambda *payload: out.put(("step", *payload)))
     except BaseException as error:
-        if not counters[STOP]:  # plain data only: the learner rebuilds a built-in exception type
-            out.put(("error", traceback.format_exc(), type(error).__name__, str(error)))
+        if not counters[STOP] and os.getppid() == learner:  # tell a learner that is still there
+            try:  # plain data only: the learner rebuilds a built-in exception type
+                out.put(("error", traceback.format_exc(), type(error).__name__, str(error)), timeout=10.0)
+            except queue_module.Full:  # it has read nothing for 10 s: it is stuck or going
+                pass
     finally:
+        if os.getppid() != learner:  # the learner died (SIGTERM from die_with_parent): no one reads the
+            out.cancel_join_thread()  # queue, so exit without waiting to flush it into a full pipe
         if env is not None:
             env.close()
 

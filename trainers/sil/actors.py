@@ -15,7 +15,8 @@ import numpy as np
 
 from trainers.actors.link import STOP, LaggedPolicy
 from trainers.actors.process import ActorSpec, Send
-from trainers.env_contract import episode_success
+from trainers.curriculum import TaskCurriculum
+from trainers.env_contract import episode_success, start_options
 from trainers.rollout import Collector, Rollout
 from trainers.sac.replay import obs_row
 
@@ -53,17 +54,24 @@ class SILActorSpec(ActorSpec):
 
     deterministic: bool
     keep_failures: bool  # the placebo chooses among every ended episode: send their rows too
+    curriculum: TaskCurriculum | None = None  # task_curriculum: the learner's, copied; draws the starts here
 
 
 def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters: Any, send: Send) -> None:
     """The actor process's loop: ``send(ended episodes, env steps, episodes' stats)`` per vector step;
     a failed episode's rows are left out (empty) unless ``keep_failures``."""
-    collector = Collector(env, lagged)
-    collector.reset(seed=spec.seed)
+    curriculum = spec.curriculum
+    if curriculum is not None:  # a stream of its own each (re)start, as the envs' seed
+        curriculum.rng = np.random.default_rng(spec.seed)
+    collector = Collector(env, lagged, start_frames=curriculum.draw if curriculum else None)
+    starts = start_options(curriculum.draw(env.num_envs)) if curriculum else None
+    collector.reset(seed=spec.seed, options=starts)
     rows = EpisodeRows(env.num_envs)
     while not counters[STOP]:
         rollout = collector.collect(1, deterministic=spec.deterministic, record_obs=True)
         ended = rows.push(rollout, lagged.last_lag)
+        if curriculum is not None:
+            curriculum.record(rollout.episodes)
         if not spec.keep_failures:
             ended = [(chunks if success else [], success) for chunks, success in ended]
         send(ended, int(rollout.valid.sum()), rollout.episodes)

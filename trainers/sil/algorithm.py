@@ -80,6 +80,15 @@ class SILConfig:
     value_every: int = 4
     """value_weighting: one update of V (a minibatch of ``batch_size``) every this many policy updates;
     the weights are recomputed over the whole success buffer once per iteration"""
+    task_curriculum: bool = False
+    """start more episodes on the tasks the policy fails (``trainers/curriculum.py``): a task is drawn
+    in proportion to ``max(1 - p, curriculum_floor)``, p its success rate over its last
+    ``curriculum_window`` episodes, then one of its start frames (default: the env draws every frame
+    alike); needs start frames that name their task (ours do)"""
+    curriculum_floor: float = 0.1
+    """task_curriculum: the least weight a task keeps, in (0, 1] (1: every task alike)"""
+    curriculum_window: int = 50
+    """task_curriculum: how many of a task's latest episodes its success rate counts"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
@@ -121,6 +130,13 @@ class SILConfig:
             raise BadInput(f"sil value_every must be >= 1, got {self.value_every}")
         if self.value_weighting and self.balance_tasks:
             raise BadInput("sil value_weighting and balance_tasks both set how successes are drawn: pick one")
+        if not 0.0 < self.curriculum_floor <= 1.0 or self.curriculum_window < 1:
+            raise BadInput(
+                f"sil curriculum_floor must be in (0, 1] and curriculum_window >= 1, got "
+                f"{self.curriculum_floor} and {self.curriculum_window}"
+            )
+        if self.task_curriculum and self.placebo:
+            raise BadInput("sil placebo chooses without the reward, but task_curriculum reads it: pick one")
         if self.max_policy_lag < 0:
             raise BadInput(f"sil max_policy_lag must be >= 0, got {self.max_policy_lag}")
         if self.weight_sync_every < 1:

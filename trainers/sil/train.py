@@ -11,7 +11,8 @@ when ``ema_decay`` > 0; sampled actions unless ``deterministic_collect``), autor
 episode that ends is kept, chunk-step by chunk-step, if it succeeded (the env's ``success``, else
 termination), then ``updates_per_iteration`` gradient steps of the imitation loss follow
 (``trainers/sil/algorithm.py``). A checkpoint holds the policy (the average), the trained weights,
-the optimizer, the random streams and the success buffer; on resume the envs start new episodes (the
+the optimizer, the random streams and the success buffer (and the curriculum's counts with
+``task_curriculum``); on resume the envs start new episodes (the
 unfinished ones are dropped), as SAC's and PPO's do. One process only.
 
 ``--loop async``: an actor process steps the envs with the weight average while this process (the
@@ -41,7 +42,8 @@ from trainers.actors import EnvActor, module_weights
 from trainers.bc import check_compatible, check_observation_keys
 from trainers.callbacks import Callback
 from trainers.config import parse_cli
-from trainers.env_contract import chunk_size
+from trainers.curriculum import TaskCurriculum
+from trainers.env_contract import chunk_size, frame_tasks, start_options
 from trainers.optim import EMA_KEY, BadUpdateGuard, restore_ema
 from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
@@ -73,14 +75,21 @@ def train(
     """Train by self-imitation until ``run_config.total_steps`` env steps; returns the final metrics."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise BadInput("--algo sil runs in one process; start it without torchrun (or --nproc-per-node 1)")
+    # a curriculum restarts finished envs itself, at the starts it draws
+    autoreset = "disabled" if config.task_curriculum else "same_step"
+    if config.task_curriculum and run_config.autoreset_mode not in ("auto", "disabled"):
+        raise BadInput(
+            f"sil task_curriculum restarts finished envs itself: autoreset_mode must be 'auto' or "
+            f"'disabled', got {run_config.autoreset_mode!r}"
+        )
     run = Run("sil", run_config, config, callbacks)
     asynchronous = run_config.loop == "async"
     env = actor = None
     try:
         if asynchronous:  # the envs live in the actor process, which reports their spaces
-            actor = EnvActor(run_config, sil_actor_loop, "sil-actor", config.actor_nice)
+            actor = EnvActor(run_config, sil_actor_loop, "sil-actor", config.actor_nice, autoreset=autoreset)
         else:
-            env = run.make_env(autoreset="same_step")
+            env = run.make_env(autoreset=autoreset)
         spaces = actor if asynchronous else env
         policy = run.make_policy(spaces, use_critic=False)
         if not callable(getattr(policy, "imitation_loss", None)):
@@ -115,6 +124,19 @@ def train(
         failures = ChunkRows(config.buffer_size) if keep_failures else None
         if failures is not None and extra.get("failures") is not None:
             failures.load_state_dict(extra["failures"])
+        curriculum = None
+        if config.task_curriculum:  # async: the actor draws with a copy; this one mirrors it for the logs
+            tasks = actor.frame_tasks if asynchronous else frame_tasks(env)
+            if tasks is None:
+                raise BadInput(
+                    "sil task_curriculum draws starts by task: the env's start frames must name their task "
+                    "(env.initial_frames[i].task); this env has none"
+                )
+            curriculum = TaskCurriculum(
+                tasks, config.curriculum_floor, config.curriculum_window, run_config.seed
+            )
+            if extra.get("curriculum") is not None:
+                curriculum.load_state_dict(extra["curriculum"])
         value = SuccessValue(policy, config.learning_rate) if config.value_weighting else None
         if value is not None and extra.get("value") is not None:
             value.load_checkpoint_state(extra["value"])
@@ -161,6 +183,8 @@ def train(
                 run.checkpoints.extra["failures"] = failures.state_dict()
             if value is not None:
                 run.checkpoints.extra["value"] = value.checkpoint_state()
+            if curriculum is not None:
+                run.checkpoints.extra["curriculum"] = curriculum.state_dict()
             if ema is not None:  # the trained weights travel beside the average
                 run.checkpoints.extra[EMA_KEY] = ema.state_dict()
             policy.eval()
@@ -168,6 +192,10 @@ def train(
             metrics = {f"train/{k}": float(torch.stack([s[k] for s in steps if k in s]).mean()) for k in keys}
             if drawn["weights"] is not None:
                 metrics["train/success_weight_mean"] = float(drawn["weights"].mean())
+            if curriculum is not None:  # the most and the least practised task's share of the starts
+                shares = curriculum.task_weights()
+                metrics["train/curriculum_share_max"] = float(shares.max())
+                metrics["train/curriculum_share_min"] = float(shares.min())
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
                 **({"train/failure_rows": len(failures)} if failures is not None else {}),
@@ -191,8 +219,9 @@ def train(
         if ema is not None:
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
         if not asynchronous:  # collect, then update, in turn
-            collector = Collector(env, policy)
-            collector.reset(seed=env_seed)
+            collector = Collector(env, policy, start_frames=curriculum.draw if curriculum else None)
+            starts = start_options(curriculum.draw(env.num_envs)) if curriculum else None
+            collector.reset(seed=env_seed, options=starts)
             episodes_rows = EpisodeRows(env.num_envs)
             while not run.finished:
                 env_steps, episodes, ended = 0, [], []
@@ -203,6 +232,8 @@ def train(
                     env_steps += int(rollout.valid.sum())
                     episodes += rollout.episodes
                     ended += episodes_rows.push(rollout)
+                    if curriculum is not None:
+                        curriculum.record(rollout.episodes)
                 if ema is not None:
                     ema.swap()  # train the trained weights
                 kept = keep(ended)  # the successes of this iteration join before its updates
@@ -220,7 +251,7 @@ def train(
             spec = SILActorSpec(
                 policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
                 deterministic=config.deterministic_collect,
-                keep_failures=config.placebo or keep_failures,
+                keep_failures=config.placebo or keep_failures, curriculum=curriculum,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
@@ -237,6 +268,8 @@ def train(
                         new_ended, new_steps, new_episodes = message
                         ended, env_steps = ended + new_ended, env_steps + new_steps
                         episodes += new_episodes
+                        if curriculum is not None:
+                            curriculum.record(new_episodes)
                         received += 1
                     if busy:
                         steps.append(update(rng))

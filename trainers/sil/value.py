@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from nets.errors import BadInput
+from trainers.bc import batch_obs
 from trainers.optim import BadUpdateGuard, step_optimizer
-from trainers.sil.algorithm import ChunkRows, concat_obs, take
+from trainers.sil.algorithm import ChunkRows, concat_obs
 
 WEIGHT_BATCH = 4096  # rows per forward pass when weighing the whole success buffer
 
@@ -65,7 +66,7 @@ class SuccessValue(nn.Module):
         parts, labels = [], []
         for rows, picked, label in ((successes, idx[idx < n_s], 1.0), (failures, idx[idx >= n_s] - n_s, 0.0)):
             if len(picked):
-                parts.append(take(rows.data, picked)[0])
+                parts.append(batch_obs(rows.data["obs"], picked))
                 labels.append(torch.full((len(picked),), label))
         logits = self(concat_obs(parts))
         loss = nn.functional.binary_cross_entropy_with_logits(logits, torch.cat(labels).to(logits))
@@ -78,7 +79,7 @@ class SuccessValue(nn.Module):
         out = []
         for start in range(0, len(successes), WEIGHT_BATCH):
             idx = np.arange(start, min(start + WEIGHT_BATCH, len(successes)))
-            out.append(torch.sigmoid(-self(take(successes.data, idx)[0])).double().cpu().numpy())
+            out.append(torch.sigmoid(-self(batch_obs(successes.data["obs"], idx))).double().cpu().numpy())
         return np.concatenate(out) if out else np.zeros(0)
 
     def checkpoint_state(self) -> dict[str, Any]:
