@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from counting_env import ConstantPolicy, CountingVectorEnv
 
 from nets.errors import BadInput
@@ -89,6 +90,39 @@ def test_the_collector_restarts_finished_envs_where_it_is_told_and_names_each_st
     with pytest.raises(BadInput, match="DISABLED"):
         Collector(env, policy, start_frames=lambda n: [0] * n)
     env.close()
+
+
+def test_restarts_chosen_by_the_collector_equal_the_envs_own_autoreset():
+    """DISABLED autoreset with ``start_frames`` replaying the frames a SAME_STEP env drew gives the same
+    rollout: observations, actions, rewards, ends and episodes."""
+
+    def collect(mode, replay=None):
+        env = CountingVectorEnv(num_envs=3, chunk_size=2, autoreset_mode=mode)
+        drawn = []
+
+        def on_step(info):
+            if "initial_frame_id" in info:
+                drawn.extend(
+                    int(info["initial_frame_id"][i]) for i in np.flatnonzero(info["_initial_frame_id"])
+                )
+
+        queue = list(replay or [])
+        chooser = None if replay is None else (lambda n: [queue.pop(0) for _ in range(n)])
+        collector = Collector(env, ConstantPolicy(env.single_observation_space, env.single_action_space),
+                              start_frames=chooser)  # fmt: skip
+        collector.reset(seed=3, options=start_options([4, 1, 0]))
+        rollout = collector.collect(25, record_obs=True, on_step=on_step)
+        env.close()
+        return rollout, drawn
+
+    same_step, drawn = collect("SameStep")
+    disabled, _ = collect("Disabled", drawn)
+    assert len(drawn) > 5 and len(set(drawn)) > 2
+    for name in ("actions", "rewards", "valid", "terminated", "truncated"):
+        assert torch.equal(getattr(same_step, name), getattr(disabled, name)), name
+    for a, b in zip(same_step.observations, disabled.observations, strict=True):
+        assert all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+    assert same_step.episodes == disabled.episodes
 
 
 def test_self_imitation_practises_the_failed_task_most_and_resumes_the_counts(tmp_path):

@@ -19,7 +19,10 @@ defaults and trains as it is.
   ``task``); ``reset(options={"initial_frames": [id per env]})`` starts env i at frame ``ids[i]``,
   and in ``Disabled`` autoreset mode ``options={"reset_mask": mask, "initial_frames": ids}`` resets
   only the masked envs (``ids`` then lists one frame per masked env). GRPO groups, held-out
-  evaluation and demo collection use them; without frames they fall back to seeds.
+  evaluation and demo collection use them; without frames they fall back to seeds. An env that
+  reports ``info["initial_frame_id"]`` (with its ``_initial_frame_id`` mask) at every (re)start lets
+  the collector name each episode's start frame, which the task curriculum (``trainers/curriculum.py``)
+  counts successes by.
 """
 
 from __future__ import annotations
