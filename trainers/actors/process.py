@@ -43,8 +43,7 @@ class EnvActor:
     """The learner's handle on the actor process.
 
     Built, it starts the process, which makes the envs of ``run_config`` (in ``autoreset`` mode;
-    ``nice`` added to its
-    niceness first, which its simulator workers inherit) and reports their single spaces
+    ``nice`` added to its niceness first, which its simulator workers inherit) and reports their spaces
     (``single_observation_space``, ``single_action_space``: what the learner builds the policy
     for; ``metadata``: the env's ``chunk_size`` entry, where it has one; ``frame_tasks``: the task of
     each start frame, or None: ``trainers.env_contract.frame_tasks``). ``start(spec, updates,
@@ -177,8 +176,10 @@ def _actor_main(
             except queue_module.Full:  # it has read nothing for 10 s: it is stuck or going
                 pass
     finally:
-        if os.getppid() != learner:  # the learner died (SIGTERM from die_with_parent): no one reads the
-            out.cancel_join_thread()  # queue, so exit without waiting to flush it into a full pipe
+        # a dead learner (SIGTERM from die_with_parent) reads nothing more: exit without waiting to
+        # flush the queue into a pipe that may be full
+        if os.getppid() != learner:
+            out.cancel_join_thread()
         if env is not None:
             env.close()
 
