@@ -581,7 +581,8 @@ def paired(before: list[dict], after: list[dict]) -> dict[str, Any]:
 
 def pooled_comparisons(results: list[dict], wanted: list[list[str]] | None) -> list[dict[str, Any]]:
     """Variant A against variant B pooled over the seeds both ran: every (seed, held-out pair) with
-    both outcomes, A's successes against B's and the exact McNemar test on the pairs that differ.
+    both outcomes, A's successes against B's and the exact McNemar test on the pairs that differ, and
+    A's success rate minus B's on each seed with a t-test over the seeds (``over_seeds_p``).
     ``wanted``: the (A, B) pairs; by default each variant against its placebo and against the
     imitation controls (``clone-*``) that ran."""
     by_name: dict[str, dict[int, list[dict]]] = {}
@@ -599,8 +600,25 @@ def pooled_comparisons(results: list[dict], wanted: list[list[str]] | None) -> l
         a_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[a][s]]
         b_eps = [{**ep, "frame": (s, ep["frame"])} for s in seeds for ep in by_name[b][s]]
         pairs = paired(b_eps, a_eps)  # "gained": A succeeded where B failed
-        out.append({"a": a, "b": b, "seeds": seeds, "a_rate": rate(a_eps), "b_rate": rate(b_eps), **pairs})
+        diffs = [rate(by_name[a][s])["rate"] - rate(by_name[b][s])["rate"] for s in seeds]
+        out.append({
+            "a": a, "b": b, "seeds": seeds, "a_rate": rate(a_eps), "b_rate": rate(b_eps), **pairs,
+            "seed_differences": diffs, "seeds_p": over_seeds_p(diffs),
+        })  # fmt: skip
     return out
+
+
+def over_seeds_p(differences: list[float]) -> float | None:
+    """Two-sided p of a paired t-test over seeds (A's success rate minus B's on each), or None with
+    fewer than two seeds or no spread. The run is the unit here: McNemar's p over pooled pairs takes
+    the evaluation episodes as the only randomness, but two training runs of one recipe differ too
+    (on the selection split one process landed at 62 and 47/100, McNemar p = 0.011:
+    benchmarks/README.md), so between recipes it overstates the evidence."""
+    if len(differences) < 2 or len(set(differences)) < 2:
+        return None
+    from scipy.stats import ttest_1samp
+
+    return float(ttest_1samp(differences, 0.0).pvalue)
 
 
 def cell(r: dict[str, Any]) -> str:
@@ -843,6 +861,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "A - B",
                     "+/- pairs (A won / lost)",
                     "McNemar p",
+                    "A - B per seed",
+                    "t over seeds p",
                 ],
                 [
                     [
@@ -854,11 +874,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         f"{c['a_rate']['rate'] - c['b_rate']['rate']:+.1%}",
                         f"+{c['gained']} -{c['lost']}",
                         c["p"],
+                        " ".join(f"{d:+.0%}" for d in c["seed_differences"]),
+                        "n/a" if c["seeds_p"] is None else f"{c['seeds_p']:.3g}",
                     ]
                     for c in comparisons
                 ],  # fmt: skip
                 "pooled over seeds: the same (seed, task, init state) pairs, A's outcome against B's "
-                "(p: exact McNemar)",
+                "(exact McNemar: the episodes as the only randomness, so between two recipes' runs it "
+                "overstates); t over seeds: a paired t-test on the per-seed differences, runs as the unit "
+                "(needs 2+ seeds; weak with few)",
             )
         )
     summary = {

@@ -349,8 +349,12 @@ def test_rl_recipe_study_pools_seeds_against_placebo_and_clone():
         and placebo["b_rate"]["trials"] == 6
     )
     assert (placebo["gained"], placebo["lost"]) == (2, 1)  # (0, 0) and (1, 0) won, (1, 2) lost
+    # per seed 2/3 - 1/3 and 1/3 - 1/3: a t-test over the two seeds, t = 1 with one degree of freedom
+    assert placebo["seed_differences"] == pytest.approx([1 / 3, 0.0])
+    assert placebo["seeds_p"] == pytest.approx(0.5)
     clone = by_pair[("rl", "clone-x")]
     assert clone["seeds"] == [0] and (clone["gained"], clone["lost"]) == (1, 0)
+    assert clone["seeds_p"] is None  # one seed: no test over runs
     assert pooled_comparisons(results, [["rl-placebo", "rl"]])[0]["gained"] == 1
 
 
