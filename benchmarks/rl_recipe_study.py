@@ -299,6 +299,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "run": {**_SIL_RUN, "init_policy": FEW_DEMO_EARLY, "loop": "async"},
         "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256, "task_curriculum": True},
     },
+    "sil-failure-restarts-async": {
+        "about": "sil-20demos-e6000-prior25-async restarting half of its finished envs in states that its "
+        "recent failed episodes passed through (failure_restarts 0.5: practice where it goes wrong)",
+        "algo": "sil",
+        "run": {
+            **_SIL_RUN,
+            "init_policy": FEW_DEMO_EARLY,
+            "loop": "async",
+            "env_kwargs": {"restart_frames_in_info": True},
+        },
+        "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256, "failure_restarts": 0.5},
+    },
     "sil-20demos-e6000-prior0": {
         "about": "sil-20demos-e6000 imitating its own successes alone once it has one (the demos until then)",
         "algo": "sil",
@@ -388,6 +400,8 @@ def recipe_variant(recipe: dict[str, Any], spec: dict[str, Any]) -> tuple[str, d
         **({} if own_policy else recipe["run"].get("policy_kwargs", {})),
         **spec.get("run", {}).get("policy_kwargs", {}),
     }
+    # a variant's env_kwargs add to the recipe's (its training starts stay the study's)
+    run["env_kwargs"] = {**recipe["run"].get("env_kwargs", {}), **spec.get("run", {}).get("env_kwargs", {})}
     if algo == "bc" and "loop" not in spec.get("run", {}):
         run["loop"] = "sync"  # imitation has no actor to run beside the learner: an async recipe's clone
     return algo, run, {**recipe.get(algo, {}), **spec.get(algo, {})}

@@ -67,9 +67,16 @@ def frame_tasks(env: gym.vector.VectorEnv) -> list[str] | None:
     return tasks if all(tasks) else None
 
 
-def start_options(frame_ids: Sequence[int], reset_mask: np.ndarray | None = None) -> dict[str, Any]:
-    """``reset`` options that start envs at ``frame_ids`` (all envs, or the ``reset_mask`` ones)."""
-    options: dict[str, Any] = {"initial_frames": [int(i) for i in frame_ids]}
+def start_ids(frames: Sequence[Any]) -> list[Any]:
+    """Start frames for ``reset(options={"initial_frames": ...})``: integer ids as ``int``, frame
+    objects (ours: ``InitialFrame``) as they are."""
+    return [int(f) if isinstance(f, int | np.integer) else f for f in frames]
+
+
+def start_options(frame_ids: Sequence[Any], reset_mask: np.ndarray | None = None) -> dict[str, Any]:
+    """``reset`` options that start envs at ``frame_ids`` (ids or frames: ``start_ids``; all envs,
+    or the ``reset_mask`` ones)."""
+    options: dict[str, Any] = {"initial_frames": start_ids(frame_ids)}
     if reset_mask is not None:
         options["reset_mask"] = np.asarray(reset_mask, bool).copy()
     return options

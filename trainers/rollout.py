@@ -37,7 +37,7 @@ from nets.errors import BadInput
 from policies.base import ActionChunk, ActionChunkPolicy
 from policies.torsos import OBS_PREFIX
 from trainers import parallel
-from trainers.env_contract import chunk_detail, chunk_size, episode_stats
+from trainers.env_contract import chunk_detail, chunk_size, episode_stats, start_ids
 
 Bootstrap = Literal["truncated", "done", "none"]
 
@@ -150,8 +150,9 @@ class Collector:
             them frozen until ``reset`` (False).
         clip_actions: clip ``Box`` actions to the bounds before ``env.step`` (as SB3 does).
         storage_device: where the rollout's tensors live.
-        start_frames: DISABLED mode with ``reset_finished`` only: ``start_frames(n)`` gives the start
-            frame ids (``env.initial_frames``) the ``n`` finished envs restart at; else the env draws.
+        start_frames: DISABLED mode with ``reset_finished`` only: ``start_frames(n)`` gives where the
+            ``n`` finished envs restart, in env order: start frame ids (``env.initial_frames``) or
+            frames the env takes (ours: ``InitialFrame``s); else the env draws.
     """
 
     def __init__(
@@ -310,7 +311,7 @@ class Collector:
                 if self.reset_finished and done.any():
                     options: dict[str, Any] = {"reset_mask": done.copy()}
                     if self.start_frames is not None:
-                        options["initial_frames"] = [int(f) for f in self.start_frames(int(done.sum()))]
+                        options["initial_frames"] = start_ids(self.start_frames(int(done.sum())))
                     next_obs, reset_info = self.env.reset(options=options)
                     self._note_frames(reset_info)
                 else:

@@ -189,18 +189,48 @@ class _Slot:
 
         self.sim = LiberoSim(**sim_kwargs)
 
-    def reset(self, task: LiberoTask, state: np.ndarray, scene_seed: int, with_objects: bool) -> dict:
-        obs = self.sim.reset(task, state, scene_seed)
+    def reset(
+        self,
+        task: LiberoTask,
+        state: np.ndarray,
+        scene_seed: int,
+        with_objects: bool,
+        resume: dict | None = None,
+    ) -> dict:
+        obs = self.sim.reset(task, state, scene_seed, resume)
         return {"obs": obs, "objects": self.sim.object_state() if with_objects else None}
 
     def run_chunk(
-        self, actions: np.ndarray, max_steps: int, record: bool, with_objects: bool, after_success: int = 0
+        self,
+        actions: np.ndarray,
+        max_steps: int,
+        record: bool,
+        with_objects: bool,
+        after_success: int = 0,
+        restart: bool = False,
     ) -> dict:
         out = self.sim.run_chunk(actions, max_steps, record_frames=record, steps_after_success=after_success)
-        return {"out": out, "objects": self.sim.object_state() if with_objects else None}
+        return {
+            "out": out,
+            "objects": self.sim.object_state() if with_objects else None,
+            "restart": self.sim.restart_point() if restart else None,
+        }
 
     def close(self) -> None:
         self.sim.close()
+
+
+def _resume_args(frame: InitialFrame) -> dict[str, Any] | None:
+    """A restart frame's ``meta["resume"]`` (checked by ``_check_frame``) as ``LiberoSim.reset`` takes it."""
+    resume = frame.meta.get("resume")
+    if resume is None:
+        return None
+    return {
+        "gripper_state": np.asarray(resume["gripper_state"], dtype=np.float64),
+        "sample_clock": [float(c) for c in resume["sample_clock"]],
+        "episode_step": int(resume["episode_step"]),
+        "scene_seed": int(resume["scene_seed"]),
+    }
 
 
 def _worker_environ(render_gpus: Sequence[int], rank: int, size: int) -> dict[str, str]:
@@ -282,6 +312,16 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             reward stays 1.0 at the first success only; ``success`` per sub-step and in the episode
             statistics is the check at that sub-step (the scene can be un-solved again).
         object_state_in_info: put the simulator's object poses in ``info["object_state"]``.
+        restart_frames_in_info: put in ``info["restart_frame"]``, for every env that ran, an
+            ``InitialFrame`` from which a reset continues its episode where the chunk left it: the
+            MuJoCo state, the gripper's integrated command, the episode's sub-step count (in
+            ``task_state`` and against the step limit: the restarted episode gets what was left of
+            it) and the scene seed, in ``meta["resume"]``; nothing settles. ``meta["from_restart"]``
+            says whether that episode itself began at a restart frame. The continuation steps as the
+            episode would have (``tests/test_libero_restarts.py``); its first observation is read a
+            sub-step later than the episode's own was sampled. Model-level state that no
+            LIBERO-Spatial or -Object task changes (site colours of a switched-on stove) is not
+            restored. E.g. to restart training episodes where failed ones went wrong.
         task_state: add the observation ``task_state``, the privileged state that scripted
             policies read (``envs/libero/task_state.py``: goal object and target poses, gripper).
         envs_per_worker: simulators per worker process.
@@ -323,6 +363,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         steps_after_success: int = 0,
         include_instruction: bool = True,
         object_state_in_info: bool = False,
+        restart_frames_in_info: bool = False,
         task_state: bool = False,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         fast_reset: bool = True,
@@ -421,8 +462,10 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         self.max_episode_steps_override = max_episode_steps
         self.steps_after_success = int(steps_after_success)
         self.object_state_in_info = object_state_in_info
+        self.restart_frames_in_info = bool(restart_frames_in_info)
         self.record_frames = False
         self._objects: list[dict | None] = [None] * self.num_envs
+        self._scene_seeds = np.zeros(self.num_envs, np.int64)  # each env's episode, for its restart frames
         sim_kwargs = dict(
             image_size=(int(hw[0]), int(hw[1])),
             cameras=cameras,
@@ -464,20 +507,61 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         if not np.all(np.abs(frame.sim_state) <= SIM_STATE_BOUND):  # NaN fails too
             worst = frame.sim_state[np.argmax(np.nan_to_num(np.abs(frame.sim_state), nan=np.inf))]
             return f"a finite sim_state within +-{SIM_STATE_BOUND:g} (got {worst})"
+        if "resume" in frame.meta:
+            return self._resume_problem(frame)
         return None
 
-    def _max_episode_steps(self, frame: InitialFrame) -> int:
+    def _resume_problem(self, frame: InitialFrame) -> str | None:
+        """What is wrong with a restart frame's ``meta["resume"]`` (None: nothing)."""
+        resume = frame.meta["resume"]
+        expected = (
+            "a restart frame's meta['resume'] of {'gripper_state': values in [-1, 1], 'sample_clock': "
+            "[time >= 0, 0 or 1], 'episode_step': an int below the step limit "
+            f"{self._full_limit(frame)}, 'scene_seed': an int >= 0}}"
+        )
+        keys = {"gripper_state", "sample_clock", "episode_step", "scene_seed"}
+        if not isinstance(resume, dict) or set(resume) != keys:
+            return f"{expected} (got {resume!r:.200})"
+        grip = np.asarray(resume["gripper_state"], dtype=object)
+        clock = np.asarray(resume["sample_clock"], dtype=object)
+        ints = [resume["episode_step"], resume["scene_seed"]]
+        real = (float, int, np.floating, np.integer)
+        if (
+            grip.ndim != 1
+            or not all(isinstance(g, real) and -1 <= g <= 1 for g in grip)
+            or clock.shape != (2,)
+            or not all(isinstance(c, real) for c in clock)
+            or not (0 <= clock[0] < 1)
+            or clock[1] not in (0, 1)
+            or not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ints)
+            or not 0 <= resume["episode_step"] < self._full_limit(frame)
+            or resume["scene_seed"] < 0
+        ):
+            return f"{expected} (got {resume!r:.200})"
+        return None
+
+    def _full_limit(self, frame: InitialFrame) -> int:
         return self.max_episode_steps_override or find_task(frame.task).max_episode_steps
 
+    def _max_episode_steps(self, frame: InitialFrame) -> int:
+        """The step limit; a restart frame's episode gets what its episode had left."""
+        resume = frame.meta.get("resume")
+        return self._full_limit(frame) - (int(resume["episode_step"]) if resume else 0)
+
     def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
-        seeds = [self._scene_seed() for _ in frames]
+        resumes = [_resume_args(f) for f in frames]
+        seeds = [r["scene_seed"] if r else self._scene_seed() for r in resumes]
+        resumes = [{k: v for k, v in r.items() if k != "scene_seed"} if r else None for r in resumes]
         tasks = [find_task(f.task) for f in frames]
         if self.perturbation:  # the options replace what a variant says
             tasks = [
                 replace(t, perturbation=tuple(sorted({**dict(t.perturbation), **self.perturbation}.items())))
                 for t in tasks
             ]
-        args = [(t, f.sim_state, s, self.object_state_in_info) for t, f, s in zip(tasks, frames, seeds)]
+        args = [
+            (t, f.sim_state, s, self.object_state_in_info, r)
+            for t, f, s, r in zip(tasks, frames, seeds, resumes, strict=True)
+        ]
         try:
             results, crashed = self.pool.call("reset", env_ids, args, self.reset_timeout_s)
             retry = np.flatnonzero(crashed)
@@ -497,6 +581,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
             self.pool.lost.update(int(i) for i in env_ids)
             raise
         self.pool.lost.difference_update(int(i) for i in env_ids)
+        self._scene_seeds[env_ids] = seeds
         for i, res in zip(env_ids, results):
             self._objects[i] = res["objects"]
         return self._stack([r["obs"] for r in results])
@@ -512,6 +597,7 @@ class LiberoVectorEnv(ChunkedVectorEnv):
                 self.record_frames,
                 self.object_state_in_info,
                 self.steps_after_success,
+                self.restart_frames_in_info,
             )
             for p in live
         ]
@@ -524,9 +610,12 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         ended = np.zeros(n, bool)
         obs = {key: self._obs[key][env_ids].copy() for key in self._array_keys}  # kept where crashed
         frames = np.full(n, None, dtype=object)
+        restart = np.full(n, None, dtype=object)
         for p, res in zip(live, results):
             if res is None:
                 continue
+            if res["restart"] is not None:
+                restart[p] = self._restart_frame(int(env_ids[p]), res["restart"])
             out = res["out"]
             rewards[p], success[p], valid[p, : out.executed] = out.rewards, out.success, True
             ended[p] = out.ended
@@ -542,7 +631,22 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         if self.object_state_in_info:
             info["object_state"] = np.empty(n, dtype=object)
             info["object_state"][:] = [self._objects[i] for i in env_ids]
+        if self.restart_frames_in_info:
+            info["restart_frame"] = restart
         return ChunkResult(obs, rewards, valid, success, ended, info, crashed)
+
+    def _restart_frame(self, env: int, point: dict[str, Any]) -> InitialFrame:
+        """A frame continuing env ``env``'s episode from ``point`` (``LiberoSim.restart_point``)."""
+        start = self._frames[env]
+        meta = {k: v for k, v in start.meta.items() if k not in ("resume", "from_restart")}
+        meta["from_restart"] = "resume" in start.meta  # this episode itself began at a restart frame
+        meta["resume"] = {
+            "gripper_state": [float(g) for g in point["gripper_state"]],
+            "sample_clock": [float(c) for c in point["sample_clock"]],
+            "episode_step": int(point["episode_step"]),
+            "scene_seed": int(self._scene_seeds[env]),
+        }
+        return InitialFrame(start.instruction, task=start.task, sim_state=point["sim_state"], meta=meta)
 
     # ---------------------------------------------------------------- helpers
     def _scene_seed(self) -> int:

@@ -420,8 +420,14 @@ class LiberoSim:
 
     # -- episode API ------------------------------------------------------------------------------
 
-    def reset(self, task: LiberoTask, init_state: np.ndarray, scene_seed: int) -> dict[str, np.ndarray]:
-        """Put ``task`` in ``init_state`` (fixture layout from ``scene_seed``), settle, observe."""
+    def reset(
+        self, task: LiberoTask, init_state: np.ndarray, scene_seed: int, resume: dict[str, Any] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Put ``task`` in ``init_state`` (fixture layout from ``scene_seed``), settle, observe.
+
+        ``resume`` (a ``restart_point()`` taken mid-episode, with that episode's ``scene_seed``)
+        continues that episode instead: the gripper's integrated command and the episode's step
+        count come back, and nothing settles (the state is already at rest where it was)."""
         rng_state = np.random.get_state()  # construction and resets draw from numpy's global RNG
         try:
             scene = self._scenes.pop(task.bddl_file, None)
@@ -450,13 +456,21 @@ class LiberoSim:
                 state = scene.with_arm(state, robot_qpos(perturbation["robot"]))
             scene.set_init_state(state, self._observables())
             scene.take_snapshots(self._snapshots())
-            for _ in range(self.settle_steps):
+            settle = 0 if resume else self.settle_steps
+            if resume:  # as after a step: the controller's next goal from this state, the clocks
+                for robot in scene.inner.robots:
+                    robot.gripper.current_action = np.array(resume["gripper_state"], dtype=np.float64)
+                    robot.controller.new_update = True
+                for clock in scene.stepper.clocks:
+                    clock._time_since_last_sample = float(resume["sample_clock"][0])
+                    clock._sampled = bool(resume["sample_clock"][1])
+            for _ in range(settle):
                 scene.step(NOOP_ACTION.copy())
-            if self.settle_steps:
+            if settle:
                 scene.observe()
         finally:
             np.random.set_state(rng_state)
-        self._episode_step = 0
+        self._episode_step = int(resume["episode_step"]) if resume else 0
         self._first_success = None
         self._noise = int(perturbation.get("noise", 0))
         self._noise_rng = np.random.default_rng([int(scene_seed), self._noise])
@@ -528,6 +542,21 @@ class LiberoSim:
                     [data.qpos[model.get_joint_qpos_addr(j)] for j in hinges], dtype=np.float64
                 )
         return out
+
+    def restart_point(self) -> dict[str, Any]:
+        """What ``reset(..., resume=)`` needs to continue the current episode from here:
+        ``sim_state``, the gripper's integrated command, the observables' sampling clock and the
+        episode's sub-step count. The continuation steps exactly as the episode would have; its
+        first observation is read at this state, where the episode's own was sampled a sub-step
+        earlier (robosuite samples before the last sub-step's integration)."""
+        scene = self._require_scene()
+        clock = scene.stepper.clocks[0]
+        return {
+            "sim_state": self.sim_state(),
+            "gripper_state": np.array(scene.inner.robots[0].gripper.current_action, dtype=np.float64),
+            "sample_clock": [float(clock._time_since_last_sample), float(clock._sampled)],
+            "episode_step": self._episode_step,
+        }
 
     def sim_state(self) -> np.ndarray:
         """Flattened MuJoCo state [time, qpos, qvel], the format of LIBERO's init states."""

@@ -8,6 +8,7 @@ old, and sends every episode that ends; the learner keeps the successes and upda
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from trainers.actors.link import STOP, LaggedPolicy
 from trainers.actors.process import ActorSpec, Send
 from trainers.curriculum import TaskCurriculum
 from trainers.env_contract import episode_success, start_options
+from trainers.restarts import FailureRestarts, uniform_frames
 from trainers.rollout import Collector, Rollout
 from trainers.sac.replay import obs_row
 
@@ -55,6 +57,24 @@ class SILActorSpec(ActorSpec):
     deterministic: bool
     keep_failures: bool  # the placebo chooses among every ended episode: send their rows too
     curriculum: TaskCurriculum | None = None  # task_curriculum: the learner's, copied; draws the starts here
+    failure_restarts: float = 0.0  # share of restarts in failed episodes' states (trainers/restarts.py)
+    restart_pool: int = 256
+
+
+RESTART_STREAM = 7  # the failure restarts' random stream: [seed, RESTART_STREAM]
+
+
+def start_draw(
+    env: Any, curriculum: TaskCurriculum | None, failure_restarts: float, restart_pool: int, seed: int
+) -> tuple[Callable[[int], list] | None, FailureRestarts | None]:
+    """Where finished envs restart (None: the env draws): the curriculum's draw, with
+    ``failure_restarts`` of them in failed episodes' states; and the restarts' pool to ``observe``."""
+    draw = curriculum.draw if curriculum is not None else None
+    if not failure_restarts:
+        return draw, None
+    base = draw or uniform_frames(len(env.initial_frames), seed)
+    restarts = FailureRestarts(failure_restarts, restart_pool, env.num_envs, base, [seed, RESTART_STREAM])
+    return restarts.draw, restarts
 
 
 def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters: Any, send: Send) -> None:
@@ -63,12 +83,13 @@ def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters:
     curriculum = spec.curriculum
     if curriculum is not None:  # a stream of its own each (re)start, as the envs' seed
         curriculum.rng = np.random.default_rng(spec.seed)
-    collector = Collector(env, lagged, start_frames=curriculum.draw if curriculum else None)
-    starts = start_options(curriculum.draw(env.num_envs)) if curriculum else None
-    collector.reset(seed=spec.seed, options=starts)
+    draw, restarts = start_draw(env, curriculum, spec.failure_restarts, spec.restart_pool, spec.seed)
+    collector = Collector(env, lagged, start_frames=draw)
+    collector.reset(seed=spec.seed, options=start_options(draw(env.num_envs)) if draw else None)
     rows = EpisodeRows(env.num_envs)
+    observe = restarts.observe if restarts is not None else None
     while not counters[STOP]:
-        rollout = collector.collect(1, deterministic=spec.deterministic, record_obs=True)
+        rollout = collector.collect(1, deterministic=spec.deterministic, record_obs=True, on_step=observe)
         ended = rows.push(rollout, lagged.last_lag)
         if curriculum is not None:
             curriculum.record(rollout.episodes)

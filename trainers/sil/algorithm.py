@@ -89,6 +89,13 @@ class SILConfig:
     """task_curriculum: the least weight a task keeps, in (0, 1] (1: every task alike)"""
     curriculum_window: int = 50
     """task_curriculum: how many of a task's latest episodes its success rate counts"""
+    failure_restarts: float = 0.0
+    """share of the restarts (in [0, 1)) that continue a recent failed episode from one of its
+    states instead of starting at a start frame (``trainers/restarts.py``): practice where the
+    policy goes wrong; the env must report ``info["restart_frame"]`` (LIBERO: ``env_kwargs``
+    ``restart_frames_in_info`` true). 0: off"""
+    restart_pool: int = 256
+    """failure_restarts: how many of the latest failed episodes' states are kept to restart in"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
@@ -137,6 +144,13 @@ class SILConfig:
             )
         if self.task_curriculum and self.placebo:
             raise BadInput("sil placebo chooses without the reward, but task_curriculum reads it: pick one")
+        if not 0.0 <= self.failure_restarts < 1.0 or self.restart_pool < 1:
+            raise BadInput(
+                f"sil failure_restarts must be in [0, 1) and restart_pool >= 1, got "
+                f"{self.failure_restarts} and {self.restart_pool}"
+            )
+        if self.failure_restarts and self.placebo:
+            raise BadInput("sil placebo chooses without the reward, but failure_restarts reads it: pick one")
         if self.max_policy_lag < 0:
             raise BadInput(f"sil max_policy_lag must be >= 0, got {self.max_policy_lag}")
         if self.weight_sync_every < 1:

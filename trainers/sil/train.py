@@ -47,7 +47,7 @@ from trainers.env_contract import chunk_size, frame_tasks, start_options
 from trainers.optim import EMA_KEY, BadUpdateGuard, restore_ema
 from trainers.rollout import RESUME_SEED_STRIDE, Collector
 from trainers.run import Run, RunConfig
-from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop
+from trainers.sil.actors import EpisodeRows, SILActorSpec, sil_actor_loop, start_draw
 from trainers.sil.algorithm import ChunkRows, SILConfig, chosen, sil_update
 from trainers.sil.value import SuccessValue
 
@@ -75,11 +75,12 @@ def train(
     """Train by self-imitation until ``run_config.total_steps`` env steps; returns the final metrics."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise BadInput("--algo sil runs in one process; start it without torchrun (or --nproc-per-node 1)")
-    # a curriculum restarts finished envs itself, at the starts it draws
-    autoreset = "disabled" if config.task_curriculum else "same_step"
-    if config.task_curriculum and run_config.autoreset_mode not in ("auto", "disabled"):
+    # a curriculum and failure restarts restart finished envs themselves, at the starts they draw
+    chooser = next((name for name in ("task_curriculum", "failure_restarts") if getattr(config, name)), "")
+    autoreset = "disabled" if chooser else "same_step"
+    if chooser and run_config.autoreset_mode not in ("auto", "disabled"):
         raise BadInput(
-            f"sil task_curriculum restarts finished envs itself: autoreset_mode must be 'auto' or "
+            f"sil {chooser} restarts finished envs itself: autoreset_mode must be 'auto' or "
             f"'disabled', got {run_config.autoreset_mode!r}"
         )
     run = Run("sil", run_config, config, callbacks)
@@ -196,6 +197,8 @@ def train(
                 shares = curriculum.task_weights()
                 metrics["train/curriculum_share_max"] = float(shares.max())
                 metrics["train/curriculum_share_min"] = float(shares.min())
+            if config.failure_restarts:  # restarted episodes start at no start frame (no ``frame``)
+                metrics.update(restart_metrics(episodes))
             metrics.update({
                 "train/success_rows": len(successes), "train/success_episodes": successes.episodes,
                 **({"train/failure_rows": len(failures)} if failures is not None else {}),
@@ -219,15 +222,17 @@ def train(
         if ema is not None:
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
         if not asynchronous:  # collect, then update, in turn
-            collector = Collector(env, policy, start_frames=curriculum.draw if curriculum else None)
-            starts = start_options(curriculum.draw(env.num_envs)) if curriculum else None
-            collector.reset(seed=env_seed, options=starts)
+            share, pool = config.failure_restarts, config.restart_pool
+            draw, restarts = start_draw(env, curriculum, share, pool, env_seed)
+            collector = Collector(env, policy, start_frames=draw)
+            collector.reset(seed=env_seed, options=start_options(draw(env.num_envs)) if draw else None)
             episodes_rows = EpisodeRows(env.num_envs)
+            observe = restarts.observe if restarts is not None else None
             while not run.finished:
                 env_steps, episodes, ended = 0, [], []
                 for _ in range(config.steps_per_iteration):
                     rollout = collector.collect(
-                        1, deterministic=config.deterministic_collect, record_obs=True
+                        1, deterministic=config.deterministic_collect, record_obs=True, on_step=observe
                     )
                     env_steps += int(rollout.valid.sum())
                     episodes += rollout.episodes
@@ -252,6 +257,7 @@ def train(
                 policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
                 deterministic=config.deterministic_collect,
                 keep_failures=config.placebo or keep_failures, curriculum=curriculum,
+                failure_restarts=config.failure_restarts, restart_pool=config.restart_pool,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
@@ -291,6 +297,22 @@ def train(
         if env is not None:
             env.close()
         run.close()
+
+
+def restart_metrics(episodes: list[dict[str, float]]) -> dict[str, float]:
+    """failure_restarts: the share of the ended episodes that began at a restart, and the success
+    of those that began at a start frame and of the restarted ones (NaN where there are none)."""
+    restarted = [ep for ep in episodes if "frame" not in ep]
+    started = [ep for ep in episodes if "frame" in ep]
+
+    def rate(eps: list[dict[str, float]]) -> float:
+        return float(np.mean([ep.get("success", 0.0) for ep in eps])) if eps else float("nan")
+
+    return {
+        "train/restart_share": len(restarted) / max(len(episodes), 1),
+        "train/success_from_start_frames": rate(started),
+        "train/success_from_restarts": rate(restarted),
+    }
 
 
 def warm_up(
