@@ -1,7 +1,10 @@
 """A tiny pure-numpy backend of the chunked env contract, for testing envs/core on its own.
 
 Each env walks along a line: a sub-step moves it one cell forward when action[0] > 0. The episode
-succeeds (and terminates) when the position reaches the frame's goal; the step limit is 10.
+succeeds (and terminates) when the position reaches the frame's goal; the step limit is 10. With
+``restart_frames_in_info`` every step reports ``info["restart_frame"]``: frames that restart an env at
+its position with what its episode had left of the step limit (``meta["resume_pos"]``,
+``meta["resume_length"]``; ``meta["from_restart"]``: its episode began at one), as LIBERO's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ def counting_frames(goals=(3, 4, 5, 6, 20)) -> list[InitialFrame]:
 
 
 class CountingVectorEnv(ChunkedVectorEnv):
-    def __init__(self, num_envs=3, chunk_size=4, autoreset_mode="NextStep", frames=None):
+    def __init__(
+        self, num_envs=3, chunk_size=4, autoreset_mode="NextStep", frames=None, restart_frames_in_info=False
+    ):
         super().__init__(
             env_id="Counting-v0",
             num_envs=num_envs,
@@ -38,19 +43,20 @@ class CountingVectorEnv(ChunkedVectorEnv):
         self.pos = np.zeros(num_envs, np.int64)
         self.goal = np.zeros(num_envs, np.int64)
         self.steps_run = np.zeros(num_envs, np.int64)  # every executed sub-step, for tests
+        self.restart_frames_in_info = restart_frames_in_info
 
     def _check_frame(self, frame):
         return None if "goal" in frame.meta else "a frame with meta['goal']"
 
     def _max_episode_steps(self, frame):
-        return LIMIT
+        return LIMIT - frame.meta.get("resume_length", 0)
 
     def _obs_for(self, ids):
         image = np.broadcast_to(self.pos[ids, None, None, None], (len(ids), 2, 2, 3)).astype(np.uint8)
         return {"image": image, "proprio": np.stack([self.pos[ids], self.goal[ids]], 1).astype(np.float32)}
 
     def _reset_envs(self, env_ids, frames):
-        self.pos[env_ids] = 0
+        self.pos[env_ids] = [f.meta.get("resume_pos", 0) for f in frames]
         self.goal[env_ids] = [f.meta["goal"] for f in frames]
         return self._obs_for(env_ids)
 
@@ -66,7 +72,23 @@ class CountingVectorEnv(ChunkedVectorEnv):
                 rewards[p, s] = float(success[p, s])
                 if success[p, s]:
                     break
-        return ChunkResult(self._obs_for(env_ids), rewards, valid, success, success.any(1))
+        info = {}
+        if self.restart_frames_in_info:
+            info["restart_frame"] = np.empty(len(env_ids), dtype=object)
+            info["restart_frame"][:] = [
+                self._restart_frame(i, self._length[i] + v.sum()) for i, v in zip(env_ids, valid)
+            ]
+        return ChunkResult(self._obs_for(env_ids), rewards, valid, success, success.any(1), info)
+
+    def _restart_frame(self, i, length):
+        start = self._frames[i]
+        meta = {
+            "goal": start.meta["goal"],
+            "resume_pos": int(self.pos[i]),
+            "resume_length": int(length),
+            "from_restart": "resume_pos" in start.meta,
+        }
+        return InitialFrame(start.instruction, task=start.task, meta=meta)
 
 
 class ConstantPolicy(ActionChunkPolicy):

@@ -460,6 +460,12 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     assert VARIANTS["sil-recipe"]["run"]["loop"] == shipped["run"]["loop"] == "async"  # the main job's loop
     sync = VARIANTS["sil-recipe-sync"]  # the earlier main job: the sync loop at 64 updates per iteration
     assert sync["run"]["loop"] == "sync" and sync["sil"] == {**shipped["sil"], "updates_per_iteration": 64}
+    from benchmarks.rl_recipe_study import recipe_variant
+
+    sac_recipe = json.loads((root / "configs" / "libero_spatial_sac.json").read_text())
+    _, run, settings = recipe_variant(sac_recipe, VARIANTS["sil-failure-restarts-async"])
+    assert run["env_kwargs"] == {**sac_recipe["run"]["env_kwargs"], "restart_frames_in_info": True}  # added
+    assert SILConfig(**settings).failure_restarts == 0.5
     warm = VARIANTS["sil-recipe-warmup"]["sil"]
     assert warm == {**shipped["sil"], "warmup_updates": warm["warmup_updates"]} and warm["warmup_updates"] > 0
     from_clone = VARIANTS["sil-recipe-from-clone"]

@@ -46,6 +46,10 @@ class TaskCurriculum:
         self.outcomes: dict[str, deque[bool]] = {t: deque(maxlen=self.window) for t in self.tasks}
         self.rng = np.random.default_rng(seed)
 
+    def reseed(self, seed: int) -> None:
+        """Draw from a new random stream (an actor process's own, at each of its starts)."""
+        self.rng = np.random.default_rng(seed)
+
     def record(self, episodes: Iterable[dict[str, Any]]) -> None:
         """Count the ended episodes that say which frame they started from (``frame``, ``success``)."""
         for ep in episodes:

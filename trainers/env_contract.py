@@ -23,6 +23,10 @@ defaults and trains as it is.
   reports ``info["initial_frame_id"]`` (with its ``_initial_frame_id`` mask) at every (re)start lets
   the collector name each episode's start frame, which the task curriculum (``trainers/curriculum.py``)
   counts successes by.
+* **Restart frames.** ``info["restart_frame"]``, per env that ran, a frame that ``reset`` takes to
+  continue that env's episode where the step left it (its ``meta["from_restart"]`` true when that
+  episode itself began at one): failure restarts (``trainers/restarts.py``) practise from the states
+  of failed episodes with them. Ours: LIBERO with ``restart_frames_in_info=True``.
 """
 
 from __future__ import annotations

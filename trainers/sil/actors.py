@@ -82,7 +82,7 @@ def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters:
     a failed episode's rows are left out (empty) unless ``keep_failures``."""
     curriculum = spec.curriculum
     if curriculum is not None:  # a stream of its own each (re)start, as the envs' seed
-        curriculum.rng = np.random.default_rng(spec.seed)
+        curriculum.reseed(spec.seed)
     draw, restarts = start_draw(env, curriculum, spec.failure_restarts, spec.restart_pool, spec.seed)
     collector = Collector(env, lagged, start_frames=draw)
     collector.reset(seed=spec.seed, options=start_options(draw(env.num_envs)) if draw else None)

@@ -13,7 +13,9 @@ termination), then ``updates_per_iteration`` gradient steps of the imitation los
 (``trainers/sil/algorithm.py``). A checkpoint holds the policy (the average), the trained weights,
 the optimizer, the random streams and the success buffer (and the curriculum's counts with
 ``task_curriculum``); on resume the envs start new episodes (the
-unfinished ones are dropped), as SAC's and PPO's do. One process only.
+unfinished ones are dropped), as SAC's and PPO's do. One process only. With ``failure_restarts`` a
+share of the finished envs continue recent failed episodes from one of their states
+(``trainers/restarts.py``; the pool of those states is not checkpointed).
 
 ``--loop async``: an actor process steps the envs with the weight average while this process (the
 learner) updates (``trainers/actors/``, ``trainers/sil/actors.py``): the ended episodes come through
