@@ -78,3 +78,20 @@ def test_a_bad_restart_frame_is_refused_before_any_reset(env):
             env.reset(options={"initial_frames": [bad]})
     obs, *_ = env.step(np.zeros(env.action_space.shape, np.float32))  # the episode went on where it was
     assert obs["task_state"][0, STEP] == 4 * K
+
+
+def test_a_restart_keeps_the_arm_where_the_episode_had_it_under_a_robot_pose_option():
+    """LIBERO-Plus's robot pose applies at an episode's own start, not again at its restart."""
+    env = gym.make_vec(
+        "Libero-Spatial-v0", num_envs=1, chunk_size=K, cameras=[], task_state=True, autoreset_mode="Disabled",
+        restart_frames_in_info=True, init_states=[0], task_ids=[3], robot_pose=7,
+    )  # fmt: skip
+    try:
+        acts = _actions(4)
+        states, frames = _run(env, acts, {"initial_frames": [0]})
+        env.reset(options={"initial_frames": [frames[1]]})
+        for j in (2, 3):
+            obs, *_ = env.step(acts[j])
+            assert np.abs(obs["task_state"][0] - states[j]).max() < 1e-5
+    finally:
+        env.close()

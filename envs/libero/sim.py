@@ -426,8 +426,10 @@ class LiberoSim:
         """Put ``task`` in ``init_state`` (fixture layout from ``scene_seed``), settle, observe.
 
         ``resume`` (a ``restart_point()`` taken mid-episode, with that episode's ``scene_seed``)
-        continues that episode instead: the gripper's integrated command and the episode's step
-        count come back, and nothing settles (the state is already at rest where it was)."""
+        continues that episode instead: the gripper's integrated command, the observables' clock and
+        the episode's step count come back, the controller reads its next goal from this state as
+        after a step, and nothing settles or moves the arm (a LIBERO-Plus robot pose applies at the
+        episode's own start only; its sensor noise draws afresh)."""
         rng_state = np.random.get_state()  # construction and resets draw from numpy's global RNG
         try:
             scene = self._scenes.pop(task.bddl_file, None)
@@ -450,7 +452,7 @@ class LiberoSim:
             scene.set_camera(perturbation.get("camera"))
             scene.set_light(perturbation.get("light"))
             state = np.asarray(init_state, dtype=np.float64)
-            if "robot" in perturbation:
+            if "robot" in perturbation and not resume:
                 from envs.libero.plus import robot_qpos
 
                 state = scene.with_arm(state, robot_qpos(perturbation["robot"]))
