@@ -303,7 +303,9 @@ def train(
 
 def restart_metrics(episodes: list[dict[str, float]]) -> dict[str, float]:
     """failure_restarts: the share of the ended episodes that began at a restart, and the success
-    of those that began at a start frame and of the restarted ones (NaN where there are none)."""
+    of those that began at a start frame and of the restarted ones (NaN where there are none). An
+    episode's start frame is known where the env reports ``initial_frame_id`` (ours do); one without
+    counts as restarted."""
     restarted = [ep for ep in episodes if "frame" not in ep]
     started = [ep for ep in episodes if "frame" in ep]
 
