@@ -220,19 +220,6 @@ class _Slot:
         self.sim.close()
 
 
-def _resume_args(frame: InitialFrame) -> dict[str, Any] | None:
-    """A restart frame's ``meta["resume"]`` (checked by ``_check_frame``) as ``LiberoSim.reset`` takes it."""
-    resume = frame.meta.get("resume")
-    if resume is None:
-        return None
-    return {
-        "gripper_state": np.asarray(resume["gripper_state"], dtype=np.float64),
-        "sample_clock": [float(c) for c in resume["sample_clock"]],
-        "episode_step": int(resume["episode_step"]),
-        "scene_seed": int(resume["scene_seed"]),
-    }
-
-
 def _worker_environ(render_gpus: Sequence[int], rank: int, size: int) -> dict[str, str]:
     env = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if "LP_NUM_THREADS" not in os.environ:  # llvmpipe threads: share the cores between workers
@@ -549,9 +536,8 @@ class LiberoVectorEnv(ChunkedVectorEnv):
         return self._full_limit(frame) - (int(resume["episode_step"]) if resume else 0)
 
     def _reset_envs(self, env_ids: np.ndarray, frames: list[InitialFrame]) -> dict[str, np.ndarray]:
-        resumes = [_resume_args(f) for f in frames]
-        seeds = [r["scene_seed"] if r else self._scene_seed() for r in resumes]
-        resumes = [{k: v for k, v in r.items() if k != "scene_seed"} if r else None for r in resumes]
+        resumes = [f.meta.get("resume") for f in frames]  # restart frames (checked by _check_frame)
+        seeds = [int(r["scene_seed"]) if r else self._scene_seed() for r in resumes]
         tasks = [find_task(f.task) for f in frames]
         if self.perturbation:  # the options replace what a variant says
             tasks = [
