@@ -311,6 +311,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "sil": {**_SIL, "prior_ratio": 0.25, "updates_per_iteration": 256, "failure_restarts": 0.5},
     },
+    "sil-failed-starts-async": {
+        "about": "sil-failure-restarts-async restarting one chunk into the recent failed episodes "
+        "(restart_depth 0): half of the finished envs replay starts it recently failed from",
+        "algo": "sil",
+        "run": {
+            **_SIL_RUN,
+            "init_policy": FEW_DEMO_EARLY,
+            "loop": "async",
+            "env_kwargs": {"restart_frames_in_info": True},
+        },
+        "sil": {
+            **_SIL,
+            "prior_ratio": 0.25,
+            "updates_per_iteration": 256,
+            "failure_restarts": 0.5,
+            "restart_depth": 0.0,
+        },
+    },
     "sil-20demos-e6000-prior0": {
         "about": "sil-20demos-e6000 imitating its own successes alone once it has one (the demos until then)",
         "algo": "sil",

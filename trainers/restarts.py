@@ -2,8 +2,9 @@
 
 A share of the finished envs restart, instead of at a start frame, in a state that a recent failed
 episode passed through: one of the last ``pool`` failed episodes is chosen uniformly, then one of its
-chunk boundaries uniformly (not its last, where it ended). The rest restart where ``base`` draws
-(the env's frames uniformly, or a curriculum's draw).
+chunk boundaries uniformly (not its last, where it ended) among the first ``depth`` of them (1: any;
+0: the first, one chunk in, which replays the start it failed from). The rest restart where ``base``
+draws (the env's frames uniformly, or a curriculum's draw).
 
 The env supplies the states: at every step ``info["restart_frame"][i]`` is an ``InitialFrame`` from
 which a reset continues env ``i``'s episode where the chunk left it (LIBERO:
@@ -17,6 +18,7 @@ with it empty.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +39,8 @@ class FailureRestarts:
         num_envs: the vector env's ``num_envs``.
         base: ``base(n)`` gives ``n`` start frame ids for the other restarts.
         seed: the draw's random stream (``np.random.default_rng``'s seed).
+        depth: how far into a failed episode a restart may go, in [0, 1]: its first
+            ``max(1, ceil(depth * n))`` of ``n`` chunk boundaries.
     """
 
     def __init__(
@@ -46,12 +50,15 @@ class FailureRestarts:
         num_envs: int,
         base: Callable[[int], Sequence[Any]],
         seed: int | Sequence[int],
+        depth: float = 1.0,
     ) -> None:
         if not 0.0 <= share < 1.0:
             raise BadInput(f"failure restarts: share must be in [0, 1), got {share}")
         if pool < 1:
             raise BadInput(f"failure restarts: pool must be >= 1 episode, got {pool}")
-        self.share, self.base = float(share), base
+        if not 0.0 <= depth <= 1.0:
+            raise BadInput(f"failure restarts: depth must be in [0, 1], got {depth}")
+        self.share, self.base, self.depth = float(share), base, float(depth)
         self.failed: deque[list[Any]] = deque(maxlen=int(pool))
         self.open: list[list[Any]] = [[] for _ in range(num_envs)]
         self.rng = np.random.default_rng(seed)
@@ -84,7 +91,8 @@ class FailureRestarts:
         for pick in from_pool:
             if pick:
                 episode = self.failed[int(self.rng.integers(len(self.failed)))]
-                out.append(episode[int(self.rng.integers(len(episode)))])
+                reach = max(1, math.ceil(self.depth * len(episode)))
+                out.append(episode[int(self.rng.integers(reach))])
             else:
                 out.append(next(base))
         self.drawn += count

@@ -59,13 +59,19 @@ class SILActorSpec(ActorSpec):
     curriculum: TaskCurriculum | None = None  # task_curriculum: the learner's, copied; draws the starts here
     failure_restarts: float = 0.0  # share of restarts in failed episodes' states (trainers/restarts.py)
     restart_pool: int = 256
+    restart_depth: float = 1.0
 
 
 RESTART_STREAM = 7  # the failure restarts' random stream: [seed, RESTART_STREAM]
 
 
 def start_draw(
-    env: Any, curriculum: TaskCurriculum | None, failure_restarts: float, restart_pool: int, seed: int
+    env: Any,
+    curriculum: TaskCurriculum | None,
+    failure_restarts: float,
+    restart_pool: int,
+    seed: int,
+    restart_depth: float = 1.0,
 ) -> tuple[Callable[[int], list] | None, FailureRestarts | None]:
     """Where finished envs restart (None: the env draws): the curriculum's draw, with
     ``failure_restarts`` of them in failed episodes' states; and the restarts' pool to ``observe``."""
@@ -73,7 +79,9 @@ def start_draw(
     if not failure_restarts:
         return draw, None
     base = draw or uniform_frames(len(env.initial_frames), seed)
-    restarts = FailureRestarts(failure_restarts, restart_pool, env.num_envs, base, [seed, RESTART_STREAM])
+    restarts = FailureRestarts(
+        failure_restarts, restart_pool, env.num_envs, base, [seed, RESTART_STREAM], restart_depth
+    )
     return restarts.draw, restarts
 
 
@@ -83,7 +91,9 @@ def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters:
     curriculum = spec.curriculum
     if curriculum is not None:  # a stream of its own each (re)start, as the envs' seed
         curriculum.reseed(spec.seed)
-    draw, restarts = start_draw(env, curriculum, spec.failure_restarts, spec.restart_pool, spec.seed)
+    draw, restarts = start_draw(
+        env, curriculum, spec.failure_restarts, spec.restart_pool, spec.seed, spec.restart_depth
+    )
     collector = Collector(env, lagged, start_frames=draw)
     collector.reset(seed=spec.seed, options=start_options(draw(env.num_envs)) if draw else None)
     rows = EpisodeRows(env.num_envs)

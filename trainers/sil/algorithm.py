@@ -96,6 +96,9 @@ class SILConfig:
     ``restart_frames_in_info`` true). 0: off"""
     restart_pool: int = 256
     """failure_restarts: how many of the latest failed episodes' states are kept to restart in"""
+    restart_depth: float = 1.0
+    """failure_restarts: how far into a failed episode a restart may go, in [0, 1] (1: any of its
+    chunk boundaries; 0: the first, one chunk in: the start it failed from, replayed)"""
     deterministic_collect: bool = False
     """collect with the policy's deterministic actions (default: sampled, which explores)"""
     placebo: bool = False
@@ -149,6 +152,8 @@ class SILConfig:
                 f"sil failure_restarts must be in [0, 1) and restart_pool >= 1, got "
                 f"{self.failure_restarts} and {self.restart_pool}"
             )
+        if not 0.0 <= self.restart_depth <= 1.0:
+            raise BadInput(f"sil restart_depth must be in [0, 1], got {self.restart_depth}")
         if self.failure_restarts and self.placebo:
             raise BadInput("sil placebo chooses without the reward, but failure_restarts reads it: pick one")
         if self.max_policy_lag < 0:

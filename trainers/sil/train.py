@@ -225,7 +225,7 @@ def train(
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
         if not asynchronous:  # collect, then update, in turn
             share, pool = config.failure_restarts, config.restart_pool
-            draw, restarts = start_draw(env, curriculum, share, pool, env_seed)
+            draw, restarts = start_draw(env, curriculum, share, pool, env_seed, config.restart_depth)
             collector = Collector(env, policy, start_frames=draw)
             collector.reset(seed=env_seed, options=start_options(draw(env.num_envs)) if draw else None)
             episodes_rows = EpisodeRows(env.num_envs)
@@ -260,6 +260,7 @@ def train(
                 deterministic=config.deterministic_collect,
                 keep_failures=config.placebo or keep_failures, curriculum=curriculum,
                 failure_restarts=config.failure_restarts, restart_pool=config.restart_pool,
+                restart_depth=config.restart_depth,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
