@@ -466,6 +466,9 @@ def test_rl_recipe_study_self_imitation_variants_are_complete():
     _, run, settings = recipe_variant(sac_recipe, VARIANTS["sil-failure-restarts-async"])
     assert run["env_kwargs"] == {**sac_recipe["run"]["env_kwargs"], "restart_frames_in_info": True}  # added
     assert SILConfig(**settings).failure_restarts == 0.5
+    failed_starts = VARIANTS["sil-failed-starts-async"]  # the same, one chunk into the failed episodes
+    assert failed_starts["run"] == VARIANTS["sil-failure-restarts-async"]["run"]
+    assert failed_starts["sil"] == {**VARIANTS["sil-failure-restarts-async"]["sil"], "restart_depth": 0.0}
     warm = VARIANTS["sil-recipe-warmup"]["sil"]
     assert warm == {**shipped["sil"], "warmup_updates": warm["warmup_updates"]} and warm["warmup_updates"] > 0
     from_clone = VARIANTS["sil-recipe-from-clone"]

@@ -19,13 +19,13 @@ from trainers.sil.train import main as sil_main
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _collect(share: float, steps: int = 60):
+def _collect(share: float, steps: int = 60, depth: float = 1.0):
     """Goal 3 (reached in 3 sub-steps) and goal 20 (never, in the 10-step limit), always walking."""
     env = CountingVectorEnv(
         num_envs=4, chunk_size=2, autoreset_mode="Disabled", frames=counting_frames((3, 20)),
         restart_frames_in_info=True,
     )  # fmt: skip
-    restarts = FailureRestarts(share, 8, env.num_envs, uniform_frames(2, seed=1), seed=2)
+    restarts = FailureRestarts(share, 8, env.num_envs, uniform_frames(2, seed=1), seed=2, depth=depth)
     collector = Collector(env, ConstantPolicy(env.single_observation_space, env.single_action_space),
                           start_frames=restarts.draw)  # fmt: skip
     collector.reset(options=start_options(restarts.draw(env.num_envs)))
@@ -48,6 +48,15 @@ def test_failed_episodes_feed_the_pool_and_restarted_envs_continue_from_them():
     assert {ep["length"] for ep in restarted} <= {2.0, 4.0, 6.0, 8.0} and len(restarts.failed) <= 8
 
 
+@pytest.mark.parametrize(("depth", "lengths"), [(0.0, {8.0}), (0.5, {6.0, 8.0})])
+def test_depth_keeps_restarts_early_in_the_failed_episodes(depth, lengths):
+    """Failed episodes pass boundaries 2, 4, 6, 8: depth 0 restarts at the first (8 steps left of the
+    10-step limit), depth 0.5 at one of the first two (8 or 6 left)."""
+    restarts, rollout = _collect(share=0.5, steps=120, depth=depth)
+    restarted = {ep["length"] for ep in rollout.episodes if "frame" not in ep}
+    assert restarted == lengths
+
+
 def test_without_a_share_every_start_is_a_start_frame():
     restarts, rollout = _collect(share=0.0)
     assert restarts.restarted == 0 and all("frame" in ep for ep in rollout.episodes)
@@ -58,6 +67,11 @@ def test_bad_settings_and_an_env_without_restart_frames_are_named():
         FailureRestarts(1.0, 8, 2, uniform_frames(2, 0), 0)
     with pytest.raises(BadInput, match="pool must be >= 1"):
         FailureRestarts(0.5, 0, 2, uniform_frames(2, 0), 0)
+    for depth in (-0.1, 1.5):
+        with pytest.raises(BadInput, match=rf"depth must be in \[0, 1\], got {depth}"):
+            FailureRestarts(0.5, 8, 2, uniform_frames(2, 0), 0, depth=depth)
+        with pytest.raises(BadInput, match=rf"restart_depth must be in \[0, 1\], got {depth}"):
+            SILConfig(failure_restarts=0.5, restart_depth=depth)
     with pytest.raises(BadInput, match="restart_frames_in_info"):
         FailureRestarts(0.5, 8, 2, uniform_frames(2, 0), 0).observe({"chunk_valid": np.ones((2, 2))})
     with pytest.raises(BadInput, match="failure_restarts must be in"):
@@ -71,7 +85,8 @@ RESTART_ENV = [*ENV, "--env-kwargs", '{"chunk_size": 2, "restart_frames_in_info"
 POLICY = ["--policy", "gaussian", "--policy-kwargs", json.dumps({"hidden_sizes": [16], "squash": True})]
 FAST = ["--no-progress", "--no-tensorboard", "--no-video", "--eval-episodes", "10", "--eval-num-envs", "2"]
 LEARN = ["--steps-per-iteration", "5", "--updates-per-iteration", "8", "--batch-size", "64",
-         "--learning-rate", "3e-3", "--ema-decay", "0", "--failure-restarts", "0.5"]  # fmt: skip
+         "--learning-rate", "3e-3", "--ema-decay", "0", "--failure-restarts", "0.5",
+         "--restart-depth", "0.5"]  # fmt: skip
 
 
 @pytest.mark.parametrize("loop", ["sync", "async"])
