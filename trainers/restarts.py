@@ -2,7 +2,7 @@
 
 A share of the finished envs restart, instead of at a start frame, in a state that a recent failed
 episode passed through: one of the last ``pool`` failed episodes is chosen uniformly, then one of its
-chunk boundaries uniformly (not its last, where it ended) among the first ``depth`` of them (1: any;
+chunk boundaries uniformly (not its last, where it ended) among the first ``depth`` share of them (1: any;
 0: the first, one chunk in, which replays the start it failed from). The rest restart where ``base``
 draws (the env's frames uniformly, or a curriculum's draw).
 
