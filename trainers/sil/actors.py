@@ -21,6 +21,7 @@ from trainers.env_contract import episode_success, start_options
 from trainers.restarts import FailureRestarts, uniform_frames
 from trainers.rollout import Collector, Rollout
 from trainers.sac.replay import obs_row
+from trainers.sil.algorithm import SILConfig
 
 Row = tuple[dict[str, Any], np.ndarray, np.ndarray, int]
 """One chunk-step: ``(obs_row, action [K, D], valid [K], policy lag)``."""
@@ -54,33 +55,31 @@ class EpisodeRows:
 class SILActorSpec(ActorSpec):
     """What self-imitation's acting loop needs beside the policy (picklable)."""
 
-    deterministic: bool
+    sil: SILConfig  # how to collect (deterministic_collect) and where to restart (failure_restarts...)
     keep_failures: bool  # the placebo chooses among every ended episode: send their rows too
     curriculum: TaskCurriculum | None = None  # task_curriculum: the learner's, copied; draws the starts here
-    failure_restarts: float = 0.0  # share of restarts in failed episodes' states (trainers/restarts.py)
-    restart_pool: int = 256
-    restart_depth: float = 1.0
 
 
 RESTART_STREAM = 7  # the failure restarts' random stream: [seed, RESTART_STREAM]
 
 
 def start_draw(
-    env: Any,
-    curriculum: TaskCurriculum | None,
-    failure_restarts: float,
-    restart_pool: int,
-    seed: int,
-    restart_depth: float = 1.0,
+    env: Any, curriculum: TaskCurriculum | None, config: SILConfig, seed: int
 ) -> tuple[Callable[[int], list] | None, FailureRestarts | None]:
     """Where finished envs restart (None: the env draws): the curriculum's draw, with
-    ``failure_restarts`` of them in failed episodes' states; and the restarts' pool to ``observe``."""
+    ``config.failure_restarts`` of them in failed episodes' states (``restart_pool``,
+    ``restart_depth``); and the restarts' pool to ``observe``."""
     draw = curriculum.draw if curriculum is not None else None
-    if not failure_restarts:
+    if not config.failure_restarts:
         return draw, None
     base = draw or uniform_frames(len(env.initial_frames), seed)
     restarts = FailureRestarts(
-        failure_restarts, restart_pool, env.num_envs, base, [seed, RESTART_STREAM], restart_depth
+        config.failure_restarts,
+        config.restart_pool,
+        env.num_envs,
+        base,
+        [seed, RESTART_STREAM],
+        config.restart_depth,
     )
     return restarts.draw, restarts
 
@@ -91,15 +90,15 @@ def sil_actor_loop(spec: SILActorSpec, env: Any, lagged: LaggedPolicy, counters:
     curriculum = spec.curriculum
     if curriculum is not None:  # a stream of its own each (re)start, as the envs' seed
         curriculum.reseed(spec.seed)
-    draw, restarts = start_draw(
-        env, curriculum, spec.failure_restarts, spec.restart_pool, spec.seed, spec.restart_depth
-    )
+    draw, restarts = start_draw(env, curriculum, spec.sil, spec.seed)
     collector = Collector(env, lagged, start_frames=draw)
     collector.reset(seed=spec.seed, options=start_options(draw(env.num_envs)) if draw else None)
     rows = EpisodeRows(env.num_envs)
     observe = restarts.observe if restarts is not None else None
     while not counters[STOP]:
-        rollout = collector.collect(1, deterministic=spec.deterministic, record_obs=True, on_step=observe)
+        rollout = collector.collect(
+            1, deterministic=spec.sil.deterministic_collect, record_obs=True, on_step=observe
+        )
         ended = rows.push(rollout, lagged.last_lag)
         if curriculum is not None:
             curriculum.record(rollout.episodes)

@@ -224,8 +224,7 @@ def train(
         if ema is not None:
             ema.swap()  # the policy holds the average (it collects, is evaluated and saved) but to train
         if not asynchronous:  # collect, then update, in turn
-            share, pool = config.failure_restarts, config.restart_pool
-            draw, restarts = start_draw(env, curriculum, share, pool, env_seed, config.restart_depth)
+            draw, restarts = start_draw(env, curriculum, config, env_seed)
             collector = Collector(env, policy, start_frames=draw)
             collector.reset(seed=env_seed, options=start_options(draw(env.num_envs)) if draw else None)
             episodes_rows = EpisodeRows(env.num_envs)
@@ -256,11 +255,8 @@ def train(
         else:  # the actor process steps the envs; here: keep, update, publish the average
             weights = functools.partial(_acting_weights, policy, ema)
             spec = SILActorSpec(
-                policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag,
-                deterministic=config.deterministic_collect,
+                policy=policy, seed=env_seed, max_policy_lag=config.max_policy_lag, sil=config,
                 keep_failures=config.placebo or keep_failures, curriculum=curriculum,
-                failure_restarts=config.failure_restarts, restart_pool=config.restart_pool,
-                restart_depth=config.restart_depth,
             )  # fmt: skip
             actor.start(spec, done["updates"], weights())
             while not run.finished:
