@@ -252,6 +252,14 @@ def test_rl_recipe_study_table_curves_and_reuse(tmp_path, capsys):
     assert [r["variant"] for r in report["results"]] == ["recipe", "small-lr"]
     assert re.search(r"^small-lr +0 +\S+ +\d+ +\S+ +n/a ", report["table"], re.M), report["table"]
     assert re.search(r"^recipe +0 +\S+ +\d+ +\S+ +\d\.\d\d -> \d\.\d\d ", report["table"], re.M)
+    # the same runs over runs: one number each, read from the study's own files
+    from benchmarks.over_runs import main as over_runs
+
+    found = over_runs([str(out)])
+    assert sorted((r["variant"], r["successes"]) for r in found["runs"]) == sorted(
+        (r["variant"], sum(ep["success"] for ep in r["after"])) for r in report["results"]
+    )
+    assert [r["eval_init_states"] for r in found["runs"]] == [None, None]  # the recipe's own, not given
 
 
 def test_robustness_probe_prints_its_table(tmp_path, capsys):
@@ -385,6 +393,66 @@ def test_rl_recipe_study_clone_control_and_rl_from_it(tmp_path, capsys):
     pairs = {(c["a"], c["b"]) for c in summary["comparisons"]}
     assert pairs == {("rl-from-clone", "rl-from-clone-placebo"), ("rl-from-clone", "clone-tiny")}
     assert "pooled over seeds" in capsys.readouterr().out
+
+
+def _study_runs(folder: Path, variant: str, successes: list[int], states: list[int], trials: int = 100):
+    """Study runs in rl_recipe_study's layout: ``folder/<variant>-s<seed>/result.json`` with
+    ``successes[seed]`` of ``trials`` held-out episodes, and the invocation's ``rl_recipe_study.json``."""
+    for seed, k in enumerate(successes):
+        run = folder / f"{variant}-s{seed}"
+        run.mkdir(parents=True)
+        after = [{"frame": i, "success": i < k} for i in range(trials)]
+        result = {"variant": variant, "seed": seed, "algo": "sil", "env_steps": 1000 + seed, "after": after}
+        (run / "result.json").write_text(json.dumps(result))
+    (folder / "rl_recipe_study.json").write_text(json.dumps({"args": {"eval_init_states": states}}))
+
+
+def test_over_runs_takes_each_run_as_one_number(tmp_path, capsys):
+    from scipy import stats
+
+    from benchmarks.over_runs import main
+    from nets.errors import BadInput
+
+    split = list(range(30, 40))
+    _study_runs(tmp_path / "a", "sil", [56, 52, 62], split)
+    _study_runs(tmp_path / "b", "sil-old-name", [48], split)  # the same recipe under an older name
+    _study_runs(tmp_path / "c", "clone-x", [46, 45, 51], split)
+    folders = [str(tmp_path / f) for f in "abc"]
+    found = main([*folders, "--alias", "sil-old-name=sil", "--out", str(tmp_path / "over.json")])
+    sil, clone = ([56, 52, 62, 48], [46, 45, 51])
+    assert found["variants"]["sil"]["points"] == pytest.approx(sil)
+    summary = found["variants"]["sil"]
+    half = stats.t.ppf(0.975, 3) * np.std(sil, ddof=1) / 2
+    assert summary["mean"] == pytest.approx(54.5) and summary["sd"] == pytest.approx(np.std(sil, ddof=1))
+    assert summary["ci95"] == pytest.approx([54.5 - half, 54.5 + half])
+    (c,) = found["comparisons"]  # by default each variant against the clone-* controls
+    assert (c["a"], c["b"]) == ("sil", "clone-x") and c["difference"] == pytest.approx(54.5 - 142 / 3)
+    assert c["p"] == pytest.approx(stats.ttest_ind(sil, clone, equal_var=False).pvalue)
+    assert c["ci95"][0] < c["difference"] < c["ci95"][1]
+    assert json.loads((tmp_path / "over.json").read_text())["comparisons"][0]["p"] == pytest.approx(c["p"])
+    printed = capsys.readouterr().out
+    interval = re.escape(f"[{c['ci95'][0]:+.1f}, {c['ci95'][1]:+.1f}]")
+    assert re.search(rf"^sil +clone-x +\+7\.2 +{interval} ", printed, re.M), printed
+    # one run on a side: the difference, no test
+    one = main([folders[1], folders[2]])["comparisons"][0]
+    assert one["p"] is None and one["ci95"] is None and one["difference"] == pytest.approx(48 - 142 / 3)
+    # runs judged on other pairs are not counted together
+    _study_runs(tmp_path / "d", "clone-y", [40], list(range(40, 50)))
+    with pytest.raises(BadInput, match="expected runs on the same pairs"):
+        main([folders[0], str(tmp_path / "d")])
+    _study_runs(tmp_path / "e", "clone-z", [10], split, trials=20)
+    with pytest.raises(BadInput, match="judged on 20 episodes"):
+        main([folders[0], str(tmp_path / "e")])
+    with pytest.raises(BadInput, match=r"no runs: \['nope'\]"):
+        main([folders[0], "--compare", "sil", "nope"])
+    with pytest.raises(BadInput, match="--alias expects OLD=NEW, got 'sil'"):
+        main([folders[0], "--alias", "sil"])
+    with pytest.raises(BadInput, match="expected a folder of rl_recipe_study runs"):
+        main([str(tmp_path / "missing")])
+    (tmp_path / "f" / "x").mkdir(parents=True)
+    (tmp_path / "f" / "x" / "result.json").write_text("{}")
+    with pytest.raises(BadInput, match="not an rl_recipe_study result"):
+        main([str(tmp_path / "f")])
 
 
 def test_rl_recipe_study_placebo_variants():
