@@ -26,8 +26,9 @@ def one_torch_thread():
 
 
 # The files that start Ray clusters (one on a fixed port) run one after the other in one worker of
-# ``pytest -n 2`` (addopts in pyproject.toml); every other file stays whole in one worker, so its
-# module-scoped envs and recordings are built once.
+# ``pytest -n 3`` (addopts in pyproject.toml: three processes on 2 cores fill the time the Ray and
+# worker-fault tests spend waiting); every other file stays whole in one worker, so its module-scoped
+# envs and recordings are built once.
 _RAY_FILES = {"test_ray_env.py", "test_benchmarks.py"}
 
 
