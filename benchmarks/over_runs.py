@@ -57,38 +57,28 @@ def find_runs(folders: list[str | Path], aliases: dict[str, str] | None = None) 
     return runs
 
 
-def t_quantile(df: float) -> float:
-    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, df))
-
-
 def summarize(points: list[float]) -> dict[str, Any]:
-    """Mean, sample sd and 95% t-interval of the runs' success (points of 100); no interval for one run."""
-    n = len(points)
-    mean = sum(points) / n
+    """Mean, sample sd and 95% t-interval of the runs' success (points of 100); no interval for one run
+    or no spread."""
+    from scipy.stats import ttest_1samp
+
+    n, mean = len(points), sum(points) / len(points)
     sd = math.sqrt(sum((x - mean) ** 2 for x in points) / (n - 1)) if n > 1 else None
-    half = t_quantile(n - 1) * sd / math.sqrt(n) if sd is not None else None
-    ci = [mean - half, mean + half] if half is not None else None
+    ci = list(map(float, ttest_1samp(points, 0.0).confidence_interval(0.95))) if sd else None
     return {"runs": n, "points": points, "mean": mean, "sd": sd, "ci95": ci}
 
 
 def welch(a: list[float], b: list[float]) -> dict[str, Any]:
     """A's mean minus B's, the 95% Welch interval of that difference and Welch's two-sided t-test p
     (None with fewer than two runs on a side, or no spread at all)."""
-    diff = sum(a) / len(a) - sum(b) / len(b)
-    if len(a) < 2 or len(b) < 2:
-        return {"difference": diff, "ci95": None, "p": None, "df": None}
-    va, vb = (summarize(x)["sd"] ** 2 / len(x) for x in (a, b))
-    if va + vb == 0:
-        return {"difference": diff, "ci95": None, "p": None, "df": None}
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = t_quantile(df) * math.sqrt(va + vb)
-    from scipy.stats import t
+    from scipy.stats import ttest_ind
 
-    p = float(2 * t.sf(abs(diff) / math.sqrt(va + vb), df))
-    return {"difference": diff, "ci95": [diff - half, diff + half], "p": p, "df": df}
+    diff = sum(a) / len(a) - sum(b) / len(b)
+    if len(a) < 2 or len(b) < 2 or len(set(a)) == len(set(b)) == 1:
+        return {"difference": diff, "ci95": None, "p": None, "df": None}
+    test = ttest_ind(a, b, equal_var=False)
+    ci = list(map(float, test.confidence_interval(0.95)))
+    return {"difference": diff, "ci95": ci, "p": float(test.pvalue), "df": float(test.df)}
 
 
 def check_same_pairs(runs: list[dict[str, Any]]) -> None:

@@ -74,13 +74,9 @@ def start_draw(
         return draw, None
     base = draw or uniform_frames(len(env.initial_frames), seed)
     restarts = FailureRestarts(
-        config.failure_restarts,
-        config.restart_pool,
-        env.num_envs,
-        base,
-        [seed, RESTART_STREAM],
-        config.restart_depth,
-    )
+        config.failure_restarts, config.restart_pool, env.num_envs, base, seed=[seed, RESTART_STREAM],
+        depth=config.restart_depth,
+    )  # fmt: skip
     return restarts.draw, restarts
 
 
