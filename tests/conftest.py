@@ -29,7 +29,7 @@ def one_torch_thread():
 # ``pytest -n 3`` (addopts in pyproject.toml: three processes on 2 cores fill the time the Ray and
 # worker-fault tests spend waiting); every other file stays whole in one worker, so its module-scoped
 # envs and recordings are built once.
-_RAY_FILES = {"test_ray_env.py", "test_benchmarks.py"}
+_RAY_FILES = {"test_ray_env.py", "test_scale_out.py"}
 
 
 def pytest_configure(config):

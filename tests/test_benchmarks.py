@@ -283,23 +283,6 @@ def test_robustness_probe_prints_its_table(tmp_path, capsys):
     assert all(outcome == "" for cases in issue47.values() for outcome in cases.values()), issue47
 
 
-@requires_libero
-@pytest.mark.slow
-def test_scale_out_compares_ray_actors_with_local_workers(tmp_path, capsys):
-    from benchmarks.scale_out import main
-
-    small = ["--update-envs", "4", "--update-steps", "16", "--update-hidden", "16", "--update-repeats", "1"]
-    rows = main(
-        ["--num-envs", "2", "--actors", "2", "--rounds", "2", "--steps", "2", *small, "--out", str(tmp_path)]
-    )
-    assert [r["what"] for r in rows] == ["local workers", "ray, 2 actors"]
-    assert all(r["steps"] == 2 * 2 * 8 and r["steps_per_s"] > 0 and r["round_trip_ms"] > 0 for r in rows)
-    out = capsys.readouterr().out
-    assert "empty actor call round trip" in out and "2 processes" in out
-    saved = json.loads((tmp_path / "scale_out.json").read_text())
-    assert set(saved["update_seconds"]) == {"1", "2"} and all(t > 0 for t in saved["update_seconds"].values())
-
-
 def test_reward_model_benchmark_prints_its_table_from_saved_frames(tmp_path, capsys):
     """The recipe's table, on frames of the counting env (tests/counting_env.py) to run in seconds."""
     import gymnasium as gym
